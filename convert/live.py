@@ -1,0 +1,59 @@
+"""Weights in and out of a live, possibly TP/PP-sharded Megatron model.
+
+``iter_hf_weights`` is the one weight iterator of vime_ext: HF conversion and engine weight sync both use it.
+"""
+
+from typing import Callable, Iterator
+
+import torch
+import torch.distributed as dist
+
+from convert import mapping_for
+from convert.mapping import trainable_params
+from vime_ext.trainer.model_config import ModelShape, padded_vocab_size
+
+
+def _tp():
+    from megatron.core import parallel_state
+
+    return (parallel_state.get_tensor_model_parallel_world_size(), parallel_state.get_tensor_model_parallel_rank(),
+            parallel_state.get_tensor_model_parallel_group())
+
+
+@torch.no_grad()
+def load_hf_weights(model: torch.nn.Module, shape: ModelShape, get_hf: Callable[[str], torch.Tensor]) -> int:
+    """Copy HF tensors (fetched by name through ``get_hf``) into this rank's shard of ``model``.
+
+    Returns the number of params filled. Every param of the stage must be covered.
+    """
+    mapping = mapping_for(shape)
+    tp_size, tp_rank, _ = _tp()
+    padded = padded_vocab_size(shape, tp_size)
+    filled = 0
+    for name, param in trainable_params(model, shape):
+        full = mapping.to_megatron(name, [get_hf(n) for n in mapping.hf_names(name)], padded)
+        local = mapping.shard(name, full, param, tp_size, tp_rank)
+        if local.shape != param.shape:
+            raise ValueError(
+                f"{name}: HF tensors {mapping.hf_names(name)} give shape {tuple(local.shape)} on TP rank "
+                f"{tp_rank}, but the model expects {tuple(param.shape)}"
+            )
+        param.copy_(local)
+        filled += 1
+    return filled
+
+
+@torch.no_grad()
+def iter_hf_weights(model: torch.nn.Module, shape: ModelShape) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield ``(hf_name, full tensor)`` for this pipeline stage's params, gathered over TP.
+
+    Every TP rank of the stage takes part in the gathers and receives the same tensors.
+    """
+    mapping = mapping_for(shape)
+    tp_size, _, tp_group = _tp()
+    for name, param in trainable_params(model, shape):
+        shards = [param.data]
+        if tp_size > 1 and getattr(param, "tensor_model_parallel", False):
+            shards = [torch.empty_like(param.data) for _ in range(tp_size)]
+            dist.all_gather(shards, param.data.contiguous(), group=tp_group)
+        yield from mapping.to_hf(name, mapping.unshard(name, shards, param))

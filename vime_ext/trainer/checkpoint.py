@@ -1,0 +1,139 @@
+"""Megatron ``torch_dist`` checkpoints in the layout Megatron users know, saved atomically.
+
+    <save>/latest_checkpointed_iteration.txt
+    <save>/iter_0000010/{.metadata, metadata.json, __*.distcp}
+
+All ranks write into ``iter_XXXXXXX.partial``; rank 0 renames it and only then rewrites the tracker file, so a
+crash mid-save leaves the previous checkpoint as the latest one and the partial directory is never loaded.
+"""
+
+import dataclasses
+import os
+import shutil
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from vime_ext.trainer.model_config import ModelShape
+
+TRACKER_FILE = "latest_checkpointed_iteration.txt"
+PARTIAL_SUFFIX = ".partial"
+# Written by torch.distributed.checkpoint at the very end of a save; its absence marks an interrupted one.
+_REQUIRED_FILES = (".metadata", "metadata.json")
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+def iteration_dir(save_dir: str | Path, iteration: int) -> Path:
+    return Path(save_dir) / f"iter_{iteration:07d}"
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def save_model_checkpoint(model, shape: ModelShape, save_dir: str | Path, iteration: int,
+                          extra_state: dict | None = None) -> Path:
+    """Save ``model`` (every rank calls this) and return the final iteration directory."""
+    from megatron.core import dist_checkpointing
+
+    from convert.mapping import unwrap
+
+    final = iteration_dir(save_dir, iteration)
+    partial = final.with_name(final.name + PARTIAL_SUFFIX)
+    if _rank() == 0:
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+    _barrier()
+    state = {
+        "model": unwrap(model).sharded_state_dict(),
+        "iteration": iteration,
+        "checkpoint_version": 3.0,
+        "vime_ext": {"model_shape": dataclasses.asdict(shape), **(extra_state or {})},
+    }
+    dist_checkpointing.save(state, str(partial))
+    _barrier()
+    if _rank() == 0:
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(partial, final)
+        tracker_tmp = Path(save_dir) / (TRACKER_FILE + ".tmp")
+        tracker_tmp.write_text(str(iteration))
+        os.replace(tracker_tmp, Path(save_dir) / TRACKER_FILE)
+    _barrier()
+    return final
+
+
+def resolve_checkpoint_dir(path: str | Path) -> Path:
+    """An ``iter_*`` directory, or a save directory resolved through its tracker file; checked for completeness."""
+    path = Path(path)
+    tracker = path / TRACKER_FILE
+    if tracker.is_file():
+        text = tracker.read_text().strip()
+        if not text.isdigit():
+            raise CheckpointError(f"{tracker}: expected an iteration number, found {text!r}")
+        path = iteration_dir(path, int(text))
+    if path.name.endswith(PARTIAL_SUFFIX):
+        raise CheckpointError(f"{path}: this is an interrupted save (a '{PARTIAL_SUFFIX}' directory); "
+                              "use the previous iteration")
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: no such checkpoint directory (and no {TRACKER_FILE} there)")
+    missing = [f for f in _REQUIRED_FILES if not (path / f).is_file()]
+    if missing or not any(path.glob("*.distcp")):
+        raise CheckpointError(
+            f"{path}: incomplete torch_dist checkpoint, missing {missing or ['*.distcp shard files']}"
+        )
+    return path
+
+
+def checkpoint_model_shape(path: str | Path) -> ModelShape | None:
+    """The ModelShape recorded by vime_ext in a checkpoint, or None for checkpoints written elsewhere."""
+    from megatron.core import dist_checkpointing
+
+    common = dist_checkpointing.load_common_state_dict(str(resolve_checkpoint_dir(path)))
+    recorded = (common.get("vime_ext") or {}).get("model_shape")
+    return ModelShape(**recorded) if recorded else None
+
+
+def _check_tensor_keys(sharded_state: dict, ckpt_dir: Path) -> None:
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor
+
+    saved = dist_checkpointing.load_tensors_metadata(str(ckpt_dir))
+    wanted = {t.key: t for t in nested_values(sharded_state) if isinstance(t, ShardedTensor)}
+    missing = sorted(set(wanted) - set(saved))
+    wrong_shape = sorted(
+        f"{k}: checkpoint {tuple(saved[k].global_shape)} vs model {tuple(t.global_shape)}"
+        for k, t in wanted.items() if k in saved and tuple(saved[k].global_shape) != tuple(t.global_shape)
+    )
+    if missing or wrong_shape:
+        raise CheckpointError(
+            f"{ckpt_dir}: checkpoint does not fit the model; missing {len(missing)} tensors {missing[:8]}; "
+            f"shape mismatches {wrong_shape[:8]}"
+        )
+
+
+def load_model_checkpoint(model, path: str | Path) -> int:
+    """Load weights into ``model`` (any TP/PP layout) from a checkpoint; returns its iteration."""
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.validation import StrictHandling
+
+    from convert.mapping import unwrap
+
+    ckpt_dir = resolve_checkpoint_dir(path)
+    model = unwrap(model)
+    sharded = model.sharded_state_dict()
+    _check_tensor_keys(sharded, ckpt_dir)
+    state = dist_checkpointing.load({"model": sharded}, str(ckpt_dir), strict=StrictHandling.LOG_UNEXPECTED)
+    model.load_state_dict(state["model"], strict=False)
+    common = dist_checkpointing.load_common_state_dict(str(ckpt_dir))
+    return int(common.get("iteration", 0))

@@ -1,0 +1,44 @@
+"""Forward passes through the (possibly pipelined) Megatron model via megatron-core's schedules."""
+
+from functools import partial
+
+import torch
+
+from vime_ext.trainer.model_config import ModelShape
+
+
+def _forward_step(batch_iter, model, collect: list):
+    input_ids = next(batch_iter)
+    position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0).expand_as(input_ids)
+    output = model(input_ids=input_ids, position_ids=position_ids, attention_mask=None)
+
+    def keep(output_tensor):
+        collect.append(output_tensor)
+        return output_tensor.new_zeros(()), {}
+
+    return output, keep
+
+
+@torch.no_grad()
+def forward_logits(model, shape: ModelShape, input_ids: torch.Tensor) -> torch.Tensor | None:
+    """Logits ``[batch, seq, vocab]`` (padding columns removed) on the last pipeline stage, None elsewhere.
+
+    ``input_ids`` must be the same on every rank of the model-parallel group.
+    """
+    from megatron.core import parallel_state
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    model.eval()
+    collected: list[torch.Tensor] = []
+    get_forward_backward_func()(
+        forward_step_func=partial(_forward_step, collect=collected),
+        data_iterator=iter([input_ids]),
+        model=[model],
+        num_microbatches=1,
+        seq_length=input_ids.shape[1],
+        micro_batch_size=input_ids.shape[0],
+        forward_only=True,
+    )
+    if not parallel_state.is_pipeline_last_stage():
+        return None
+    return collected[0][..., : shape.vocab_size]

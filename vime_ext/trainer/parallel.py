@@ -1,0 +1,56 @@
+"""Process groups: torch.distributed (gloo on CPU, NCCL on GPU) and megatron-core's model-parallel state."""
+
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from vime_ext.trainer import cpu_shim
+from vime_ext.trainer.model_config import ParallelConfig
+
+
+def init_distributed(parallel: ParallelConfig, seed: int = 1234, timeout_s: int = 600) -> None:
+    """Initialise the default group from the usual env vars (RANK, WORLD_SIZE, MASTER_ADDR/PORT) and Megatron.
+
+    A single process without those variables becomes a world of one.
+    """
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    cpu_shim.install()
+    if not dist.is_initialized():
+        os.environ.setdefault("RANK", "0")
+        os.environ.setdefault("WORLD_SIZE", "1")
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+    world = dist.get_world_size()
+    model_parallel = parallel.tensor_model_parallel_size * parallel.pipeline_model_parallel_size
+    if world % model_parallel:
+        raise ValueError(f"world size {world} is not divisible by TP x PP = {model_parallel}")
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=parallel.tensor_model_parallel_size,
+            pipeline_model_parallel_size=parallel.pipeline_model_parallel_size,
+        )
+    model_parallel_cuda_manual_seed(seed)
+
+
+def destroy_distributed() -> None:
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
