@@ -7,6 +7,7 @@ from typing import Callable, Iterator
 
 import torch
 import torch.distributed as dist
+from tqdm import tqdm
 
 from convert import mapping_for
 from convert.mapping import trainable_params
@@ -21,16 +22,19 @@ def _tp():
 
 
 @torch.no_grad()
-def load_hf_weights(model: torch.nn.Module, shape: ModelShape, get_hf: Callable[[str], torch.Tensor]) -> int:
+def load_hf_weights(model: torch.nn.Module, shape: ModelShape, get_hf: Callable[[str], torch.Tensor],
+                    progress: bool = False) -> int:
     """Copy HF tensors (fetched by name through ``get_hf``) into this rank's shard of ``model``.
 
-    Returns the number of params filled. Every param of the stage must be covered.
+    Returns the number of params filled; every param of the stage is covered, including the last stage's
+    copy of a tied embedding.
     """
     mapping = mapping_for(shape)
     tp_size, tp_rank, _ = _tp()
     padded = padded_vocab_size(shape, tp_size)
     filled = 0
-    for name, param in trainable_params(model, shape):
+    params = list(trainable_params(model, shape, with_tied_copy=True))
+    for name, param in tqdm(params, desc="load HF weights", unit="tensor", disable=not progress):
         full = mapping.to_megatron(name, [get_hf(n) for n in mapping.hf_names(name)], padded)
         local = mapping.shard(name, full, param, tp_size, tp_rank)
         if local.shape != param.shape:

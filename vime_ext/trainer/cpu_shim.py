@@ -1,7 +1,7 @@
 """Let megatron-core run on a machine without CUDA (CPU tensors, gloo process groups).
 
 megatron-core assumes CUDA in a handful of places that have nothing to do with the maths: it asks for
-``torch.cuda.current_device()`` to place buffers, synchronises streams, keeps its tensor-parallel RNG streams as
+``torch.cuda.current_device()`` to place buffers, moves tensors with ``.cuda()``, synchronises streams, keeps its tensor-parallel RNG streams as
 CUDA generator states, builds the default causal mask on ``"cuda"``, and creates one token counter on ``"cuda"``
 in each pipeline schedule. On a CPU-only machine each of those points at the CPU instead.
 
@@ -47,6 +47,7 @@ def install() -> bool:
 
     torch.cuda.current_device = _cpu_device
     torch.cuda.synchronize = lambda *_a, **_k: None
+    torch.Tensor.cuda = lambda self, *_a, **_k: self
     # The "CUDA" RNG streams of tensor parallelism (dropout, init) become the CPU generator's state.
     torch.cuda.get_rng_state = lambda *_a, **_k: torch.get_rng_state()
     torch.cuda.manual_seed = torch.manual_seed

@@ -27,6 +27,7 @@ def forward_logits(model, shape: ModelShape, input_ids: torch.Tensor) -> torch.T
     """
     from megatron.core import parallel_state
     from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
     model.eval()
     collected: list[torch.Tensor] = []
@@ -41,4 +42,5 @@ def forward_logits(model, shape: ModelShape, input_ids: torch.Tensor) -> torch.T
     )
     if not parallel_state.is_pipeline_last_stage():
         return None
-    return collected[0][..., : shape.vocab_size]
+    logits = gather_from_tensor_model_parallel_region(collected[0])
+    return logits[..., : shape.vocab_size]

@@ -48,9 +48,11 @@ class ModelShape:
                 raise ValueError(f"{source}: required field {name!r} is missing")
             return default
 
-        rope_scaling = config.get("rope_scaling")
-        if rope_scaling and rope_scaling.get("rope_type", rope_scaling.get("type")) not in (None, "default"):
-            raise ValueError(f"{source}: rope_scaling={rope_scaling} is not supported (only plain RoPE)")
+        rope = config.get("rope_scaling") or config.get("rope_parameters") or {}
+        if rope.get("rope_type", rope.get("type", "default")) != "default":
+            raise ValueError(f"{source}: rope scaling {rope} is not supported (only plain RoPE)")
+        if config.get("mlp_bias"):
+            raise ValueError(f"{source}: mlp_bias=true is not supported")
         if field("hidden_act", "silu") != "silu":
             raise ValueError(f"{source}: hidden_act={config['hidden_act']!r} is not supported (only silu)")
         if config.get("attention_bias") and model_type != "qwen2":
@@ -58,7 +60,6 @@ class ModelShape:
 
         hidden = field("hidden_size")
         heads = field("num_attention_heads")
-        rope_parameters = config.get("rope_parameters") or {}
         return cls(
             family=SUPPORTED_MODEL_TYPES[model_type],
             num_layers=field("num_hidden_layers"),
@@ -69,7 +70,7 @@ class ModelShape:
             head_dim=field("head_dim", hidden // heads),
             vocab_size=field("vocab_size"),
             max_position_embeddings=field("max_position_embeddings", 4096),
-            rope_theta=float(config.get("rope_theta") or rope_parameters.get("rope_theta") or 10000.0),
+            rope_theta=float(config.get("rope_theta") or rope.get("rope_theta") or 10000.0),
             norm_eps=float(field("rms_norm_eps", 1e-6)),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             qkv_bias=model_type == "qwen2",
@@ -158,3 +159,16 @@ def transformer_config(
         recompute_method="uniform" if recompute == "full" else None,
         recompute_num_layers=1 if recompute == "full" else None,
     )
+
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def parse_dtype(name: str, hf_dir: str | Path | None = None) -> torch.dtype:
+    """``float32`` / ``bfloat16`` / ``float16``, or ``auto``: the dtype recorded in the HF ``config.json``."""
+    if name == "auto":
+        config = json.loads((Path(hf_dir) / "config.json").read_text()) if hf_dir else {}
+        name = config.get("dtype") or config.get("torch_dtype") or "float32"
+    if name not in _DTYPES:
+        raise ValueError(f"unsupported dtype {name!r}; choose from auto, {', '.join(_DTYPES)}")
+    return _DTYPES[name]

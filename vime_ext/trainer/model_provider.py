@@ -44,7 +44,7 @@ def build_gpt_model(
         max_sequence_length=shape.max_position_embeddings,
         pre_process=parallel_state.is_pipeline_first_stage(),
         post_process=parallel_state.is_pipeline_last_stage(),
-        parallel_output=False,
+        parallel_output=True,  # logits stay vocab-sharded under TP; losses use vocab-parallel kernels
         share_embeddings_and_output_weights=shape.tie_word_embeddings,
         position_embedding_type="rope",
         rotary_base=int(shape.rope_theta),

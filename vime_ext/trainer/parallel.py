@@ -7,6 +7,7 @@ import torch
 import torch.distributed as dist
 
 from vime_ext.trainer import cpu_shim
+from vime_ext.trainer.launch import free_port
 from vime_ext.trainer.model_config import ParallelConfig
 
 
@@ -23,7 +24,7 @@ def init_distributed(parallel: ParallelConfig, seed: int = 1234, timeout_s: int 
         os.environ.setdefault("RANK", "0")
         os.environ.setdefault("WORLD_SIZE", "1")
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
@@ -47,10 +48,3 @@ def destroy_distributed() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
 
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

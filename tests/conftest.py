@@ -1,0 +1,54 @@
+"""Shared fixtures: tiny random HF checkpoints of each supported family, and the packaged SmolLM2."""
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+FAMILIES = ("qwen3", "qwen2", "llama")
+
+
+def tiny_config(family: str):
+    """4 layers (2 per stage at PP=2), 4 query heads in 2 KV groups (1 group per rank at TP=2)."""
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+
+    common = dict(vocab_size=250, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-6)
+    if family == "qwen3":  # untied, qk-norm, head_dim independent of hidden/heads
+        return Qwen3Config(**common, head_dim=24, tie_word_embeddings=False, rope_theta=1_000_000.0)
+    if family == "qwen2":  # qkv bias
+        return Qwen2Config(**common, tie_word_embeddings=False, rope_theta=10_000.0)
+    if family == "llama":  # tied, like SmolLM2
+        return LlamaConfig(**common, tie_word_embeddings=True, rope_theta=100_000.0)
+    raise ValueError(family)
+
+
+def make_tiny_hf_dir(family: str, path: Path, seed: int = 0) -> Path:
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(family)).float()
+    with torch.no_grad():  # random norms and biases, so a swapped or dropped tensor changes the logits
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight") or name.endswith(".bias"):
+                param.copy_(1.0 + 0.1 * torch.randn_like(param) if "norm" in name else torch.randn_like(param))
+    model.save_pretrained(path, safe_serialization=True)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_hf_dirs(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tiny_hf")
+    return {f: make_tiny_hf_dir(f, root / f, seed=i) for i, f in enumerate(FAMILIES)}
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory) -> Path:
+    from vime_ext.models.packaged import smollm2_hf_dir
+
+    cache = os.environ.get("VIME_EXT_CACHE")
+    return smollm2_hf_dir(cache or tmp_path_factory.mktemp("smollm2"))

@@ -1,0 +1,81 @@
+"""Functions run on spawned ranks by the tests; each writes what it measured to a JSON file in ``out_dir``."""
+
+import json
+from pathlib import Path
+
+import torch
+
+from vime_ext.trainer.model_config import ModelShape, ParallelConfig
+
+
+def _hf_logits(hf_dir: Path, input_ids: torch.Tensor) -> torch.Tensor:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(input_ids).logits
+
+
+def _is_writer(parallel_state) -> bool:
+    return parallel_state.is_pipeline_last_stage() and parallel_state.get_tensor_model_parallel_rank() == 0
+
+
+def logit_parity(out_dir: str, hf_dirs: dict, parallel: ParallelConfig, ckpt_dirs: dict | None = None) -> None:
+    """Max |Megatron - HF| logits for each family, weights from HF files or from torch_dist checkpoints."""
+    from megatron.core import parallel_state
+
+    from convert.hf_checkpoint import HFCheckpointReader
+    from convert.live import load_hf_weights
+    from vime_ext.trainer.checkpoint import load_model_checkpoint
+    from vime_ext.trainer.forward import forward_logits
+    from vime_ext.trainer.model_provider import build_gpt_model
+    from vime_ext.trainer.parallel import destroy_distributed, init_distributed
+
+    init_distributed(parallel)
+    results = {}
+    for family, hf_dir in hf_dirs.items():
+        shape = ModelShape.from_hf_dir(hf_dir)
+        model = build_gpt_model(shape, parallel, init_weights=ckpt_dirs is not None)
+        if ckpt_dirs:
+            load_model_checkpoint(model, ckpt_dirs[family])
+        else:
+            load_hf_weights(model, shape, HFCheckpointReader(hf_dir).get)
+        input_ids = torch.randint(0, shape.vocab_size, (2, 19), generator=torch.Generator().manual_seed(7))
+        logits = forward_logits(model, shape, input_ids)
+        if _is_writer(parallel_state):
+            ref = _hf_logits(Path(hf_dir), input_ids)
+            results[family] = {"max_abs_diff": (logits - ref).abs().max().item(),
+                               "shape_equal": list(logits.shape) == list(ref.shape)}
+    if _is_writer(parallel_state):
+        Path(out_dir, "parity.json").write_text(json.dumps(results))
+    destroy_distributed()
+
+
+def train_step(out_dir: str, hf_dir: str, parallel: ParallelConfig) -> None:
+    """Loss on a fixed batch before and after a few fwd+bwd+AdamW steps of the Megatron model."""
+    from megatron.core import parallel_state
+
+    from convert.hf_checkpoint import HFCheckpointReader
+    from convert.live import load_hf_weights
+    from vime_ext.trainer.model_provider import build_gpt_model
+    from vime_ext.trainer.parallel import destroy_distributed, init_distributed
+
+    init_distributed(parallel)
+    shape = ModelShape.from_hf_dir(hf_dir)
+    model = build_gpt_model(shape, parallel)
+    load_hf_weights(model, shape, HFCheckpointReader(hf_dir).get)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+    tokens = torch.randint(0, shape.vocab_size, (2, 17), generator=torch.Generator().manual_seed(3))
+    input_ids, labels = tokens[:, :-1], tokens[:, 1:]
+    position_ids = torch.arange(input_ids.shape[1]).unsqueeze(0).expand_as(input_ids)
+    losses = []
+    for _ in range(3):
+        optimizer.zero_grad()
+        loss = model(input_ids=input_ids, position_ids=position_ids, attention_mask=None, labels=labels).mean()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    if _is_writer(parallel_state):
+        Path(out_dir, "train.json").write_text(json.dumps({"losses": losses}))
+    destroy_distributed()

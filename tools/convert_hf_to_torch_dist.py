@@ -1,0 +1,48 @@
+"""Convert an HF checkpoint (safetensors) into a Megatron torch_dist checkpoint (iter_0000000)."""
+
+import argparse
+
+
+from vime_ext.trainer.launch import run_on_ranks
+from vime_ext.trainer.model_config import ModelShape, ParallelConfig, parse_dtype
+
+
+def convert(hf_dir: str, save_dir: str, parallel: ParallelConfig, dtype_name: str) -> None:
+    import torch.distributed as dist
+
+    from convert import mapping_for
+    from convert.hf_checkpoint import HFCheckpointReader
+    from convert.live import load_hf_weights
+    from vime_ext.trainer.checkpoint import save_model_checkpoint
+    from vime_ext.trainer.model_provider import build_gpt_model
+    from vime_ext.trainer.parallel import destroy_distributed, init_distributed
+
+    shape = ModelShape.from_hf_dir(hf_dir)
+    reader = HFCheckpointReader(hf_dir)
+    reader.check_names(mapping_for(shape).hf_param_names())
+    init_distributed(parallel)
+    rank0 = dist.get_rank() == 0
+    model = build_gpt_model(shape, parallel, dtype=parse_dtype(dtype_name, hf_dir), init_weights=False)
+    load_hf_weights(model, shape, reader.get, progress=rank0)
+    out = save_model_checkpoint(model, shape, save_dir, iteration=0)
+    if rank0:
+        print(f"saved torch_dist checkpoint: {out}")
+    destroy_distributed()
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--hf-checkpoint", required=True, help="HF model directory (config.json + safetensors)")
+    parser.add_argument("--save", required=True, help="output directory; gets iter_0000000/ and the tracker file")
+    parser.add_argument("--tensor-model-parallel-size", type=int, default=1)
+    parser.add_argument("--pipeline-model-parallel-size", type=int, default=1)
+    parser.add_argument("--dtype", default="auto", help="auto (from config.json), float32, bfloat16, float16")
+    args = parser.parse_args(argv)
+    parallel = ParallelConfig(args.tensor_model_parallel_size, args.pipeline_model_parallel_size)
+    # torch_dist checkpoints are layout independent: TP/PP here only splits the conversion's memory.
+    run_on_ranks(convert, parallel.tensor_model_parallel_size * parallel.pipeline_model_parallel_size,
+                 args.hf_checkpoint, args.save, parallel, args.dtype)
+
+
+if __name__ == "__main__":
+    main()

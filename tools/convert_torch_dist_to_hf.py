@@ -1,0 +1,60 @@
+"""Convert a Megatron torch_dist checkpoint (an iter_* directory) back into an HF checkpoint."""
+
+import argparse
+import dataclasses
+
+
+from tqdm import tqdm
+
+from vime_ext.trainer.model_config import ModelShape, ParallelConfig, parse_dtype
+
+
+def _check_same_shape(recorded: ModelShape | None, expected: ModelShape, ckpt: str, origin: str) -> None:
+    if recorded is None or recorded == expected:
+        return
+    diffs = [f"{f.name}: checkpoint {getattr(recorded, f.name)!r} vs origin {getattr(expected, f.name)!r}"
+             for f in dataclasses.fields(ModelShape) if getattr(recorded, f.name) != getattr(expected, f.name)]
+    raise SystemExit(f"{ckpt} was saved for a different model than {origin}/config.json: " + "; ".join(diffs))
+
+
+def convert(input_dir: str, output_dir: str, origin_hf_dir: str, dtype_name: str,
+            max_shard_bytes: int) -> None:
+    from convert import mapping_for
+    from convert.hf_checkpoint import HFCheckpointWriter, copy_side_files
+    from convert.live import iter_hf_weights
+    from vime_ext.trainer.checkpoint import checkpoint_model_shape, load_model_checkpoint, resolve_checkpoint_dir
+    from vime_ext.trainer.model_provider import build_gpt_model
+    from vime_ext.trainer.parallel import destroy_distributed, init_distributed
+
+    shape = ModelShape.from_hf_dir(origin_hf_dir)
+    ckpt = resolve_checkpoint_dir(input_dir)
+    _check_same_shape(checkpoint_model_shape(ckpt), shape, str(ckpt), origin_hf_dir)
+    parallel = ParallelConfig()
+    init_distributed(parallel)
+    model = build_gpt_model(shape, parallel, dtype=parse_dtype(dtype_name, origin_hf_dir), init_weights=False)
+    iteration = load_model_checkpoint(model, ckpt)
+    writer = HFCheckpointWriter(output_dir, max_shard_bytes=max_shard_bytes)
+    total = len(mapping_for(shape).hf_param_names())
+    for name, tensor in tqdm(iter_hf_weights(model, shape), total=total, desc="write HF weights", unit="tensor"):
+        writer.add(name, tensor)
+    writer.close()
+    copied = copy_side_files(origin_hf_dir, output_dir)
+    destroy_distributed()
+    print(f"wrote HF checkpoint of iteration {iteration} to {output_dir} "
+          f"({writer.total_bytes / 2**20:.1f} MiB of weights; copied {', '.join(copied) or 'no side files'})")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--input-dir", required=True, help="iter_XXXXXXX directory, or the save directory")
+    parser.add_argument("--output-dir", required=True)
+    parser.add_argument("--origin-hf-dir", required=True, help="the HF checkpoint training started from "
+                        "(config and tokenizer files are copied from it)")
+    parser.add_argument("--dtype", default="auto", help="auto (from the origin config.json), float32, bfloat16")
+    parser.add_argument("--max-shard-size-mb", type=int, default=4096)
+    args = parser.parse_args(argv)
+    convert(args.input_dir, args.output_dir, args.origin_hf_dir, args.dtype, args.max_shard_size_mb * 2**20)
+
+
+if __name__ == "__main__":
+    main()
