@@ -79,3 +79,26 @@ def train_step(out_dir: str, hf_dir: str, parallel: ParallelConfig) -> None:
     if _is_writer(parallel_state):
         Path(out_dir, "train.json").write_text(json.dumps({"losses": losses}))
     destroy_distributed()
+
+
+def greedy_continuations(out_dir: str, hf_dir: str, ckpt_dir: str, prompts: list[list[int]], steps: int) -> None:
+    """Greedy tokens from the Megatron model loaded from a torch_dist checkpoint (full forward per step)."""
+    from vime_ext.trainer.checkpoint import load_model_checkpoint
+    from vime_ext.trainer.forward import forward_logits
+    from vime_ext.trainer.model_provider import build_gpt_model
+    from vime_ext.trainer.parallel import destroy_distributed, init_distributed
+
+    parallel = ParallelConfig()
+    init_distributed(parallel)
+    shape = ModelShape.from_hf_dir(hf_dir)
+    model = build_gpt_model(shape, parallel, init_weights=False)
+    load_model_checkpoint(model, ckpt_dir)
+    results = []
+    for prompt in prompts:
+        tokens = list(prompt)
+        for _ in range(steps):
+            logits = forward_logits(model, shape, torch.tensor([tokens]))
+            tokens.append(int(logits[0, -1].argmax()))
+        results.append(tokens[len(prompt):])
+    Path(out_dir, "greedy.json").write_text(json.dumps(results))
+    destroy_distributed()

