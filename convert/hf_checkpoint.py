@@ -39,7 +39,6 @@ class HFCheckpointReader:
         if missing:
             raise FileNotFoundError(f"{self.dir}: shard files listed in the index are missing: {missing}")
         self.weight_map: dict[str, str] = weight_map
-        self._handles: dict[str, object] = {}
 
     def keys(self) -> list[str]:
         return list(self.weight_map)
@@ -47,10 +46,10 @@ class HFCheckpointReader:
     def get(self, name: str) -> torch.Tensor:
         if name not in self.weight_map:
             raise KeyError(f"{self.dir}: tensor {name!r} not found in the checkpoint")
-        file = self.weight_map[name]
-        if file not in self._handles:
-            self._handles[file] = safe_open(self.dir / file, "pt")
-        return self._handles[file].get_tensor(name)
+        # One open per tensor: safetensors maps the file, and pages touched through a long-lived handle stay
+        # resident, which would hold a second copy of the whole checkpoint in RAM next to the model.
+        with safe_open(self.dir / self.weight_map[name], "pt") as f:
+            return f.get_tensor(name)
 
     def check_names(self, expected: list[str]) -> None:
         """Refuse a checkpoint that lacks expected tensors or carries tensors the model has no place for."""

@@ -12,6 +12,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 FAMILIES = ("qwen3", "qwen2", "llama")
 
 
+def require_ranks(world_size: int) -> None:
+    """Ranks are gloo processes on CPU, but one GPU each on CUDA: skip layouts this machine cannot hold."""
+    if torch.cuda.is_available() and torch.cuda.device_count() < world_size:
+        pytest.skip(f"needs {world_size} GPUs, this machine has {torch.cuda.device_count()}")
+
+
 def tiny_config(family: str):
     """4 layers (2 per stage at PP=2), 4 query heads in 2 KV groups (1 group per rank at TP=2)."""
     from transformers import LlamaConfig, Qwen2Config, Qwen3Config

@@ -8,20 +8,29 @@ import torch
 from vime_ext.trainer.model_config import ModelShape, ParallelConfig
 
 
-def _hf_logits(hf_dir: Path, input_ids: torch.Tensor) -> torch.Tensor:
+def _device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _hf_logits(hf_dir: Path, input_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=dtype).to(input_ids.device).eval()
     with torch.no_grad():
-        return model(input_ids).logits
+        return model(input_ids).logits.float()
 
 
 def _is_writer(parallel_state) -> bool:
     return parallel_state.is_pipeline_last_stage() and parallel_state.get_tensor_model_parallel_rank() == 0
 
 
-def logit_parity(out_dir: str, hf_dirs: dict, parallel: ParallelConfig, ckpt_dirs: dict | None = None) -> None:
-    """Max |Megatron - HF| logits for each family, weights from HF files or from torch_dist checkpoints."""
+def logit_parity(out_dir: str, hf_dirs: dict, parallel: ParallelConfig, ckpt_dirs: dict | None = None,
+                 dtype: torch.dtype = torch.float32) -> None:
+    """Max |Megatron - HF| logits for each family, weights from HF files or from torch_dist checkpoints.
+
+    Both models run in ``dtype``; below fp32 each is also compared with HF in fp32, so the test can hold
+    Megatron's rounding error to the size of HF's own.
+    """
     from megatron.core import parallel_state
 
     from convert.hf_checkpoint import HFCheckpointReader
@@ -35,16 +44,20 @@ def logit_parity(out_dir: str, hf_dirs: dict, parallel: ParallelConfig, ckpt_dir
     results = {}
     for family, hf_dir in hf_dirs.items():
         shape = ModelShape.from_hf_dir(hf_dir)
-        model = build_gpt_model(shape, parallel, init_weights=ckpt_dirs is not None)
+        model = build_gpt_model(shape, parallel, dtype=dtype, init_weights=ckpt_dirs is not None)
         if ckpt_dirs:
             load_model_checkpoint(model, ckpt_dirs[family])
         else:
             load_hf_weights(model, shape, HFCheckpointReader(hf_dir).get)
         input_ids = torch.randint(0, shape.vocab_size, (2, 19), generator=torch.Generator().manual_seed(7))
-        logits = forward_logits(model, shape, input_ids)
+        logits = forward_logits(model, shape, input_ids.to(_device()))
         if _is_writer(parallel_state):
-            ref = _hf_logits(Path(hf_dir), input_ids)
+            logits = logits.float()
+            ref = _hf_logits(Path(hf_dir), input_ids.to(_device()), dtype)
+            exact = _hf_logits(Path(hf_dir), input_ids.to(_device()), torch.float32)
             results[family] = {"max_abs_diff": (logits - ref).abs().max().item(),
+                               "max_abs_err": (logits - exact).abs().max().item(),
+                               "hf_max_abs_err": (ref - exact).abs().max().item(),
                                "shape_equal": list(logits.shape) == list(ref.shape)}
     if _is_writer(parallel_state):
         Path(out_dir, "parity.json").write_text(json.dumps(results))
@@ -66,9 +79,9 @@ def train_step(out_dir: str, hf_dir: str, parallel: ParallelConfig) -> None:
     load_hf_weights(model, shape, HFCheckpointReader(hf_dir).get)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
-    tokens = torch.randint(0, shape.vocab_size, (2, 17), generator=torch.Generator().manual_seed(3))
+    tokens = torch.randint(0, shape.vocab_size, (2, 17), generator=torch.Generator().manual_seed(3)).to(_device())
     input_ids, labels = tokens[:, :-1], tokens[:, 1:]
-    position_ids = torch.arange(input_ids.shape[1]).unsqueeze(0).expand_as(input_ids)
+    position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0).expand_as(input_ids)
     losses = []
     for _ in range(3):
         optimizer.zero_grad()
@@ -97,7 +110,7 @@ def greedy_continuations(out_dir: str, hf_dir: str, ckpt_dir: str, prompts: list
     for prompt in prompts:
         tokens = list(prompt)
         for _ in range(steps):
-            logits = forward_logits(model, shape, torch.tensor([tokens]))
+            logits = forward_logits(model, shape, torch.tensor([tokens], device=_device()))
             tokens.append(int(logits[0, -1].argmax()))
         results.append(tokens[len(prompt):])
     Path(out_dir, "greedy.json").write_text(json.dumps(results))

@@ -3,6 +3,7 @@
 import argparse
 
 
+from vime_ext.sysinfo import peak_rss_mib
 from vime_ext.trainer.launch import run_on_ranks
 from vime_ext.trainer.model_config import ModelShape, ParallelConfig, parse_dtype
 
@@ -26,7 +27,7 @@ def convert(hf_dir: str, save_dir: str, parallel: ParallelConfig, dtype_name: st
     load_hf_weights(model, shape, reader.get, progress=rank0)
     out = save_model_checkpoint(model, shape, save_dir, iteration=0)
     if rank0:
-        print(f"saved torch_dist checkpoint: {out}")
+        print(f"saved torch_dist checkpoint: {out} (peak RSS of rank 0: {peak_rss_mib():.0f} MiB)")
     destroy_distributed()
 
 

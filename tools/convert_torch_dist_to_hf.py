@@ -6,6 +6,7 @@ import dataclasses
 
 from tqdm import tqdm
 
+from vime_ext.sysinfo import peak_rss_mib
 from vime_ext.trainer.model_config import ModelShape, ParallelConfig, parse_dtype
 
 
@@ -41,7 +42,8 @@ def convert(input_dir: str, output_dir: str, origin_hf_dir: str, dtype_name: str
     copied = copy_side_files(origin_hf_dir, output_dir)
     destroy_distributed()
     print(f"wrote HF checkpoint of iteration {iteration} to {output_dir} "
-          f"({writer.total_bytes / 2**20:.1f} MiB of weights; copied {', '.join(copied) or 'no side files'})")
+          f"({writer.total_bytes / 2**20:.1f} MiB of weights; copied {', '.join(copied) or 'no side files'}; "
+          f"peak RSS {peak_rss_mib():.0f} MiB)")
 
 
 def main(argv=None) -> None:

@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import dist_workers
+from conftest import require_ranks
 from vime_ext.trainer.launch import run_on_ranks
 from vime_ext.trainer.model_config import ParallelConfig
 
@@ -73,6 +74,7 @@ def test_round_trip_is_bit_exact(family, tiny_hf_dirs, torch_dist_dirs, tmp_path
 
 
 def test_conversion_under_tensor_parallel_gives_the_same_checkpoint(tiny_hf_dirs, tmp_path):
+    require_ranks(2)
     save = to_torch_dist(tiny_hf_dirs["qwen2"], tmp_path / "tp2", "--tensor-model-parallel-size", "2")
     to_hf(save, tmp_path / "hf", tiny_hf_dirs["qwen2"])
     assert_bit_exact(tiny_hf_dirs["qwen2"], tmp_path / "hf")
@@ -88,6 +90,7 @@ def test_sharded_output(tiny_hf_dirs, torch_dist_dirs, tmp_path):
 
 
 def test_checkpoint_saved_at_tp1_loads_at_tp2(tiny_hf_dirs, torch_dist_dirs, tmp_path):
+    require_ranks(2)
     parallel = ParallelConfig(tensor_model_parallel_size=2)
     run_on_ranks(dist_workers.logit_parity, 2, str(tmp_path), tiny_hf_dirs, parallel,
                  {f: str(d) for f, d in torch_dist_dirs.items()}, isolate=True)

@@ -3,8 +3,10 @@
 import json
 
 import pytest
+import torch
 
 import dist_workers
+from conftest import require_ranks
 from vime_ext.trainer.launch import run_on_ranks
 from vime_ext.trainer.model_config import ParallelConfig
 
@@ -16,6 +18,7 @@ LAYOUTS = {"tp1": ParallelConfig(), "tp2": ParallelConfig(tensor_model_parallel_
 def test_logits_match_transformers(layout, tiny_hf_dirs, tmp_path):
     parallel = LAYOUTS[layout]
     world = parallel.tensor_model_parallel_size * parallel.pipeline_model_parallel_size
+    require_ranks(world)
     run_on_ranks(dist_workers.logit_parity, world, str(tmp_path), tiny_hf_dirs, parallel, isolate=True)
     results = json.loads((tmp_path / "parity.json").read_text())
     assert set(results) == set(tiny_hf_dirs)
@@ -27,8 +30,29 @@ def test_logits_match_transformers(layout, tiny_hf_dirs, tmp_path):
 @pytest.mark.parametrize("layout", ["tp1", "tp2"])
 def test_one_optimizer_step_reduces_loss(layout, tiny_hf_dirs, tmp_path):
     parallel = LAYOUTS[layout]
+    require_ranks(parallel.tensor_model_parallel_size)
     run_on_ranks(dist_workers.train_step, parallel.tensor_model_parallel_size, str(tmp_path),
                  str(tiny_hf_dirs["qwen3"]), parallel, isolate=True)
     losses = json.loads((tmp_path / "train.json").read_text())["losses"]
     assert all(loss == loss for loss in losses)  # finite, not NaN
     assert losses[1] < losses[0] - 1e-3 and losses[2] < losses[1], losses
+
+
+GPU_LAYOUTS = [name for name, p in LAYOUTS.items()
+               if p.tensor_model_parallel_size * p.pipeline_model_parallel_size <= torch.cuda.device_count()]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("layout", GPU_LAYOUTS)
+def test_bf16_logits_on_gpu(layout, tiny_hf_dirs, tmp_path):
+    """In bf16 Megatron's error against fp32 HF logits stays within twice HF's own bf16 error."""
+    parallel = LAYOUTS[layout]
+    world = parallel.tensor_model_parallel_size * parallel.pipeline_model_parallel_size
+    run_on_ranks(dist_workers.logit_parity, world, str(tmp_path), tiny_hf_dirs, parallel, None, torch.bfloat16,
+                 isolate=True)
+    results = json.loads((tmp_path / "parity.json").read_text())
+    print(json.dumps(results, indent=1))
+    assert set(results) == set(tiny_hf_dirs)
+    for family, r in results.items():
+        assert r["max_abs_err"] <= 2 * r["hf_max_abs_err"] + 1e-3, (family, r)

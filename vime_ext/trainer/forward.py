@@ -23,12 +23,15 @@ def _forward_step(batch_iter, model, collect: list):
 def forward_logits(model, shape: ModelShape, input_ids: torch.Tensor) -> torch.Tensor | None:
     """Logits ``[batch, seq, vocab]`` (padding columns removed) on the last pipeline stage, None elsewhere.
 
-    ``input_ids`` must be the same on every rank of the model-parallel group.
+    ``input_ids`` must be the same on every rank of the model-parallel group; they are moved to this rank's
+    device.
     """
     from megatron.core import parallel_state
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
+    if torch.cuda.is_available():
+        input_ids = input_ids.to(torch.cuda.current_device())
     model.eval()
     collected: list[torch.Tensor] = []
     get_forward_backward_func()(
