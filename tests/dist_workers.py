@@ -95,9 +95,9 @@ def train_step(out_dir: str, hf_dir: str, parallel: ParallelConfig) -> None:
 
 
 def greedy_continuations(out_dir: str, hf_dir: str, ckpt_dir: str, prompts: list[list[int]], steps: int) -> None:
-    """Greedy tokens from the Megatron model loaded from a torch_dist checkpoint (full forward per step)."""
+    """Greedy tokens from the Megatron model loaded from a torch_dist checkpoint."""
     from vime_ext.trainer.checkpoint import load_model_checkpoint
-    from vime_ext.trainer.forward import forward_logits
+    from vime_ext.trainer.forward import greedy_generate
     from vime_ext.trainer.model_provider import build_gpt_model
     from vime_ext.trainer.parallel import destroy_distributed, init_distributed
 
@@ -106,12 +106,6 @@ def greedy_continuations(out_dir: str, hf_dir: str, ckpt_dir: str, prompts: list
     shape = ModelShape.from_hf_dir(hf_dir)
     model = build_gpt_model(shape, parallel, init_weights=False)
     load_model_checkpoint(model, ckpt_dir)
-    results = []
-    for prompt in prompts:
-        tokens = list(prompt)
-        for _ in range(steps):
-            logits = forward_logits(model, shape, torch.tensor([tokens], device=_device()))
-            tokens.append(int(logits[0, -1].argmax()))
-        results.append(tokens[len(prompt):])
+    results = [greedy_generate(model, shape, prompt, steps) for prompt in prompts]
     Path(out_dir, "greedy.json").write_text(json.dumps(results))
     destroy_distributed()

@@ -47,3 +47,16 @@ def forward_logits(model, shape: ModelShape, input_ids: torch.Tensor) -> torch.T
         return None
     logits = gather_from_tensor_model_parallel_region(collected[0])
     return logits[..., : shape.vocab_size]
+
+
+@torch.no_grad()
+def greedy_generate(model, shape: ModelShape, prompt: list[int], max_new_tokens: int,
+                    eos_token_id: int | None = None) -> list[int]:
+    """Greedy continuation by full forward passes (no KV cache): a reference decoder for checks, not serving."""
+    tokens = list(prompt)
+    for _ in range(max_new_tokens):
+        logits = forward_logits(model, shape, torch.tensor([tokens]))
+        tokens.append(int(logits[0, -1].argmax()))
+        if tokens[-1] == eos_token_id:
+            break
+    return tokens[len(prompt):]

@@ -21,14 +21,15 @@ def init_distributed(parallel: ParallelConfig, seed: int = 1234, timeout_s: int 
 
     cpu_shim.install()
     if not dist.is_initialized():
-        os.environ.setdefault("RANK", "0")
-        os.environ.setdefault("WORLD_SIZE", "1")
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(free_port()))
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+        timeout = timedelta(seconds=timeout_s)
+        if "WORLD_SIZE" in os.environ:
+            dist.init_process_group(backend=backend, timeout=timeout)
+        else:  # leave os.environ alone: child processes must not inherit a rank
+            dist.init_process_group(backend=backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
+                                    world_size=1, timeout=timeout)
     world = dist.get_world_size()
     model_parallel = parallel.tensor_model_parallel_size * parallel.pipeline_model_parallel_size
     if world % model_parallel:
