@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Shared set-up for launch scripts: `source "$(dirname "$0")/../../_common.sh"` (adjust the depth).
+# Sets paths and environment; `start_ray` brings up a local Ray head when a script needs one.
+
+VIME_EXT_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+export VIME_EXT_ROOT
+export PYTHONPATH="${VIME_EXT_ROOT}${PYTHONPATH:+:${PYTHONPATH}}"
+# Nothing is fetched from a model hub at run time; models come from local directories or packages.
+export HF_HUB_OFFLINE=1
+export TOKENIZERS_PARALLELISM=false
+export VIME_EXT_CACHE="${VIME_EXT_CACHE:-${HOME}/.cache/vime_ext}"
+# Keep NCCL away from NVLink multicast (it can take shared hosts' GPUs down); harmless elsewhere.
+export NCCL_NVLS_ENABLE="${NCCL_NVLS_ENABLE:-0}"
+export TORCH_SYMM_MEM_DISABLE_MULTICAST="${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}"
+
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  NUM_GPUS=$(nvidia-smi -L | wc -l)
+else
+  NUM_GPUS=0
+fi
+export NUM_GPUS
+
+start_ray() {
+  # A head node on this machine, with its GPUs; a no-op when one is already running here.
+  if ray status >/dev/null 2>&1; then return 0; fi
+  ray start --head --node-ip-address 127.0.0.1 --num-gpus "${NUM_GPUS}" --disable-usage-stats \
+    --include-dashboard=false >/dev/null
+}
+
+stop_ray() {
+  ray stop --force >/dev/null 2>&1 || true
+}
