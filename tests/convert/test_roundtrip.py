@@ -10,8 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-import dist_workers
-from conftest import require_ranks
+from tests import dist_workers
+from tests.conftest import require_ranks
 from vime_ext.trainer.launch import run_on_ranks
 from vime_ext.trainer.model_config import ParallelConfig
 

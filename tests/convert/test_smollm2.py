@@ -8,8 +8,8 @@ import sys
 import pytest
 import torch
 
-import dist_workers
-from test_roundtrip import assert_bit_exact, run_tool, to_hf
+from tests import dist_workers
+from tests.convert.test_roundtrip import assert_bit_exact, run_tool, to_hf
 from vime_ext.trainer.launch import run_on_ranks
 
 PROMPTS = [

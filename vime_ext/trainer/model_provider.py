@@ -12,12 +12,10 @@ def transformer_engine_available() -> bool:
     return torch.cuda.is_available() and importlib.util.find_spec("transformer_engine") is not None
 
 
-def layer_spec(shape: ModelShape, use_te: bool | None = None):
-    """Transformer Engine layers when TE imports (and CUDA is present), megatron-core's local layers otherwise."""
+def layer_spec(shape: ModelShape, use_te: bool):
+    """Transformer Engine layers, or megatron-core's local layers."""
     from megatron.core.models.gpt import gpt_layer_specs
 
-    if use_te is None:
-        use_te = transformer_engine_available()
     if use_te:
         return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=shape.qk_layernorm)
     return gpt_layer_specs.get_gpt_layer_local_spec(qk_layernorm=shape.qk_layernorm, normalization="RMSNorm")
@@ -31,11 +29,19 @@ def build_gpt_model(
     recompute: str | None = None,
     use_te: bool | None = None,
 ):
-    """The model chunk of this rank; ``megatron.core.parallel_state`` must already be initialised."""
+    """The model chunk of this rank; ``megatron.core.parallel_state`` must already be initialised.
+
+    ``use_te=None`` picks Transformer Engine layers when TE imports and CUDA is present.
+    """
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
 
     cpu_shim.install()
+    if use_te is None:
+        use_te = transformer_engine_available()
+    if parallel.sequence_parallel and not use_te:
+        raise ValueError("sequence_parallel needs Transformer Engine layers: megatron-core's local layer spec "
+                         "normalises with torch norms, which do not support it")
     config = transformer_config(shape, parallel, dtype=dtype, recompute=recompute, init_weights=init_weights)
     model = GPTModel(
         config=config,
