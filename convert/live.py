@@ -10,8 +10,9 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from convert import mapping_for
-from convert.mapping import trainable_params
+from convert.mapping import canonical, global_param_name
 from vime_ext.trainer.model_config import ModelShape, padded_vocab_size
+from vime_ext.trainer.model_provider import unwrap
 
 
 def _tp():
@@ -19,6 +20,25 @@ def _tp():
 
     return (parallel_state.get_tensor_model_parallel_world_size(), parallel_state.get_tensor_model_parallel_rank(),
             parallel_state.get_tensor_model_parallel_group())
+
+
+def trainable_params(model: torch.nn.Module, shape: ModelShape,
+                     with_tied_copy: bool = False) -> Iterator[tuple[str, torch.nn.Parameter]]:
+    """(global canonical name, param) for this stage's params.
+
+    With tied embeddings and several pipeline stages the last stage keeps its own copy of the embedding as
+    ``output_layer.weight``; it is skipped unless ``with_tied_copy``, and then named after the embedding.
+    """
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+    model = unwrap(model)
+    offset = get_transformer_layer_offset(model.config)
+    for local_name, param in model.named_parameters():
+        if local_name == "output_layer.weight" and shape.tie_word_embeddings:
+            if with_tied_copy:
+                yield "embedding.word_embeddings.weight", param
+            continue
+        yield canonical(global_param_name(local_name, offset)), param
 
 
 @torch.no_grad()
@@ -32,7 +52,6 @@ def load_hf_weights(model: torch.nn.Module, shape: ModelShape, get_hf: Callable[
     mapping = mapping_for(shape)
     tp_size, tp_rank, _ = _tp()
     padded = padded_vocab_size(shape, tp_size)
-    filled = 0
     params = list(trainable_params(model, shape, with_tied_copy=True))
     for name, param in tqdm(params, desc="load HF weights", unit="tensor", disable=not progress):
         full = mapping.to_megatron(name, [get_hf(n) for n in mapping.hf_names(name)], padded)
@@ -43,8 +62,7 @@ def load_hf_weights(model: torch.nn.Module, shape: ModelShape, get_hf: Callable[
                 f"{tp_rank}, but the model expects {tuple(param.shape)}"
             )
         param.copy_(local)
-        filled += 1
-    return filled
+    return len(params)
 
 
 @torch.no_grad()

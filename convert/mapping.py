@@ -11,7 +11,6 @@ Names are the local layer spec's; Transformer Engine's fused-norm names are fold
 
 import re
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 
@@ -174,29 +173,3 @@ def global_param_name(local_name: str, layer_offset: int) -> str:
     if not match or not layer_offset:
         return local_name
     return f"decoder.layers.{int(match.group(1)) + layer_offset}.{match.group(2)}"
-
-
-def trainable_params(model: torch.nn.Module, shape: ModelShape,
-                     with_tied_copy: bool = False) -> Iterator[tuple[str, torch.nn.Parameter]]:
-    """(global canonical name, param) for this stage's params.
-
-    With tied embeddings and several pipeline stages the last stage keeps its own copy of the embedding as
-    ``output_layer.weight``; it is skipped unless ``with_tied_copy``, and then named after the embedding.
-    """
-    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
-
-    model = unwrap(model)
-    offset = get_transformer_layer_offset(model.config)
-    for local_name, param in model.named_parameters():
-        if local_name == "output_layer.weight" and shape.tie_word_embeddings:
-            if with_tied_copy:
-                yield "embedding.word_embeddings.weight", param
-            continue
-        yield canonical(global_param_name(local_name, offset)), param
-
-
-def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    while hasattr(model, "module"):
-        model = model.module
-    return model
-

@@ -8,9 +8,9 @@ import os
 # H100: peak RSS 1.95x the weights above the import floor, against 1.44x on the CPU path).
 os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
-from vime_ext.sysinfo import peak_rss_mib
-from vime_ext.trainer.launch import run_on_ranks
-from vime_ext.trainer.model_config import ModelShape, ParallelConfig, parse_dtype
+from vime_ext.sysinfo import peak_rss_mib  # noqa: E402
+from vime_ext.trainer.launch import run_on_ranks  # noqa: E402
+from vime_ext.trainer.model_config import ModelShape, ParallelConfig, parse_dtype  # noqa: E402
 
 
 def convert(hf_dir: str, save_dir: str, parallel: ParallelConfig, dtype_name: str) -> None:

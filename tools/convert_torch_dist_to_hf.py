@@ -1,19 +1,15 @@
 """Convert a Megatron torch_dist checkpoint (an iter_* directory) back into an HF checkpoint."""
 
 import argparse
+import dataclasses
 import os
 
-# Conversion is a CPU job on every machine: it does no maths worth a GPU, and with the model on CUDA the
-# checkpoint writer's device-to-host staging held about one more copy of the weights in host RAM (SmolLM2 on an
-# H100: peak RSS 1.95x the weights above the import floor, against 1.44x on the CPU path).
-os.environ["CUDA_VISIBLE_DEVICES"] = ""
-import dataclasses
+os.environ["CUDA_VISIBLE_DEVICES"] = ""  # CPU only, before torch loads: see convert_hf_to_torch_dist.py
 
+from tqdm import tqdm  # noqa: E402
 
-from tqdm import tqdm
-
-from vime_ext.sysinfo import peak_rss_mib
-from vime_ext.trainer.model_config import ModelShape, ParallelConfig, parse_dtype
+from vime_ext.sysinfo import peak_rss_mib  # noqa: E402
+from vime_ext.trainer.model_config import ModelShape, ParallelConfig, parse_dtype  # noqa: E402
 
 
 def _check_same_shape(recorded: ModelShape | None, expected: ModelShape, ckpt: str, origin: str) -> None:

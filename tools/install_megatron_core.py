@@ -41,12 +41,11 @@ def retag_as_pure_python(wheel: Path, out_dir: Path) -> Path:
                 continue
             data = src.read(name)
             if name.endswith("/WHEEL"):
-                lines = [l for l in data.decode().splitlines() if not l.startswith(("Tag:", "Root-Is-Purelib:"))]
+                lines = [line for line in data.decode().splitlines()
+                         if not line.startswith(("Tag:", "Root-Is-Purelib:"))]
                 data = ("\n".join(lines + ["Root-Is-Purelib: true", "Tag: py3-none-any"]) + "\n").encode()
             elif name.endswith("/METADATA"):
-                data = b"\n".join(
-                    l for l in data.split(b"\n") if not l.startswith(b"Requires-Python:")
-                )
+                data = b"\n".join(line for line in data.split(b"\n") if not line.startswith(b"Requires-Python:"))
             dst.writestr(name, data)
             records.append(_record_line(name, data))
         record_name = f"{dist}.dist-info/RECORD"

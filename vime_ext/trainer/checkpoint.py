@@ -12,10 +12,10 @@ import os
 import shutil
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 
 from vime_ext.trainer.model_config import ModelShape
+from vime_ext.trainer.model_provider import unwrap
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
 PARTIAL_SUFFIX = ".partial"
@@ -45,7 +45,6 @@ def save_model_checkpoint(model, shape: ModelShape, save_dir: str | Path, iterat
     """Save ``model`` (every rank calls this) and return the final iteration directory."""
     from megatron.core import dist_checkpointing
 
-    from convert.mapping import unwrap
 
     final = iteration_dir(save_dir, iteration)
     partial = final.with_name(final.name + PARTIAL_SUFFIX)
@@ -127,7 +126,6 @@ def load_model_checkpoint(model, path: str | Path) -> int:
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.validation import StrictHandling
 
-    from convert.mapping import unwrap
 
     ckpt_dir = resolve_checkpoint_dir(path)
     model = unwrap(model)

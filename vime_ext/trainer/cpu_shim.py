@@ -1,9 +1,10 @@
 """Let megatron-core run on a machine without CUDA (CPU tensors, gloo process groups).
 
 megatron-core assumes CUDA in a handful of places that have nothing to do with the maths: it asks for
-``torch.cuda.current_device()`` to place buffers, moves tensors with ``.cuda()``, synchronises streams, keeps its tensor-parallel RNG streams as
-CUDA generator states, builds the default causal mask on ``"cuda"``, and creates one token counter on ``"cuda"``
-in each pipeline schedule. On a CPU-only machine each of those points at the CPU instead.
+``torch.cuda.current_device()`` to place buffers, moves tensors with ``.cuda()``, synchronises streams, keeps
+its tensor-parallel RNG streams as CUDA generator states, builds the default causal mask on ``"cuda"``, and
+creates one token counter on ``"cuda"`` in each pipeline schedule. On a CPU-only machine each of those points
+at the CPU instead.
 
 ``install()`` is a no-op when CUDA is available, so GPU runs execute megatron-core unmodified. This is the only
 module in vime_ext that changes megatron-core's behaviour.

@@ -24,7 +24,7 @@ def forward_logits(model, shape: ModelShape, input_ids: torch.Tensor) -> torch.T
     """Logits ``[batch, seq, vocab]`` (padding columns removed) on the last pipeline stage, None elsewhere.
 
     ``input_ids`` must be the same on every rank of the model-parallel group; they are moved to this rank's
-    device.
+    device. Leaves the model in eval mode.
     """
     from megatron.core import parallel_state
     from megatron.core.pipeline_parallel import get_forward_backward_func

@@ -58,3 +58,10 @@ def build_gpt_model(
     if torch.cuda.is_available():
         model.cuda(torch.cuda.current_device())
     return model
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The GPTModel inside DDP/Float16Module-style wrappers."""
+    while hasattr(model, "module"):
+        model = model.module
+    return model
