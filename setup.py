@@ -25,6 +25,9 @@ setup(
         "tensorboard",
         "tqdm",
         "ray",
+        "httpx",  # rollout client
+        "fastapi",  # the transformers engine backend's server
+        "uvicorn",
     ],
     extras_require={
         # The CPU stack: torch's CPU build and vLLM built for CPU (it pins exactly this torch).

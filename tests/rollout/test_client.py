@@ -1,0 +1,195 @@
+"""RolloutClient against real transformers engines (two processes): concurrency, failover, bad input."""
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+import torch
+
+from vime_ext.rollout.client import EngineUnavailable, RolloutClient
+from vime_ext.rollout.protocol import InvalidRequest, SamplingParams
+from vime_ext.trainer.launch import free_port
+
+
+def start_engine(model_dir, port: int) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "vime_ext.rollout.hf_engine", "--model", str(model_dir),
+                             "--port", str(port), "--max-batch-size", "8"],
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 120.0) -> None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"engine exited early: {proc.stderr.read().decode()[-2000:]}")
+        try:
+            if httpx.get(url + "/health", timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"{url} not healthy after {timeout_s} s")
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_hf_dirs):
+    """Two engines serving the tiny Llama (SmolLM2's tokenizer, random weights)."""
+    ports = [free_port(), free_port()]
+    procs = [start_engine(tiny_hf_dirs["llama"], p) for p in ports]
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    try:
+        for url, proc in zip(urls, procs):
+            wait_healthy(url, proc)
+        yield urls, procs
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+def prompts(tiny_hf_dirs, n: int) -> list[list[int]]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_hf_dirs["llama"])
+    return [tokenizer.apply_chat_template([{"role": "user", "content": f"Question {i}: what is {i} + {i}?"}],
+                                          add_generation_prompt=True, tokenize=True, return_dict=False)
+            for i in range(n)]
+
+
+def test_concurrent_requests_return_tokens_and_matching_log_probs(engines, tiny_hf_dirs):
+    from transformers import AutoModelForCausalLM
+
+    urls, _ = engines
+    params = SamplingParams(temperature=1.0, max_new_tokens=12, seed=None)
+
+    async def run():
+        client = RolloutClient(urls, max_concurrency=16)
+        try:
+            return await asyncio.gather(*(client.generate(p, params) for p in prompts(tiny_hf_dirs, 16)))
+        finally:
+            await client.close()
+
+    results = asyncio.run(run())
+    assert len(results) == 16
+    model = AutoModelForCausalLM.from_pretrained(tiny_hf_dirs["llama"], dtype=torch.float32).eval()
+    diffs = []
+    for prompt, result in zip(prompts(tiny_hf_dirs, 16), results):
+        assert 1 <= len(result.token_ids) <= 12 and result.finish_reason in ("stop", "length")
+        assert result.prompt_length == len(prompt)
+        tokens = torch.tensor([prompt + result.token_ids])
+        with torch.no_grad():
+            log_probs = torch.log_softmax(model(tokens).logits[0, len(prompt) - 1:-1].float(), dim=-1)
+        recomputed = log_probs.gather(-1, torch.tensor(result.token_ids).unsqueeze(-1)).squeeze(-1)
+        diffs.append((recomputed - torch.tensor(result.log_probs)).abs().max().item())
+    # Batched (left-padded) generation vs one unpadded forward: only float rounding may differ.
+    assert max(diffs) < 1e-3, diffs
+
+
+def test_greedy_is_deterministic_and_respects_max_tokens(engines, tiny_hf_dirs):
+    urls, _ = engines
+    prompt = prompts(tiny_hf_dirs, 1)[0]
+
+    async def run():
+        client = RolloutClient(urls)
+        try:
+            a = await client.generate(prompt, SamplingParams(temperature=0.0, max_new_tokens=5))
+            b = await client.generate(prompt, SamplingParams(temperature=0.0, max_new_tokens=5))
+            return a, b
+        finally:
+            await client.close()
+
+    a, b = asyncio.run(run())
+    assert a.token_ids == b.token_ids and len(a.token_ids) <= 5
+
+
+def test_bad_requests_are_refused_with_the_reason(engines, tiny_hf_dirs):
+    urls, _ = engines
+
+    async def run():
+        client = RolloutClient(urls[0])
+        errors = []
+        for tokens, params in (([], SamplingParams()),
+                               ([1] * 200, SamplingParams(max_new_tokens=8)),
+                               ([1, 2, 3], SamplingParams(top_p=0.0)),
+                               ([10**9], SamplingParams())):
+            with pytest.raises(InvalidRequest) as err:
+                await client.generate(tokens, params)
+            errors.append(str(err.value))
+        assert client.retries == 0  # the request's fault: never retried
+        await client.close()
+        return errors
+
+    empty, too_long, top_p, bad_id = asyncio.run(run())
+    assert "empty prompt" in empty
+    assert "exceeds the model's context of 128 tokens" in too_long and "HTTP 400" in too_long
+    assert "top_p=0.0" in top_p
+    assert "token ids must lie in" in bad_id
+
+
+def test_unreachable_engine_is_named():
+    async def run():
+        client = RolloutClient(f"http://127.0.0.1:{free_port()}", max_retries=1, backoff_s=0.01)
+        try:
+            await client.generate([1, 2], SamplingParams(max_new_tokens=2))
+        finally:
+            await client.close()
+
+    with pytest.raises(EngineUnavailable, match="failed on every try.*ConnectError"):
+        asyncio.run(run())
+
+
+def test_killed_engine_requests_fail_over(engines, tiny_hf_dirs):
+    """One engine dies with requests in flight: every request is answered once, by the survivor."""
+    urls, procs = engines
+    params = SamplingParams(temperature=1.0, max_new_tokens=24)
+
+    async def run():
+        client = RolloutClient(urls, max_concurrency=16, backoff_s=0.05)
+        tasks = [asyncio.create_task(client.generate(p, params, request_id=f"r{i}"))
+                 for i, p in enumerate(prompts(tiny_hf_dirs, 16))]
+        await asyncio.sleep(0.3)
+        procs[0].kill()
+        results = await asyncio.gather(*tasks)
+        await client.close()
+        return results, client.retries
+
+    results, retries = asyncio.run(run())
+    assert len(results) == 16 and all(r.token_ids for r in results)
+    assert retries > 0
+
+
+def test_generate_fills_samples_and_records_failures(engines, tiny_hf_dirs):
+    from transformers import AutoTokenizer
+
+    from vime_ext.rollout.generate import generate
+    from vime_ext.rollout.sample import Sample, Status
+
+    urls, procs = engines
+    live = [u for u, p in zip(urls, procs) if p.poll() is None]
+    tokenizer = AutoTokenizer.from_pretrained(tiny_hf_dirs["llama"])
+    good = Sample(prompt=[{"role": "user", "content": "Name a colour."}], index=0)
+    too_long = Sample(prompt="word " * 400, index=1)
+
+    async def run():
+        client = RolloutClient(live)
+        try:
+            return await asyncio.gather(
+                generate(client, tokenizer, good, SamplingParams(max_new_tokens=6), weight_version=3),
+                generate(client, tokenizer, too_long, SamplingParams(max_new_tokens=6)))
+        finally:
+            await client.close()
+
+    good, too_long = asyncio.run(run())
+    assert good.status in (Status.COMPLETED, Status.TRUNCATED) and good.error is None
+    assert good.response_length == len(good.loss_mask) == len(good.rollout_log_probs) >= 1
+    assert good.tokens[: good.prompt_length] == list(tokenizer.apply_chat_template(
+        good.prompt, add_generation_prompt=True, tokenize=True, return_dict=False))
+    assert good.response == tokenizer.decode(good.tokens[good.prompt_length:], skip_special_tokens=True)
+    assert good.weight_version == 3
+    assert too_long.status == Status.FAILED and "exceeds the model's context" in too_long.error
+    assert too_long.tokens == []

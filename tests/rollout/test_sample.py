@@ -1,0 +1,38 @@
+import pytest
+
+from vime_ext.rollout.protocol import InvalidRequest, SamplingParams, generate_request, parse_generate_response
+from vime_ext.rollout.sample import Sample, Status, Turn
+
+
+def test_fail_keeps_the_reason_and_refuses_success_states():
+    sample = Sample(prompt="hi")
+    assert sample.fail(Status.ABORTED, "engine died").error == "engine died"
+    assert sample.status == Status.ABORTED
+    with pytest.raises(ValueError, match="FAILED or ABORTED"):
+        sample.fail(Status.COMPLETED, "nope")
+
+
+def test_turn_masks_cover_the_same_tokens():
+    Turn(tokens=[1, 2, 3], loss_mask=[1, 0], rollout_log_probs=[-0.1, -0.2])
+    with pytest.raises(ValueError, match="loss_mask has 2 entries, rollout_log_probs 1"):
+        Turn(tokens=[1, 2, 3], loss_mask=[1, 0], rollout_log_probs=[-0.1])
+
+
+def test_request_and_response_shapes():
+    body = generate_request([5, 6], SamplingParams(temperature=0.5, max_new_tokens=3, seed=1), "r1")
+    assert body["sampling_params"] == {"temperature": 0.5, "top_p": 1.0, "max_tokens": 3, "stop": [],
+                                       "stop_token_ids": [], "logprobs": 0, "skip_special_tokens": False,
+                                       "seed": 1}
+    assert SamplingParams.from_vllm(body["sampling_params"]) == SamplingParams(temperature=0.5, max_new_tokens=3,
+                                                                               seed=1)
+    result = parse_generate_response({"prompt_token_ids": [5, 6], "choices": [
+        {"token_ids": [7, 8], "finish_reason": "length",
+         "logprobs": {"content": [{"token_id": 7, "logprob": -1.5}, {"token_id": 8, "logprob": -0.25}]}}]})
+    assert (result.token_ids, result.log_probs, result.finish_reason, result.prompt_length) == \
+        ([7, 8], [-1.5, -0.25], "length", 2)
+    with pytest.raises(ValueError, match="2 tokens but 1 log-probs"):
+        parse_generate_response({"choices": [{"token_ids": [7, 8], "logprobs": {"content": [{"logprob": -1}]}}]})
+    with pytest.raises(ValueError, match="malformed generate response"):
+        parse_generate_response({"choices": []})
+    with pytest.raises(InvalidRequest, match="temperature=-1"):
+        generate_request([1], SamplingParams(temperature=-1), "r2")

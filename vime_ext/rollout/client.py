@@ -1,0 +1,81 @@
+"""Async HTTP client for the token-in/token-out generate route of one or more engines (or a router)."""
+
+import asyncio
+import itertools
+import uuid
+
+import httpx
+
+from vime_ext.rollout.protocol import (
+    GENERATE_ROUTE,
+    GenerateResult,
+    InvalidRequest,
+    SamplingParams,
+    generate_request,
+    parse_generate_response,
+)
+
+
+class EngineUnavailable(RuntimeError):
+    """No engine answered a request after every retry."""
+
+
+class RolloutClient:
+    """Sends generate requests with bounded concurrency, a per-request timeout, and retries.
+
+    Connection errors, timeouts and 5xx answers are retried with exponential backoff, each retry on the next
+    base URL (with several engines listed, a dead one is skipped; with one router URL the router re-routes).
+    A 4xx answer is the request's fault and raises ``InvalidRequest`` at once. The same ``request_id`` is sent
+    on every try, so an engine can tell a retry from a new request.
+    """
+
+    def __init__(self, base_urls: str | list[str], max_concurrency: int = 64, timeout_s: float = 300.0,
+                 max_retries: int = 4, backoff_s: float = 0.5):
+        urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
+        if not urls:
+            raise ValueError("RolloutClient needs at least one engine or router URL")
+        self.base_urls = [u.rstrip("/") for u in urls]
+        self._next_url = itertools.cycle(range(len(self.base_urls)))
+        self._semaphore = asyncio.Semaphore(max_concurrency)
+        self._http = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=10.0),
+                                       limits=httpx.Limits(max_connections=max_concurrency))
+        self.max_retries = max_retries
+        self.backoff_s = backoff_s
+        self.retries = 0  # how many tries failed over (read by tests and logs)
+
+    async def generate(self, token_ids: list[int], params: SamplingParams,
+                       request_id: str | None = None) -> GenerateResult:
+        request_id = request_id or uuid.uuid4().hex
+        body = generate_request(token_ids, params, request_id)
+        start = next(self._next_url)
+        errors = []
+        async with self._semaphore:
+            for attempt in range(self.max_retries + 1):
+                url = self.base_urls[(start + attempt) % len(self.base_urls)]
+                try:
+                    response = await self._http.post(url + GENERATE_ROUTE, json=body)
+                except (httpx.TransportError, httpx.TimeoutException) as err:
+                    errors.append(f"{url}: {type(err).__name__}: {err}")
+                else:
+                    if response.status_code < 400:
+                        return parse_generate_response(response.json())
+                    if response.status_code < 500:
+                        raise InvalidRequest(f"{url} refused request {request_id}: "
+                                             f"HTTP {response.status_code} {response.text[:500]}")
+                    errors.append(f"{url}: HTTP {response.status_code} {response.text[:200]}")
+                self.retries += 1
+                if attempt < self.max_retries:
+                    await asyncio.sleep(self.backoff_s * 2**attempt)
+        raise EngineUnavailable(f"request {request_id} failed on every try: " + " | ".join(errors))
+
+    async def health(self) -> dict[str, bool]:
+        async def one(url):
+            try:
+                return url, (await self._http.get(url + "/health", timeout=5.0)).status_code == 200
+            except httpx.HTTPError:
+                return url, False
+
+        return dict(await asyncio.gather(*(one(u) for u in self.base_urls)))
+
+    async def close(self) -> None:
+        await self._http.aclose()

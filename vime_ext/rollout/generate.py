@@ -1,0 +1,36 @@
+"""The default single-turn generate function: chat-template the prompt, generate, fill the Sample.
+
+Custom generate functions (``--custom-generate-function-path``) have the same signature.
+"""
+
+from vime_ext.rollout.client import EngineUnavailable, RolloutClient
+from vime_ext.rollout.protocol import InvalidRequest, SamplingParams
+from vime_ext.rollout.sample import Sample, Status
+
+
+def prompt_token_ids(tokenizer, prompt: str | list[dict]) -> list[int]:
+    """Chat messages go through the tokenizer's chat template; a plain string is tokenized as is."""
+    if isinstance(prompt, str):
+        return tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    return list(tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True,
+                                              return_dict=False))
+
+
+async def generate(client: RolloutClient, tokenizer, sample: Sample, params: SamplingParams,
+                   weight_version: int | None = None) -> Sample:
+    """Fill ``sample`` in place; failures land on the sample (status + reason) instead of raising."""
+    try:
+        prompt_ids = prompt_token_ids(tokenizer, sample.prompt)
+        result = await client.generate(prompt_ids, params, request_id=f"{sample.group_index}-{sample.index}")
+    except InvalidRequest as err:
+        return sample.fail(Status.FAILED, str(err))
+    except EngineUnavailable as err:
+        return sample.fail(Status.ABORTED, str(err))
+    sample.tokens = prompt_ids + result.token_ids
+    sample.response = tokenizer.decode(result.token_ids, skip_special_tokens=True)
+    sample.response_length = len(result.token_ids)
+    sample.loss_mask = [1] * len(result.token_ids)
+    sample.rollout_log_probs = result.log_probs
+    sample.status = Status.COMPLETED if result.finish_reason == "stop" else Status.TRUNCATED
+    sample.weight_version = weight_version
+    return sample

@@ -1,0 +1,176 @@
+"""A small engine that serves vLLM's token-in/token-out route from a ``transformers`` model.
+
+For machines without vLLM (the GPU machine here has none) and for fast tests. Requests that arrive together and
+share sampling params are generated as one left-padded batch. Log-probs are those of the raw model distribution
+(before temperature/top-p), as vLLM reports them by default.
+
+    python -m vime_ext.rollout.hf_engine --model DIR --port 8000 [--max-batch-size 16] [--dtype float32]
+"""
+
+import argparse
+import asyncio
+import threading
+from dataclasses import dataclass
+
+import torch
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from vime_ext.rollout.protocol import GENERATE_ROUTE, GenerateResult, InvalidRequest, SamplingParams, generate_response
+
+
+@dataclass
+class _Pending:
+    request_id: str
+    token_ids: list[int]
+    params: SamplingParams
+    future: asyncio.Future
+
+
+class HFEngine:
+    def __init__(self, model_dir: str, dtype: torch.dtype = torch.float32, device: str | None = None,
+                 max_batch_size: int = 16):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(self.device).eval()
+        self.max_context = int(getattr(self.model.config, "max_position_embeddings", 4096))
+        self.max_batch_size = max_batch_size
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.eos_ids = {i for i in [self.tokenizer.eos_token_id, *_as_list(self.model.generation_config.eos_token_id)]
+                        if i is not None}
+        self.weight_version = 0
+        self._lock = threading.Lock()  # generation and weight updates never overlap
+
+    def check(self, token_ids: list[int], params: SamplingParams) -> None:
+        if not token_ids:
+            raise InvalidRequest("empty prompt: token_ids must hold at least one token")
+        vocab = self.model.config.vocab_size
+        if any(not 0 <= t < vocab for t in token_ids):
+            raise InvalidRequest(f"token ids must lie in [0, {vocab})")
+        if len(token_ids) + params.max_new_tokens > self.max_context:
+            raise InvalidRequest(f"prompt of {len(token_ids)} tokens + max_new_tokens={params.max_new_tokens} "
+                                 f"exceeds the model's context of {self.max_context} tokens")
+        params.validate()
+
+    @torch.no_grad()
+    def generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerateResult]:
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros_like(input_ids)
+        for row, prompt in enumerate(prompts):  # left padding keeps every prompt's end aligned
+            input_ids[row, width - len(prompt):] = torch.tensor(prompt)
+            attention[row, width - len(prompt):] = 1
+        stop_ids = sorted(self.eos_ids | set(params.stop_token_ids))
+        kwargs = dict(max_new_tokens=params.max_new_tokens, eos_token_id=stop_ids, pad_token_id=self.pad_id,
+                      output_logits=True, return_dict_in_generate=True)
+        if params.temperature == 0.0:
+            kwargs.update(do_sample=False)
+        else:
+            kwargs.update(do_sample=True, temperature=params.temperature, top_p=params.top_p, top_k=0)
+        if params.stop:
+            kwargs.update(stop_strings=list(params.stop), tokenizer=self.tokenizer)
+        with self._lock:
+            if params.seed is not None:
+                torch.manual_seed(params.seed)
+            out = self.model.generate(input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device),
+                                      **kwargs)
+        new_tokens = out.sequences[:, width:].cpu()
+        log_probs = torch.stack([torch.log_softmax(step.float(), dim=-1) for step in out.logits], dim=1).cpu()
+        results = []
+        for row in range(len(prompts)):
+            tokens, lps, finish = [], [], "length"
+            for step, token in enumerate(new_tokens[row].tolist()):
+                tokens.append(token)
+                lps.append(float(log_probs[row, step, token]))
+                if token in stop_ids:
+                    finish = "stop"
+                    break
+            if finish == "length" and params.stop:
+                text = self.tokenizer.decode(tokens)
+                finish = "stop" if any(s in text for s in params.stop) else "length"
+            results.append(GenerateResult(tokens, lps, finish, prompt_length=len(prompts[row])))
+        return results
+
+
+def _as_list(value) -> list:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def build_app(engine: HFEngine) -> FastAPI:
+    app = FastAPI()
+    queue: asyncio.Queue[_Pending] = asyncio.Queue()
+
+    async def batcher():
+        loop = asyncio.get_running_loop()
+        while True:
+            first = await queue.get()
+            batch = [first]
+            await asyncio.sleep(0.005)  # let concurrent requests join the batch
+            while not queue.empty() and len(batch) < engine.max_batch_size:
+                batch.append(queue.get_nowait())
+            groups: dict[SamplingParams, list[_Pending]] = {}
+            for item in batch:
+                groups.setdefault(item.params, []).append(item)
+            for params, items in groups.items():
+                # A seeded request is reproducible only alone in its batch.
+                chunks = [[i] for i in items] if params.seed is not None else [items]
+                for chunk in chunks:
+                    try:
+                        results = await loop.run_in_executor(
+                            None, engine.generate_batch, [i.token_ids for i in chunk], params)
+                    except Exception as err:  # the engine failed, not the request: answer 500 to each
+                        for item in chunk:
+                            item.future.set_exception(err)
+                        continue
+                    for item, result in zip(chunk, results):
+                        item.future.set_result(result)
+
+    @app.on_event("startup")
+    async def start_batcher():
+        app.state.batcher = asyncio.create_task(batcher())
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "weight_version": engine.weight_version}
+
+    @app.post(GENERATE_ROUTE)
+    async def generate(request: Request):
+        body = await request.json()
+        try:
+            token_ids = [int(t) for t in body.get("token_ids") or []]
+            params = SamplingParams.from_vllm(body.get("sampling_params") or {})
+            engine.check(token_ids, params)
+        except (InvalidRequest, TypeError, ValueError) as err:
+            return JSONResponse({"error": {"message": str(err), "code": 400}}, status_code=400)
+        request_id = str(body.get("request_id") or id(body))
+        future = asyncio.get_running_loop().create_future()
+        await queue.put(_Pending(request_id, token_ids, params, future))
+        try:
+            result = await future
+        except Exception as err:
+            return JSONResponse({"error": {"message": f"{type(err).__name__}: {err}", "code": 500}},
+                                status_code=500)
+        return generate_response(request_id, token_ids, result)
+
+    return app
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description="transformers engine serving vLLM's token-in/token-out route")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--max-batch-size", type=int, default=16)
+    args = parser.parse_args(argv)
+    engine = HFEngine(args.model, dtype=getattr(torch, args.dtype), max_batch_size=args.max_batch_size)
+    uvicorn.run(build_app(engine), host=args.host, port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""The token-in/token-out generate route (``POST /inference/v1/generate``) as vLLM serves it.
+
+Both engine backends (vLLM, and the transformers one in ``hf_engine.py``) speak exactly this, so nothing above
+the client can tell them apart. Request: ``{"token_ids": [...], "sampling_params": {...}}``; response: one
+choice with ``token_ids``, per-token ``logprobs.content[i].logprob`` and ``finish_reason`` ("stop"/"length").
+"""
+
+from dataclasses import dataclass, field
+
+GENERATE_ROUTE = "/inference/v1/generate"
+
+
+class InvalidRequest(ValueError):
+    """A request that no engine could serve (as opposed to an engine that failed to)."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+
+    def validate(self) -> None:
+        if not 0.0 <= self.temperature <= 100.0:
+            raise InvalidRequest(f"temperature={self.temperature} is outside [0, 100]")
+        if not 0.0 < self.top_p <= 1.0:
+            raise InvalidRequest(f"top_p={self.top_p} is outside (0, 1]")
+        if self.max_new_tokens < 1:
+            raise InvalidRequest(f"max_new_tokens={self.max_new_tokens} must be at least 1")
+
+    def to_vllm(self) -> dict:
+        """vLLM's SamplingParams fields; ``logprobs=0`` returns the sampled token's log-prob only."""
+        params = {"temperature": self.temperature, "top_p": self.top_p, "max_tokens": self.max_new_tokens,
+                  "stop": list(self.stop), "stop_token_ids": list(self.stop_token_ids), "logprobs": 0,
+                  "skip_special_tokens": False}
+        if self.seed is not None:
+            params["seed"] = self.seed
+        return params
+
+    @classmethod
+    def from_vllm(cls, params: dict) -> "SamplingParams":
+        return cls(temperature=float(params.get("temperature", 1.0)), top_p=float(params.get("top_p", 1.0)),
+                   max_new_tokens=int(params.get("max_tokens") or 16), stop=tuple(params.get("stop") or ()),
+                   stop_token_ids=tuple(params.get("stop_token_ids") or ()), seed=params.get("seed"))
+
+
+@dataclass
+class GenerateResult:
+    token_ids: list[int]
+    log_probs: list[float]
+    finish_reason: str  # "stop" or "length"
+    prompt_length: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+def generate_request(token_ids: list[int], params: SamplingParams, request_id: str) -> dict:
+    if not token_ids:
+        raise InvalidRequest("empty prompt: token_ids must hold at least one token")
+    params.validate()
+    return {"request_id": request_id, "token_ids": list(token_ids), "sampling_params": params.to_vllm(),
+            "output_mode": "tokens", "stream": False}
+
+
+def parse_generate_response(body: dict) -> GenerateResult:
+    try:
+        choice = body["choices"][0]
+        token_ids = list(choice["token_ids"])
+        content = (choice.get("logprobs") or {}).get("content") or []
+        log_probs = [float(entry["logprob"]) for entry in content]
+    except (KeyError, IndexError, TypeError) as err:
+        raise ValueError(f"malformed generate response ({err!r}): {str(body)[:300]}") from err
+    if len(log_probs) != len(token_ids):
+        raise ValueError(f"generate response has {len(token_ids)} tokens but {len(log_probs)} log-probs")
+    return GenerateResult(token_ids=token_ids, log_probs=log_probs, finish_reason=choice.get("finish_reason") or
+                          "stop", prompt_length=len(body.get("prompt_token_ids") or []))
+
+
+def generate_response(request_id: str, prompt_ids: list[int], result: GenerateResult) -> dict:
+    """The response body vLLM returns, built from a result (used by the transformers backend)."""
+    return {
+        "request_id": request_id,
+        "output_mode": "tokens",
+        "prompt_token_ids": list(prompt_ids),
+        "choices": [{
+            "index": 0,
+            "finish_reason": result.finish_reason,
+            "token_ids": result.token_ids,
+            "logprobs": {"content": [{"token_id": t, "logprob": lp, "top_logprobs": []}
+                                     for t, lp in zip(result.token_ids, result.log_probs)]},
+        }],
+        "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(result.token_ids),
+                  "total_tokens": len(prompt_ids) + len(result.token_ids)},
+    }
+
