@@ -125,3 +125,21 @@ def greedy_continuations(out_dir: str, hf_dir: str, ckpt_dir: str, prompts: list
     results = [greedy_generate(model, shape, prompt, steps) for prompt in prompts]
     Path(out_dir, "greedy.json").write_text(json.dumps(results))
     destroy_distributed()
+
+
+def sequence_log_probs(out_dir: str, hf_dir: str, sequences: list[tuple[list[int], int]]) -> None:
+    """Megatron log-probs of each (tokens, response start), weights loaded from the HF checkpoint."""
+    from convert.hf_checkpoint import HFCheckpointReader
+    from convert.live import load_hf_weights
+    from vime_ext.trainer.forward import token_log_probs
+    from vime_ext.trainer.model_provider import build_gpt_model
+    from vime_ext.trainer.parallel import destroy_distributed, init_distributed
+
+    parallel = ParallelConfig()
+    init_distributed(parallel)
+    shape = ModelShape.from_hf_dir(hf_dir)
+    model = build_gpt_model(shape, parallel, init_weights=False)
+    load_hf_weights(model, shape, HFCheckpointReader(hf_dir).get)
+    results = [token_log_probs(model, shape, tokens, start).tolist() for tokens, start in sequences]
+    Path(out_dir, "log_probs.json").write_text(json.dumps(results))
+    destroy_distributed()

@@ -1,55 +1,29 @@
 """RolloutClient against real transformers engines (two processes): concurrency, failover, bad input."""
 
 import asyncio
-import os
-import subprocess
-import sys
-import time
 
-import httpx
 import pytest
 import torch
 
 from vime_ext.rollout.client import EngineUnavailable, RolloutClient
+from vime_ext.rollout.engines import EngineConfig, launch_engine, wait_until_serving
 from vime_ext.rollout.protocol import InvalidRequest, SamplingParams
 from vime_ext.trainer.launch import free_port
-
-
-def start_engine(model_dir, port: int) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "vime_ext.rollout.hf_engine", "--model", str(model_dir),
-                             "--port", str(port), "--max-batch-size", "8"],
-                            env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
-
-
-def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 120.0) -> None:
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"engine exited early: {proc.stderr.read().decode()[-2000:]}")
-        try:
-            if httpx.get(url + "/health", timeout=1.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise TimeoutError(f"{url} not healthy after {timeout_s} s")
 
 
 @pytest.fixture(scope="module")
 def engines(tiny_hf_dirs):
     """Two engines serving the tiny Llama (SmolLM2's tokenizer, random weights)."""
-    ports = [free_port(), free_port()]
-    procs = [start_engine(tiny_hf_dirs["llama"], p) for p in ports]
-    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    engines = [launch_engine(EngineConfig(str(tiny_hf_dirs["llama"]), backend="hf",
+                                          extra_args=["--max-batch-size", "8"], env={"OMP_NUM_THREADS": "1"}))
+               for _ in range(2)]
     try:
-        for url, proc in zip(urls, procs):
-            wait_healthy(url, proc)
-        yield urls, procs
+        wait_until_serving(engines, timeout_s=120)
+        yield [e.url for e in engines], [e.process for e in engines]
     finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
+        for engine in engines:
+            engine.process.kill()
+            engine.process.wait()
 
 
 def prompts(tiny_hf_dirs, n: int) -> list[list[int]]:

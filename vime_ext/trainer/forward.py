@@ -60,3 +60,20 @@ def greedy_generate(model, shape: ModelShape, prompt: list[int], max_new_tokens:
         if tokens[-1] == eos_token_id:
             break
     return tokens[len(prompt):]
+
+
+@torch.no_grad()
+def token_log_probs(model, shape: ModelShape, tokens: list[int], start: int) -> torch.Tensor | None:
+    """log p(tokens[i] | tokens[:i]) for i in [start, len(tokens)), on the last pipeline stage (None elsewhere).
+
+    A reference implementation over full logits, for checks against the engines; the trainer's batched
+    log-prob pass replaces it.
+    """
+    if not 0 < start < len(tokens):
+        raise ValueError(f"start={start} must leave at least one prompt and one scored token of {len(tokens)}")
+    logits = forward_logits(model, shape, torch.tensor([tokens]))
+    if logits is None:
+        return None
+    log_probs = torch.log_softmax(logits[0, start - 1:-1].float(), dim=-1)
+    targets = torch.tensor(tokens[start:], device=log_probs.device).unsqueeze(-1)
+    return log_probs.gather(-1, targets).squeeze(-1).cpu()

