@@ -26,6 +26,7 @@ setup(
         "tqdm",
         "ray",
         "httpx",  # rollout client
+        "vllm-router==0.1.17",  # the Rust router in front of the engines
         "fastapi",  # the transformers engine backend's server
         "uvicorn",
     ],

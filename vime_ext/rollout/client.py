@@ -43,17 +43,19 @@ class RolloutClient:
         self.backoff_s = backoff_s
         self.retries = 0  # how many tries failed over (read by tests and logs)
 
-    async def generate(self, token_ids: list[int], params: SamplingParams,
-                       request_id: str | None = None) -> GenerateResult:
+    async def generate(self, token_ids: list[int], params: SamplingParams, request_id: str | None = None,
+                       session_id: str | None = None) -> GenerateResult:
+        """``session_id`` (sent as X-Session-ID) lets a consistent-hash router keep a conversation on one engine."""
         request_id = request_id or uuid.uuid4().hex
         body = generate_request(token_ids, params, request_id)
+        headers = {"X-Session-ID": session_id} if session_id else None
         start = next(self._next_url)
         errors = []
         async with self._semaphore:
             for attempt in range(self.max_retries + 1):
                 url = self.base_urls[(start + attempt) % len(self.base_urls)]
                 try:
-                    response = await self._http.post(url + GENERATE_ROUTE, json=body)
+                    response = await self._http.post(url + GENERATE_ROUTE, json=body, headers=headers)
                 except (httpx.TransportError, httpx.TimeoutException) as err:
                     errors.append(f"{url}: {type(err).__name__}: {err}")
                 else:

@@ -1,4 +1,5 @@
-"""Start engine servers (vLLM, or the transformers backend) as subprocesses and wait until they serve.
+"""Start engine servers (vLLM, or the transformers backend) and the vllm-router in front of them, as
+subprocesses, and wait until they serve.
 
 Any vLLM flag is reachable as ``--vllm-<flag>`` on vime_ext's command line: ``split_vllm_args`` lifts those out
 of argv unchanged (no per-flag forwarding to maintain). Servers bind 127.0.0.1 unless told otherwise.
@@ -29,9 +30,14 @@ class EngineConfig:
     log_dir: str | None = None
 
 
+ROUTER_POLICIES = ("round_robin", "consistent_hash", "random", "power_of_two", "cache_aware")
+
+
 @dataclass
-class EngineProcess:
-    config: EngineConfig
+class ServerProcess:
+    """An engine or router subprocess, with the URL it serves and the file its output goes to."""
+
+    name: str
     process: subprocess.Popen
     url: str
     log_path: Path
@@ -85,18 +91,35 @@ def server_command(config: EngineConfig, port: int) -> list[str]:
     return command + config.extra_args
 
 
-def launch_engine(config: EngineConfig) -> EngineProcess:
-    port = config.port or free_port()
-    log_dir = Path(config.log_dir or os.environ.get("VIME_EXT_LOG_DIR", "/tmp/vime_ext_engines"))
-    log_dir.mkdir(parents=True, exist_ok=True)
-    log_path = log_dir / f"{config.backend}_engine_{port}.log"
+def _start(name: str, command: list[str], host: str, port: int, env: dict[str, str],
+           log_dir: str | None) -> ServerProcess:
+    folder = Path(log_dir or os.environ.get("VIME_EXT_LOG_DIR", "/tmp/vime_ext_engines"))
+    folder.mkdir(parents=True, exist_ok=True)
+    log_path = folder / f"{name}_{port}.log"
     with open(log_path, "w") as log:
-        process = subprocess.Popen(server_command(config, port), stdout=log, stderr=subprocess.STDOUT,
-                                   env={**os.environ, **config.env})
-    return EngineProcess(config, process, f"http://{config.host}:{port}", log_path)
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env})
+    return ServerProcess(name, process, f"http://{host}:{port}", log_path)
 
 
-def wait_until_serving(engines: list[EngineProcess], timeout_s: float = 600.0) -> None:
+def launch_engine(config: EngineConfig) -> ServerProcess:
+    port = config.port or free_port()
+    return _start(f"{config.backend}_engine", server_command(config, port), config.host, port, config.env,
+                  config.log_dir)
+
+
+def launch_router(worker_urls: list[str], policy: str = "consistent_hash", host: str = "127.0.0.1",
+                  port: int = 0, extra_args: list[str] | None = None, log_dir: str | None = None) -> ServerProcess:
+    """vllm-router over ``worker_urls``. ``consistent_hash`` keys on the X-Session-ID header, so every turn of
+    one conversation reaches the engine that holds its prefix in cache."""
+    if policy not in ROUTER_POLICIES:
+        raise ValueError(f"router policy {policy!r} is not one of {ROUTER_POLICIES}")
+    port = port or free_port()
+    command = ["vllm-router", "--host", host, "--port", str(port), "--worker-urls", *worker_urls,
+               "--policy", policy, "--log-level", "warning", *(extra_args or [])]
+    return _start("router", command, host, port, {}, log_dir)
+
+
+def wait_until_serving(engines: list[ServerProcess], timeout_s: float = 600.0) -> None:
     """Block until every engine answers /health; an engine that exits or stays silent raises with its log."""
     deadline = time.time() + timeout_s
     pending = list(engines)

@@ -21,7 +21,7 @@ async def generate(client: RolloutClient, tokenizer, sample: Sample, params: Sam
     """Fill ``sample`` in place; failures land on the sample (status + reason) instead of raising."""
     try:
         prompt_ids = prompt_token_ids(tokenizer, sample.prompt)
-        result = await client.generate(prompt_ids, params, request_id=f"{sample.group_index}-{sample.index}")
+        result = await client.generate(prompt_ids, params, session_id=f"{sample.group_index}-{sample.index}")
     except InvalidRequest as err:
         return sample.fail(Status.FAILED, str(err))
     except EngineUnavailable as err:

@@ -42,6 +42,7 @@ class HFEngine:
         self.eos_ids = {i for i in [self.tokenizer.eos_token_id, *_as_list(self.model.generation_config.eos_token_id)]
                         if i is not None}
         self.weight_version = 0
+        self.requests_served = 0
         self._lock = threading.Lock()  # generation and weight updates never overlap
 
     def check(self, token_ids: list[int], params: SamplingParams) -> None:
@@ -127,6 +128,7 @@ def build_app(engine: HFEngine) -> FastAPI:
                         for item in chunk:
                             item.future.set_exception(err)
                         continue
+                    engine.requests_served += len(chunk)
                     for item, result in zip(chunk, results):
                         item.future.set_result(result)
 
@@ -136,7 +138,7 @@ def build_app(engine: HFEngine) -> FastAPI:
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "weight_version": engine.weight_version}
+        return {"status": "ok", "weight_version": engine.weight_version, "requests_served": engine.requests_served}
 
     @app.post(GENERATE_ROUTE)
     async def generate(request: Request):

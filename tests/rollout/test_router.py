@@ -1,0 +1,78 @@
+"""vllm-router in front of two transformers engines: routing policies and a dead engine behind the router."""
+
+import asyncio
+
+import httpx
+import pytest
+
+from vime_ext.rollout.client import RolloutClient
+from vime_ext.rollout.engines import EngineConfig, launch_engine, launch_router, split_vllm_args, wait_until_serving
+from vime_ext.rollout.protocol import SamplingParams
+
+
+@pytest.fixture
+def two_engines(tiny_hf_dirs, tmp_path):
+    engines = [launch_engine(EngineConfig(str(tiny_hf_dirs["llama"]), backend="hf", log_dir=str(tmp_path),
+                                          env={"OMP_NUM_THREADS": "1"})) for _ in range(2)]
+    try:
+        wait_until_serving(engines, timeout_s=120)
+        yield engines
+    finally:
+        for engine in engines:
+            engine.stop()
+
+
+def served(engines) -> list[int]:
+    return [httpx.get(e.url + "/health").json()["requests_served"] for e in engines]
+
+
+def run_requests(url: str, n: int, session_ids: list[str | None], max_new_tokens: int = 4, kill=None):
+    async def run():
+        client = RolloutClient(url, max_concurrency=n, backoff_s=0.1)
+        tasks = [asyncio.create_task(client.generate([1, 2, 3 + i], SamplingParams(max_new_tokens=max_new_tokens),
+                                                     session_id=session_ids[i % len(session_ids)]))
+                 for i in range(n)]
+        if kill:
+            await asyncio.sleep(0.3)
+            kill()
+        try:
+            return await asyncio.gather(*tasks)
+        finally:
+            await client.close()
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("policy", ["consistent_hash", "round_robin"])
+def test_policies(policy, two_engines, tmp_path):
+    router = launch_router([e.url for e in two_engines], policy=policy, log_dir=str(tmp_path))
+    try:
+        wait_until_serving([router], timeout_s=60)
+        before = served(two_engines)
+        results = run_requests(router.url, 8, ["conversation-a"] if policy == "consistent_hash" else [None])
+        counts = [after - b for after, b in zip(served(two_engines), before)]
+    finally:
+        router.stop()
+    assert len(results) == 8 and all(r.token_ids for r in results)
+    assert sum(counts) == 8
+    if policy == "consistent_hash":  # one session: every turn on the engine that holds its prefix
+        assert sorted(counts) == [0, 8], counts
+    else:
+        assert counts == [4, 4], counts
+
+
+def test_dead_engine_behind_router(two_engines, tmp_path):
+    router = launch_router([e.url for e in two_engines], policy="round_robin", log_dir=str(tmp_path))
+    try:
+        wait_until_serving([router], timeout_s=60)
+        results = run_requests(router.url, 16, [None], max_new_tokens=24, kill=two_engines[0].process.kill)
+    finally:
+        router.stop()
+    assert len(results) == 16 and all(r.token_ids for r in results)
+
+
+def test_vllm_flags_pass_through():
+    own, vllm = split_vllm_args(["--lr", "1e-6", "--vllm-max-num-seqs", "64", "--vllm-enable-prefix-caching",
+                                 "--vllm-kv-cache-dtype=fp8", "--seed", "3"])
+    assert own == ["--lr", "1e-6", "--seed", "3"]
+    assert vllm == ["--max-num-seqs", "64", "--enable-prefix-caching", "--kv-cache-dtype=fp8"]
