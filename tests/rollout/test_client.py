@@ -167,3 +167,45 @@ def test_generate_fills_samples_and_records_failures(engines, tiny_hf_dirs):
     assert good.weight_version == 3
     assert too_long.status == Status.FAILED and "exceeds the model's context" in too_long.error
     assert too_long.tokens == []
+
+
+def test_weight_update_on_the_transformers_backend(tiny_hf_dirs, tmp_path):
+    """The same trainer-side sync drives the transformers engine: new weights, new version, and log-probs that
+    match a transformers model holding the pushed weights."""
+    from transformers import AutoModelForCausalLM
+
+    from convert.hf_checkpoint import HFCheckpointReader
+    from vime_ext.rollout.weight_sync import SharedMemoryWeightSync
+
+    engine = launch_engine(EngineConfig(str(tiny_hf_dirs["llama"]), backend="hf", log_dir=str(tmp_path)))
+    reader = HFCheckpointReader(tiny_hf_dirs["llama"])
+    generator = torch.Generator().manual_seed(5)
+    new_weights = {k: reader.get(k) + 0.05 * torch.randn(reader.get(k).shape, generator=generator)
+                   for k in reader.keys()}
+    prompt = prompts(tiny_hf_dirs, 1)[0]
+
+    async def sample():
+        client = RolloutClient(engine.url)
+        try:
+            return await client.generate(prompt, SamplingParams(temperature=0.0, max_new_tokens=8))
+        finally:
+            await client.close()
+
+    try:
+        wait_until_serving([engine], timeout_s=120)
+        before = asyncio.run(sample())
+        sync = SharedMemoryWeightSync([engine.url], bucket_bytes=2 * 2**20)
+        sync.init()
+        assert sync.push(iter(new_weights.items()), version=7) == len(new_weights)
+        assert sync.versions() == {engine.url: "7"}
+        sync.close()
+        after = asyncio.run(sample())
+    finally:
+        engine.stop()
+    model = AutoModelForCausalLM.from_pretrained(tiny_hf_dirs["llama"], dtype=torch.float32).eval()
+    model.load_state_dict(new_weights, strict=False)
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + after.token_ids])).logits[0, len(prompt) - 1:-1]
+    expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(after.token_ids).unsqueeze(-1)).squeeze(-1)
+    assert after.token_ids != before.token_ids
+    assert (expected - torch.tensor(after.log_probs)).abs().max() < 1e-3

@@ -2,7 +2,8 @@
 
 For machines without vLLM (the GPU machine here has none) and for fast tests. Requests that arrive together and
 share sampling params are generated as one left-padded batch. Log-probs are those of the raw model distribution
-(before temperature/top-p), as vLLM reports them by default.
+(before temperature/top-p), as vLLM reports them by default. Weight updates use vLLM's RL routes with the
+``vime_shm`` payload (see ``weight_sync.py``), so the trainer cannot tell the two backends apart.
 
     python -m vime_ext.rollout.hf_engine --model DIR --port 8000 [--max-batch-size 16] [--dtype float32]
 """
@@ -41,8 +42,9 @@ class HFEngine:
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.eos_ids = {i for i in [self.tokenizer.eos_token_id, *_as_list(self.model.generation_config.eos_token_id)]
                         if i is not None}
-        self.weight_version = 0
+        self.weight_version: str | None = None
         self.requests_served = 0
+        self.paused = False
         self._lock = threading.Lock()  # generation and weight updates never overlap
 
     def check(self, token_ids: list[int], params: SamplingParams) -> None:
@@ -96,6 +98,23 @@ class HFEngine:
         return results
 
 
+    @torch.no_grad()
+    def load_weights_file(self, path: str, names: list[str]) -> None:
+        from safetensors.torch import load_file
+
+        tensors = load_file(path)
+        missing = [n for n in names if n not in tensors]
+        if missing:
+            raise ValueError(f"{path}: announced tensors missing from the file: {missing[:8]}")
+        params = dict(self.model.named_parameters())
+        unknown = [n for n in tensors if n not in params]
+        if unknown:
+            raise ValueError(f"{path}: tensors the model does not have: {unknown[:8]}")
+        with self._lock:
+            for name, tensor in tensors.items():
+                params[name].copy_(tensor)
+
+
 def _as_list(value) -> list:
     if value is None:
         return []
@@ -105,6 +124,7 @@ def _as_list(value) -> list:
 def build_app(engine: HFEngine) -> FastAPI:
     app = FastAPI()
     queue: asyncio.Queue[_Pending] = asyncio.Queue()
+    resumed = asyncio.Event()
 
     async def batcher():
         loop = asyncio.get_running_loop()
@@ -140,8 +160,50 @@ def build_app(engine: HFEngine) -> FastAPI:
     async def health():
         return {"status": "ok", "weight_version": engine.weight_version, "requests_served": engine.requests_served}
 
+    @app.post("/pause")
+    async def pause(mode: str = "abort"):
+        engine.paused = True  # new requests wait; the batch in flight finishes (generation holds the lock)
+        return {"status": "paused"}
+
+    @app.post("/resume")
+    async def resume():
+        engine.paused = False
+        resumed.set()
+        return {"status": "resumed"}
+
+    @app.post("/init_weight_transfer_engine")
+    async def init_weight_transfer_engine(request: Request):
+        return {"message": "Weight transfer initialized"}
+
+    @app.post("/start_weight_update")
+    async def start_weight_update():
+        return {"message": "Weight update started"}
+
+    @app.post("/update_weights")
+    async def update_weights(request: Request):
+        info = (await request.json()).get("update_info") or {}
+        try:
+            await asyncio.get_running_loop().run_in_executor(
+                None, engine.load_weights_file, info["path"], list(info.get("names") or []))
+        except (KeyError, ValueError, OSError) as err:
+            return JSONResponse({"error": {"message": f"{type(err).__name__}: {err}", "code": 400}},
+                                status_code=400)
+        return {"message": "Weights updated"}
+
+    @app.post("/finish_weight_update")
+    async def finish_weight_update(request: Request):
+        engine.weight_version = (await request.json()).get("weight_version")
+        return {"message": "Weight update finished"}
+
+    @app.get("/weight_info")
+    async def weight_info():
+        return {"weight_version": engine.weight_version}
+
     @app.post(GENERATE_ROUTE)
     async def generate(request: Request):
+        while engine.paused:
+            resumed.clear()
+            await resumed.wait()
         body = await request.json()
         try:
             token_ids = [int(t) for t in body.get("token_ids") or []]
