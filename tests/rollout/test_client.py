@@ -209,3 +209,39 @@ def test_weight_update_on_the_transformers_backend(tiny_hf_dirs, tmp_path):
     expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(after.token_ids).unsqueeze(-1)).squeeze(-1)
     assert after.token_ids != before.token_ids
     assert (expected - torch.tensor(after.log_probs)).abs().max() < 1e-3
+
+
+def test_group_rollout_with_plugins(engines, tiny_hf_dirs):
+    from transformers import AutoTokenizer
+
+    from vime_ext.rollout.config import RolloutConfig
+    from vime_ext.rollout.rollout import generate_rollout
+    from vime_ext.rollout.sample import Status
+
+    urls, procs = engines
+    live = [u for u, p in zip(urls, procs) if p.poll() is None]
+    tokenizer = AutoTokenizer.from_pretrained(tiny_hf_dirs["llama"])
+    config = RolloutConfig(n_samples_per_prompt=4, rollout_max_response_len=6,
+                           custom_rm_path="tests.rollout.test_client.reward_by_length")
+    prompts = [{"prompt": [{"role": "user", "content": "2+2?"}], "label": "4"},
+               {"prompt": "word " * 300, "label": "x"}]  # too long for the tiny model's 128-token context
+
+    async def run():
+        client = RolloutClient(live)
+        try:
+            return await generate_rollout(config, client, tokenizer, prompts, weight_version=2)
+        finally:
+            await client.close()
+
+    good, bad = asyncio.run(run())
+    assert [s.index for s in good + bad] == list(range(8))
+    assert {s.group_index for s in good} == {0} and {s.group_index for s in bad} == {1}
+    for sample in good:
+        assert sample.status in (Status.COMPLETED, Status.TRUNCATED) and sample.weight_version == 2
+        assert sample.reward == float(sample.response_length)
+    assert all(s.status == Status.FAILED and s.reward is None and "context" in s.error for s in bad)
+
+
+def reward_by_length(sample) -> float:
+    """A custom reward for the plug-in test: the response length."""
+    return float(sample.response_length)

@@ -1,0 +1,53 @@
+import argparse
+
+import pytest
+
+from vime_ext.rollout.config import RolloutConfig
+from vime_ext.rollout.plugins import load_function
+from vime_ext.rollout.rewards import boxed_exact_match, last_boxed
+from vime_ext.rollout.sample import Sample
+
+
+def test_last_boxed_handles_nesting_and_absence():
+    assert last_boxed(r"so \boxed{1} then \boxed{\frac{1}{2}}.") == r"\frac{1}{2}"
+    assert last_boxed("no box here") is None
+    assert last_boxed(r"\boxed{unclosed") is None
+
+
+@pytest.mark.parametrize("response,label,reward", [
+    (r"The answer is \boxed{Paris}.", "paris", 1.0),
+    (r"\boxed{ 3.0 }", "3", 1.0),
+    (r"\boxed{\text{Yes}}", ["yes", "true"], 1.0),
+    (r"\boxed{4}", "5", 0.0),
+])
+def test_boxed_exact_match(response, label, reward):
+    sample = Sample(prompt="q", response=response, label=label)
+    assert boxed_exact_match(sample) == reward and sample.metadata["no_boxed"] is False
+
+
+def test_missing_boxed_scores_zero_and_is_flagged():
+    sample = Sample(prompt="q", response="Paris", label="Paris")
+    assert boxed_exact_match(sample) == 0.0 and sample.metadata["no_boxed"] is True
+
+
+def test_config_from_flags_and_refusals():
+    parser = argparse.ArgumentParser()
+    RolloutConfig.add_args(parser)
+    config = RolloutConfig.from_args(parser.parse_args(
+        ["--n-samples-per-prompt", "8", "--rollout-temperature", "0.7", "--rollout-stop", "</answer>"]))
+    assert config.n_samples_per_prompt == 8 and config.rollout_stop == ("</answer>",)
+    assert config.sampling_params().temperature == 0.7
+    with pytest.raises(ValueError, match="--n-samples-per-prompt must be at least 1"):
+        RolloutConfig(n_samples_per_prompt=0)
+    with pytest.raises(ValueError, match="top_p=1.5"):
+        RolloutConfig(rollout_top_p=1.5)
+
+
+def test_dotted_paths_fail_with_the_flag_name():
+    assert load_function("vime_ext.rollout.rewards.boxed_exact_match", "--custom-rm-path") is boxed_exact_match
+    with pytest.raises(ValueError, match="--custom-rm-path='nodots': expected a dotted path"):
+        load_function("nodots", "--custom-rm-path")
+    with pytest.raises(ValueError, match="cannot import module 'no_such_pkg'"):
+        load_function("no_such_pkg.f", "--custom-rm-path")
+    with pytest.raises(ValueError, match="has no callable 'nope'"):
+        load_function("vime_ext.rollout.rewards.nope", "--custom-rm-path")

@@ -1,0 +1,44 @@
+"""The default rule-based reward: the last ``\\boxed{...}`` in the response against the label."""
+
+import re
+
+from vime_ext.rollout.sample import Sample
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}``, braces balanced; None when there is none or it never closes."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, begin = 0, start + len("\\boxed{")
+    for i in range(begin, len(text)):
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            if depth == 0:
+                return text[begin:i]
+            depth -= 1
+    return None
+
+
+def normalize_answer(text: str) -> str:
+    text = text.strip().lower()
+    text = re.sub(r"\\text\{([^}]*)\}", r"\1", text)
+    text = re.sub(r"[\s$]", "", text).rstrip(".")
+    if re.fullmatch(r"-?\d+(\.\d+)?", text):  # 3.0 == 3
+        text = str(float(text)).removesuffix(".0")
+    return text
+
+
+def boxed_exact_match(sample: Sample) -> float:
+    """1.0 when the last boxed answer equals the label after normalisation, else 0.0.
+
+    A response without ``\\boxed{}`` scores 0 and is flagged in ``sample.metadata["no_boxed"]`` so it can be
+    counted, not mistaken for a wrong answer.
+    """
+    answer = last_boxed(sample.response)
+    sample.metadata["no_boxed"] = answer is None
+    if answer is None or sample.label is None:
+        return 0.0
+    labels = sample.label if isinstance(sample.label, (list, tuple)) else [sample.label]
+    return float(any(normalize_answer(answer) == normalize_answer(str(label)) for label in labels))
