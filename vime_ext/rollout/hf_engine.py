@@ -10,6 +10,7 @@ share sampling params are generated as one left-padded batch. Log-probs are thos
 
 import argparse
 import asyncio
+import contextlib
 import threading
 from dataclasses import dataclass
 
@@ -122,7 +123,6 @@ def _as_list(value) -> list:
 
 
 def build_app(engine: HFEngine) -> FastAPI:
-    app = FastAPI()
     queue: asyncio.Queue[_Pending] = asyncio.Queue()
     resumed = asyncio.Event()
 
@@ -152,9 +152,13 @@ def build_app(engine: HFEngine) -> FastAPI:
                     for item, result in zip(chunk, results):
                         item.future.set_result(result)
 
-    @app.on_event("startup")
-    async def start_batcher():
-        app.state.batcher = asyncio.create_task(batcher())
+    @contextlib.asynccontextmanager
+    async def lifespan(_app):
+        task = asyncio.create_task(batcher())
+        yield
+        task.cancel()
+
+    app = FastAPI(lifespan=lifespan)
 
     @app.get("/health")
     async def health():
