@@ -4,6 +4,7 @@ log-prob mismatch check against the Megatron model (the check that later runs ev
 import asyncio
 import json
 
+import httpx
 import pytest
 import torch
 
@@ -72,6 +73,11 @@ def test_multi_turn_conversations_and_log_prob_parity(vllm_engine, smollm2_dir, 
             assert 1 <= len(result.token_ids) <= 16 and len(result.log_probs) == len(result.token_ids)
             assert all(lp <= 0.0 for lp in result.log_probs)
             sequences.append((prompt + result.token_ids, len(prompt)))
+    # The engine's own detokenizer and the tokenizer the rollout decodes with agree on every response.
+    for turns in conversations:
+        for _, result in turns:
+            served = httpx.post(vllm_engine.url + "/detokenize", json={"tokens": result.token_ids}).json()["prompt"]
+            assert served == tokenizer.decode(result.token_ids)
     # the second turn's prompt carries the first answer, re-tokenized through the chat template
     first_answer = tokenizer.decode(conversations[0][0][1].token_ids, skip_special_tokens=True).strip()
     assert first_answer in tokenizer.decode(conversations[0][1][0])
