@@ -1,0 +1,66 @@
+"""Per-token policy-gradient pieces and how they are reduced to one loss."""
+
+from typing import Literal
+
+import torch
+
+KLType = Literal["k1", "k2", "k3", "low_var_kl"]
+Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"]
+
+
+def kl_penalty(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kind: KLType) -> torch.Tensor:
+    """Per-token estimate of KL(policy || reference) from sampled-token log-probs.
+
+    k1 = log r, k2 = (log r)^2 / 2, k3 = exp(-log r) + log r - 1 with log r = logp - logp_ref (Schulman's
+    estimators); low_var_kl is k3 clamped to [-10, 10] for stability.
+    """
+    log_ratio = log_probs.float() - ref_log_probs.float()
+    if kind == "k1":
+        return log_ratio
+    if kind == "k2":
+        return 0.5 * log_ratio.square()
+    if kind in ("k3", "low_var_kl"):
+        k3 = torch.exp(-log_ratio) + log_ratio - 1.0
+        return k3.clamp(-10.0, 10.0) if kind == "low_var_kl" else k3
+    raise ValueError(f"unknown KL type {kind!r}; choose k1, k2, k3 or low_var_kl")
+
+
+def clipped_policy_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor,
+                        eps_clip: float, eps_clip_high: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's clipped surrogate per token, with clip-higher (``eps_clip_high`` > ``eps_clip`` lets rare tokens
+    grow more). Returns (loss per token, 1.0 where the clipped branch was taken)."""
+    high = eps_clip if eps_clip_high is None else eps_clip_high
+    ratio = torch.exp(log_probs.float() - old_log_probs.float())
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - eps_clip, 1.0 + high)
+    return torch.maximum(unclipped, clipped), (clipped > unclipped).float()
+
+
+def truncated_importance_weights(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor,
+                                 cap: float) -> torch.Tensor:
+    """min(p_trainer / p_engine, cap) per token: corrects for the engine sampling from a slightly different
+    distribution than the trainer computes (kernels, precision), without letting one token dominate."""
+    return torch.exp(old_log_probs.float() - rollout_log_probs.float()).clamp(max=cap).detach()
+
+
+def aggregate(per_token: torch.Tensor, loss_mask: torch.Tensor, mode: Aggregation) -> torch.Tensor:
+    """Reduce ``[batch, tokens]`` values over the masked tokens.
+
+    token_mean: every trained token weighs the same (long answers weigh more); seq_mean_token_mean: every
+    sequence weighs the same; seq_mean_token_sum: per-sequence sums, averaged over sequences.
+    """
+    mask = loss_mask.float()
+    if mode == "token_mean":
+        return (per_token * mask).sum() / mask.sum().clamp(min=1.0)
+    per_seq = (per_token * mask).sum(dim=-1)
+    if mode == "seq_mean_token_mean":
+        per_seq = per_seq / mask.sum(dim=-1).clamp(min=1.0)
+    elif mode != "seq_mean_token_sum":
+        raise ValueError(f"unknown aggregation {mode!r}")
+    return per_seq.mean()
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of the softmax over the last dim, per position."""
+    log_p = torch.log_softmax(logits.float(), dim=-1)
+    return -(log_p.exp() * log_p).sum(dim=-1)
