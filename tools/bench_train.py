@@ -1,0 +1,190 @@
+"""Trainer throughput on one GPU: fwd+bwd+optimizer steps and forward-only log-prob passes.
+
+Builds vime_ext's real Megatron model for a named Qwen3 shape (random weights, no download) and, in the same
+run, the HF ``transformers`` model of that shape (SDPA attention, gradient checkpointing), so every figure is
+also a ratio taken in one run. MFU is against a bf16 matmul ceiling measured in the same run.
+
+    python tools/bench_train.py --shape qwen3-4b --seq-lens 4096 8192 --impls megatron-local hf
+"""
+
+import argparse
+import json
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from vime_ext.trainer.model_config import ModelShape
+
+# Published Qwen3 dense shapes (hidden, layers, heads, kv heads, ffn, tied embeddings); head_dim 128.
+SHAPES = {
+    "qwen3-0.6b": (1024, 28, 16, 8, 3072, True),
+    "qwen3-1.7b": (2048, 28, 16, 8, 6144, True),
+    "qwen3-4b": (2560, 36, 32, 8, 9728, True),
+    "qwen3-8b": (4096, 36, 32, 8, 12288, False),
+}
+
+
+def hf_config(name: str) -> dict:
+    hidden, layers, heads, kv, ffn, tied = SHAPES[name]
+    return {"model_type": "qwen3", "hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
+            "num_key_value_heads": kv, "head_dim": 128, "intermediate_size": ffn, "vocab_size": 151936,
+            "tie_word_embeddings": tied, "max_position_embeddings": 40960, "rope_theta": 1_000_000.0,
+            "rms_norm_eps": 1e-6, "hidden_act": "silu"}
+
+
+def flops_per_token(shape: ModelShape, seq: int) -> float:
+    """Model FLOPs of one token in fwd+bwd: 6 x matmul params (lm_head included) + attention scores (PaLM's
+    12 x layers x heads x head_dim x seq, no causal discount)."""
+    h, d = shape.hidden_size, shape.head_dim
+    attn = h * d * (shape.num_attention_heads + 2 * shape.num_query_groups) + shape.num_attention_heads * d * h
+    mlp = 3 * h * shape.ffn_hidden_size
+    params = shape.num_layers * (attn + mlp) + h * shape.vocab_size
+    return 6 * params + 12 * shape.num_layers * shape.num_attention_heads * d * seq
+
+
+def matmul_ceiling_tflops(n: int = 8192, reps: int = 10) -> float:
+    a, b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16), torch.randn(n, n, device="cuda",
+                                                                                dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    torch.cuda.synchronize()
+    return 2 * n**3 * reps / (time.perf_counter() - start) / 1e12
+
+
+@dataclass
+class Result:
+    impl: str
+    seq_len: int
+    micro_batch: int
+    step_s: float | None = None
+    tokens_per_s: float | None = None
+    tflops: float | None = None
+    mfu: float | None = None
+    logprob_tokens_per_s: float | None = None
+    peak_gib: float | None = None
+    error: str | None = None
+
+
+def build(impl: str, shape: ModelShape, config: dict):
+    if impl == "hf":
+        from transformers import AutoModelForCausalLM, Qwen3Config
+
+        model = AutoModelForCausalLM.from_config(Qwen3Config(**{k: v for k, v in config.items()
+                                                              if k != "model_type"}),
+                                                 dtype=torch.bfloat16, attn_implementation="sdpa").cuda()
+        model.gradient_checkpointing_enable()
+        model.config.use_cache = False
+
+        def loss_fn(ids, labels):
+            return model(input_ids=ids, labels=labels).loss
+
+        def logits_fn(ids):
+            return model(input_ids=ids).logits
+        return model, loss_fn, logits_fn
+    from vime_ext.trainer.model_config import ParallelConfig
+    from vime_ext.trainer.model_provider import build_gpt_model
+
+    recompute = {"megatron-local": "full", "megatron-local-norecompute": None}[impl]
+    model = build_gpt_model(shape, ParallelConfig(), dtype=torch.bfloat16, recompute=recompute, use_te=False)
+
+    def loss_fn(ids, labels):
+        pos = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0).expand_as(ids)
+        return model(input_ids=ids, position_ids=pos, attention_mask=None, labels=labels).float().mean()
+
+    def logits_fn(ids):
+        pos = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0).expand_as(ids)
+        return model(input_ids=ids, position_ids=pos, attention_mask=None)
+    return model, loss_fn, logits_fn
+
+
+def bench(impl: str, shape: ModelShape, config: dict, seq: int, mbs: int, steps: int, ceiling: float) -> Result:
+    result = Result(impl, seq, mbs)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    try:
+        model, loss_fn, logits_fn = build(impl, shape, config)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)
+        ids = torch.randint(0, shape.vocab_size, (mbs, seq + 1), device="cuda")
+        inputs, labels = ids[:, :-1], ids[:, 1:]
+        times = []
+        for step in range(steps + 2):  # two warm-up steps
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            optimizer.zero_grad(set_to_none=True)
+            loss_fn(inputs, labels).backward()
+            optimizer.step()
+            torch.cuda.synchronize()
+            if step >= 2:
+                times.append(time.perf_counter() - start)
+        result.step_s = sum(times) / len(times)
+        result.tokens_per_s = mbs * seq / result.step_s
+        result.tflops = result.tokens_per_s * flops_per_token(shape, seq) / 1e12
+        result.mfu = result.tflops / ceiling
+        with torch.no_grad():  # a log-prob pass: forward, log-softmax of the taken tokens, no activations kept
+            timings = []
+            for step in range(steps + 1):
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                logits = logits_fn(inputs)
+                torch.log_softmax(logits.float(), -1).gather(-1, labels.unsqueeze(-1))
+                del logits
+                torch.cuda.synchronize()
+                if step >= 1:
+                    timings.append(time.perf_counter() - start)
+            result.logprob_tokens_per_s = mbs * seq / (sum(timings) / len(timings))
+    except torch.cuda.OutOfMemoryError:
+        result.error = "out of memory"
+    finally:
+        result.peak_gib = torch.cuda.max_memory_allocated() / 2**30
+        model = optimizer = None  # noqa: F841
+        torch.cuda.empty_cache()
+    return result
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", default="qwen3-4b", choices=sorted(SHAPES))
+    parser.add_argument("--seq-lens", type=int, nargs="+", default=[4096, 8192])
+    parser.add_argument("--micro-batch-size", type=int, default=1)
+    parser.add_argument("--impls", nargs="+", default=["megatron-local", "hf"],
+                        choices=["megatron-local", "megatron-local-norecompute", "hf"])
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--out", help="write the results as JSON here")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_train.py needs a CUDA GPU")
+
+    from vime_ext.trainer.model_config import ParallelConfig
+    from vime_ext.trainer.parallel import init_distributed
+
+    init_distributed(ParallelConfig())
+    config = hf_config(args.shape)
+    shape = ModelShape.from_hf_config(config, source=args.shape)
+    ceiling = matmul_ceiling_tflops()
+    print(f"{torch.cuda.get_device_name()} | torch {torch.__version__} | {args.shape} | bf16 matmul ceiling "
+          f"{ceiling:.0f} TFLOP/s")
+    results = []
+    print(f"{'impl':28} {'seq':>6} {'s/step':>8} {'tok/s':>8} {'TFLOP/s':>8} {'MFU':>6} {'logprob tok/s':>14} "
+          f"{'peak GiB':>9}")
+    for seq in args.seq_lens:
+        for impl in args.impls:
+            r = bench(impl, shape, config, seq, args.micro_batch_size, args.steps, ceiling)
+            results.append(r)
+            if r.error:
+                print(f"{impl:28} {seq:>6} {r.error:>37} {'':>14} {r.peak_gib:>9.1f}")
+            else:
+                print(f"{impl:28} {seq:>6} {r.step_s:>8.3f} {r.tokens_per_s:>8.0f} {r.tflops:>8.1f} "
+                      f"{r.mfu:>6.1%} {r.logprob_tokens_per_s:>14.0f} {r.peak_gib:>9.1f}", flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "shape": args.shape,
+                       "ceiling_tflops": ceiling, "results": [asdict(r) for r in results]}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
