@@ -192,3 +192,42 @@ def perturb_push_and_score(out_dir: str, hf_dir: str, engine_url: str, prompts: 
     Path(out_dir, "weight_update.json").write_text(json.dumps(
         {"sent": sent, "versions": versions, "greedy_after": greedy.token_ids, "diffs": diffs}))
     destroy_distributed()
+
+
+def log_prob_paths_agree(out_dir: str, hf_dir: str, parallel: ParallelConfig) -> None:
+    """Vocab-parallel log-probs (small chunks, so several per row) vs log-softmax of the gathered logits."""
+    from megatron.core import parallel_state
+
+    from convert.hf_checkpoint import HFCheckpointReader
+    from convert.live import load_hf_weights
+    from vime_ext.trainer.forward import forward_log_probs, forward_logits
+    from vime_ext.trainer.model_provider import build_gpt_model
+    from vime_ext.trainer.parallel import destroy_distributed, init_distributed
+
+    init_distributed(parallel)
+    shape = ModelShape.from_hf_dir(hf_dir)
+    model = build_gpt_model(shape, parallel, init_weights=False)
+    load_hf_weights(model, shape, HFCheckpointReader(hf_dir).get)
+    input_ids = parity_input_ids(hf_dir)
+    sharded = forward_log_probs(model, shape, input_ids, chunk_tokens=7)
+    logits = forward_logits(model, shape, input_ids)
+    # Vocabulary padding: a shape whose vocab does not split evenly, so the last shard ends in padding columns.
+    import dataclasses
+
+    from vime_ext.trainer.forward import vocab_parallel_log_probs
+    from vime_ext.trainer.model_config import padded_vocab_size
+
+    tp = parallel.tensor_model_parallel_size
+    odd = dataclasses.replace(shape, vocab_size=11 * tp - 1)
+    shard = padded_vocab_size(odd, tp) // tp
+    rows = torch.randn(5, shard * tp, generator=torch.Generator().manual_seed(1))
+    rank = parallel_state.get_tensor_model_parallel_rank()
+    targets = torch.tensor([0, 3, 7, odd.vocab_size - 1, 5])
+    padded_lp = vocab_parallel_log_probs(rows[:, rank * shard:(rank + 1) * shard].clone(), targets, odd)
+    expected = torch.log_softmax(rows[:, :odd.vocab_size], -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    if _is_writer(parallel_state):
+        full = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+        Path(out_dir, "log_probs.json").write_text(json.dumps(
+            {"max_abs_diff": (sharded - full).abs().max().item(), "shape": list(sharded.shape),
+             "padded_vocab_diff": (padded_lp - expected).abs().max().item()}))
+    destroy_distributed()

@@ -56,3 +56,14 @@ def test_bf16_logits_on_gpu(layout, tiny_hf_dirs, tmp_path):
     assert set(results) == set(tiny_hf_dirs)
     for family, r in results.items():
         assert r["max_abs_err"] <= 2 * r["hf_max_abs_err"] + 1e-3, (family, r)
+
+
+@pytest.mark.parametrize("layout", ["tp1", "tp2"])
+def test_vocab_parallel_log_probs_match_full_softmax(layout, tiny_hf_dirs, tmp_path):
+    parallel = LAYOUTS[layout]
+    require_ranks(parallel.tensor_model_parallel_size)
+    run_on_ranks(dist_workers.log_prob_paths_agree, parallel.tensor_model_parallel_size, str(tmp_path),
+                 str(tiny_hf_dirs["qwen3"]), parallel, isolate=True)
+    result = json.loads((tmp_path / "log_probs.json").read_text())
+    assert result["shape"] == [2, 19] and result["max_abs_diff"] < 1e-5, result
+    assert result["padded_vocab_diff"] < 1e-5, result  # padding columns carry no probability

@@ -1,41 +1,34 @@
 """Forward passes through the (possibly pipelined) Megatron model via megatron-core's schedules."""
 
 from functools import partial
+from typing import Callable
 
 import torch
 
-from vime_ext.trainer.model_config import ModelShape
+from vime_ext.trainer.model_config import ModelShape, padded_vocab_size
 
 
-def _forward_step(batch_iter, model, collect: list):
+def _forward_step(batch_iter, model, on_output: Callable[[torch.Tensor], None]):
     input_ids = next(batch_iter)
     position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0).expand_as(input_ids)
     output = model(input_ids=input_ids, position_ids=position_ids, attention_mask=None)
 
-    def keep(output_tensor):
-        collect.append(output_tensor)
+    def consume(output_tensor):
+        on_output(output_tensor)
         return output_tensor.new_zeros(()), {}
 
-    return output, keep
+    return output, consume
 
 
-@torch.no_grad()
-def forward_logits(model, shape: ModelShape, input_ids: torch.Tensor) -> torch.Tensor | None:
-    """Logits ``[batch, seq, vocab]`` (padding columns removed) on the last pipeline stage, None elsewhere.
-
-    ``input_ids`` must be the same on every rank of the model-parallel group; they are moved to this rank's
-    device. Leaves the model in eval mode.
-    """
-    from megatron.core import parallel_state
+def _run_forward(model, input_ids: torch.Tensor, on_output: Callable[[torch.Tensor], None]) -> torch.Tensor:
+    """One forward-only pass; ``on_output`` receives the vocab-sharded logits on the last stage."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
-    from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
     if torch.cuda.is_available():
         input_ids = input_ids.to(torch.cuda.current_device())
     model.eval()
-    collected: list[torch.Tensor] = []
     get_forward_backward_func()(
-        forward_step_func=partial(_forward_step, collect=collected),
+        forward_step_func=partial(_forward_step, on_output=on_output),
         data_iterator=iter([input_ids]),
         model=[model],
         num_microbatches=1,
@@ -43,10 +36,77 @@ def forward_logits(model, shape: ModelShape, input_ids: torch.Tensor) -> torch.T
         micro_batch_size=input_ids.shape[0],
         forward_only=True,
     )
+    return input_ids
+
+
+@torch.no_grad()
+def forward_logits(model, shape: ModelShape, input_ids: torch.Tensor) -> torch.Tensor | None:
+    """Logits ``[batch, seq, vocab]`` (padding columns removed) on the last pipeline stage, None elsewhere.
+
+    ``input_ids`` must be the same on every rank of the model-parallel group; they are moved to this rank's
+    device. Leaves the model in eval mode. Gathers the full vocabulary: for log-probs use
+    ``forward_log_probs``, which never does.
+    """
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+
+    collected: list[torch.Tensor] = []
+    _run_forward(model, input_ids, collected.append)
     if not parallel_state.is_pipeline_last_stage():
         return None
-    logits = gather_from_tensor_model_parallel_region(collected[0])
-    return logits[..., : shape.vocab_size]
+    return gather_from_tensor_model_parallel_region(collected[0])[..., : shape.vocab_size]
+
+
+def vocab_parallel_log_probs(logits: torch.Tensor, targets: torch.Tensor, shape: ModelShape,
+                             chunk_tokens: int = 4096) -> torch.Tensor:
+    """log p(target) per position from this TP rank's vocab shard of ``[tokens, vocab/TP]`` logits, in fp32,
+    ``chunk_tokens`` rows at a time (fp32 [tokens x vocab/TP] never exists at once). Padding columns of the
+    vocabulary are excluded. May overwrite ``logits``."""
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+
+    tp, rank = (parallel_state.get_tensor_model_parallel_world_size(),
+                parallel_state.get_tensor_model_parallel_rank())
+    shard = padded_vocab_size(shape, tp) // tp
+    pad_from = shape.vocab_size - rank * shard  # first padding column of this shard, if any
+    out = []
+    for start in range(0, targets.numel(), chunk_tokens):
+        chunk = logits[start:start + chunk_tokens].float()
+        if pad_from < shard:
+            chunk[:, max(pad_from, 0):] = float("-inf")
+        out.append(-vocab_parallel_cross_entropy(chunk, targets[start:start + chunk_tokens]))
+    return torch.cat(out)
+
+
+@torch.no_grad()
+def forward_log_probs(model, shape: ModelShape, input_ids: torch.Tensor,
+                      chunk_tokens: int = 4096) -> torch.Tensor | None:
+    """log p(input_ids[:, t+1] | input_ids[:, :t+1]) as ``[batch, seq-1]`` on the last stage (None elsewhere),
+    from vocab-sharded logits, without gathering the vocabulary."""
+    from megatron.core import parallel_state
+
+    if torch.cuda.is_available():
+        input_ids = input_ids.to(torch.cuda.current_device())
+    results: list[torch.Tensor] = []
+
+    def score(logits: torch.Tensor) -> None:
+        # Row by row: logits[row, :-1] is contiguous, so no copy of the [seq x vocab] block is made.
+        results.append(torch.stack([vocab_parallel_log_probs(logits[row, :-1], input_ids[row, 1:], shape,
+                                                             chunk_tokens) for row in range(logits.shape[0])]))
+
+    _run_forward(model, input_ids, score)
+    if not parallel_state.is_pipeline_last_stage():
+        return None
+    return results[0]
+
+
+def token_log_probs(model, shape: ModelShape, tokens: list[int], start: int) -> torch.Tensor | None:
+    """log p(tokens[i] | tokens[:i]) for i in [start, len(tokens)) of one sequence, on the last pipeline stage
+    (None elsewhere)."""
+    if not 0 < start < len(tokens):
+        raise ValueError(f"start={start} must leave at least one prompt and one scored token of {len(tokens)}")
+    log_probs = forward_log_probs(model, shape, torch.tensor([tokens]))
+    return None if log_probs is None else log_probs[0, start - 1:].cpu()
 
 
 @torch.no_grad()
@@ -60,20 +120,3 @@ def greedy_generate(model, shape: ModelShape, prompt: list[int], max_new_tokens:
         if tokens[-1] == eos_token_id:
             break
     return tokens[len(prompt):]
-
-
-@torch.no_grad()
-def token_log_probs(model, shape: ModelShape, tokens: list[int], start: int) -> torch.Tensor | None:
-    """log p(tokens[i] | tokens[:i]) for i in [start, len(tokens)), on the last pipeline stage (None elsewhere).
-
-    A reference implementation over full logits, for checks against the engines; the trainer's batched
-    log-prob pass replaces it.
-    """
-    if not 0 < start < len(tokens):
-        raise ValueError(f"start={start} must leave at least one prompt and one scored token of {len(tokens)}")
-    logits = forward_logits(model, shape, torch.tensor([tokens]))
-    if logits is None:
-        return None
-    log_probs = torch.log_softmax(logits[0, start - 1:-1].float(), dim=-1)
-    targets = torch.tensor(tokens[start:], device=log_probs.device).unsqueeze(-1)
-    return log_probs.gather(-1, targets).squeeze(-1).cpu()
