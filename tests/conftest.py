@@ -1,5 +1,6 @@
 """Shared fixtures: tiny random HF checkpoints of each supported family, and the packaged SmolLM2."""
 
+import json
 import os
 from pathlib import Path
 
@@ -16,6 +17,16 @@ def require_ranks(world_size: int) -> None:
     """Ranks are gloo processes on CPU, but one GPU each on CUDA: skip layouts this machine cannot hold."""
     if torch.cuda.is_available() and torch.cuda.device_count() < world_size:
         pytest.skip(f"needs {world_size} GPUs, this machine has {torch.cuda.device_count()}")
+
+
+def run_workers(worker, parallel, out_dir: Path, result_file: str, *args) -> dict:
+    """Run ``worker(out_dir, *args)`` on fresh processes, one per rank of ``parallel``, and return the JSON the
+    worker wrote to ``out_dir/result_file`` (megatron's parallel state is per process, so never in pytest's)."""
+    from vime_ext.trainer.launch import run_on_ranks
+
+    require_ranks(parallel.model_parallel_size)
+    run_on_ranks(worker, parallel.model_parallel_size, str(out_dir), *args, isolate=True)
+    return json.loads((Path(out_dir) / result_file).read_text())
 
 
 def tiny_config(family: str):

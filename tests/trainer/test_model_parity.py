@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from tests import dist_workers
-from tests.conftest import require_ranks
-from vime_ext.trainer.launch import run_on_ranks
+from tests.conftest import run_workers
 from vime_ext.trainer.model_config import ParallelConfig
 
 LAYOUTS = {"tp1": ParallelConfig(), "tp2": ParallelConfig(tensor_model_parallel_size=2),
@@ -17,10 +16,7 @@ LAYOUTS = {"tp1": ParallelConfig(), "tp2": ParallelConfig(tensor_model_parallel_
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_logits_match_transformers(layout, tiny_hf_dirs, tmp_path):
     parallel = LAYOUTS[layout]
-    world = parallel.tensor_model_parallel_size * parallel.pipeline_model_parallel_size
-    require_ranks(world)
-    run_on_ranks(dist_workers.logit_parity, world, str(tmp_path), tiny_hf_dirs, parallel, isolate=True)
-    results = json.loads((tmp_path / "parity.json").read_text())
+    results = run_workers(dist_workers.logit_parity, parallel, tmp_path, "parity.json", tiny_hf_dirs, parallel)
     assert set(results) == set(tiny_hf_dirs)
     for family, result in results.items():
         assert result["shape_equal"], family
@@ -30,16 +26,13 @@ def test_logits_match_transformers(layout, tiny_hf_dirs, tmp_path):
 @pytest.mark.parametrize("layout", ["tp1", "tp2"])
 def test_one_optimizer_step_reduces_loss(layout, tiny_hf_dirs, tmp_path):
     parallel = LAYOUTS[layout]
-    require_ranks(parallel.tensor_model_parallel_size)
-    run_on_ranks(dist_workers.train_step, parallel.tensor_model_parallel_size, str(tmp_path),
-                 str(tiny_hf_dirs["qwen3"]), parallel, isolate=True)
-    losses = json.loads((tmp_path / "train.json").read_text())["losses"]
+    losses = run_workers(dist_workers.train_step, parallel, tmp_path, "train.json", str(tiny_hf_dirs["qwen3"]),
+                         parallel)["losses"]
     assert all(loss == loss for loss in losses)  # finite, not NaN
     assert losses[1] < losses[0] - 1e-3 and losses[2] < losses[1], losses
 
 
-GPU_LAYOUTS = [name for name, p in LAYOUTS.items()
-               if p.tensor_model_parallel_size * p.pipeline_model_parallel_size <= torch.cuda.device_count()]
+GPU_LAYOUTS = [name for name, p in LAYOUTS.items() if p.model_parallel_size <= torch.cuda.device_count()]
 
 
 @pytest.mark.gpu
@@ -48,10 +41,8 @@ GPU_LAYOUTS = [name for name, p in LAYOUTS.items()
 def test_bf16_logits_on_gpu(layout, tiny_hf_dirs, tmp_path):
     """In bf16 Megatron's error against fp32 HF logits stays within twice HF's own bf16 error."""
     parallel = LAYOUTS[layout]
-    world = parallel.tensor_model_parallel_size * parallel.pipeline_model_parallel_size
-    run_on_ranks(dist_workers.logit_parity, world, str(tmp_path), tiny_hf_dirs, parallel, None, torch.bfloat16,
-                 isolate=True)
-    results = json.loads((tmp_path / "parity.json").read_text())
+    results = run_workers(dist_workers.logit_parity, parallel, tmp_path, "parity.json", tiny_hf_dirs, parallel,
+                          None, torch.bfloat16)
     print(json.dumps(results, indent=1))
     assert set(results) == set(tiny_hf_dirs)
     for family, r in results.items():
@@ -61,9 +52,7 @@ def test_bf16_logits_on_gpu(layout, tiny_hf_dirs, tmp_path):
 @pytest.mark.parametrize("layout", ["tp1", "tp2"])
 def test_vocab_parallel_log_probs_match_full_softmax(layout, tiny_hf_dirs, tmp_path):
     parallel = LAYOUTS[layout]
-    require_ranks(parallel.tensor_model_parallel_size)
-    run_on_ranks(dist_workers.log_prob_paths_agree, parallel.tensor_model_parallel_size, str(tmp_path),
-                 str(tiny_hf_dirs["qwen3"]), parallel, isolate=True)
-    result = json.loads((tmp_path / "log_probs.json").read_text())
+    result = run_workers(dist_workers.log_prob_paths_agree, parallel, tmp_path, "log_probs.json",
+                         str(tiny_hf_dirs["qwen3"]), parallel)
     assert result["shape"] == [2, 19] and result["max_abs_diff"] < 1e-5, result
     assert result["padded_vocab_diff"] < 1e-5, result  # padding columns carry no probability

@@ -91,6 +91,11 @@ class ParallelConfig:
     pipeline_model_parallel_size: int = 1
     sequence_parallel: bool = False
 
+    @property
+    def model_parallel_size(self) -> int:
+        """Ranks that hold one copy of the model (TP x PP)."""
+        return self.tensor_model_parallel_size * self.pipeline_model_parallel_size
+
     def __post_init__(self):
         if self.sequence_parallel and self.tensor_model_parallel_size == 1:
             raise ValueError("sequence_parallel needs tensor_model_parallel_size > 1")

@@ -31,9 +31,8 @@ def init_distributed(parallel: ParallelConfig, seed: int = 1234, timeout_s: int 
             dist.init_process_group(backend=backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
                                     world_size=1, timeout=timeout)
     world = dist.get_world_size()
-    model_parallel = parallel.tensor_model_parallel_size * parallel.pipeline_model_parallel_size
-    if world % model_parallel:
-        raise ValueError(f"world size {world} is not divisible by TP x PP = {model_parallel}")
+    if world % parallel.model_parallel_size:
+        raise ValueError(f"world size {world} is not divisible by TP x PP = {parallel.model_parallel_size}")
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(
             tensor_model_parallel_size=parallel.tensor_model_parallel_size,
