@@ -20,7 +20,7 @@ def _forward_step(batch_iter, model, on_output: Callable[[torch.Tensor], None]):
     return output, consume
 
 
-def _run_forward(model, input_ids: torch.Tensor, on_output: Callable[[torch.Tensor], None]) -> torch.Tensor:
+def _run_forward(model, input_ids: torch.Tensor, on_output: Callable[[torch.Tensor], None]) -> None:
     """One forward-only pass; ``on_output`` receives the vocab-sharded logits on the last stage."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -36,7 +36,6 @@ def _run_forward(model, input_ids: torch.Tensor, on_output: Callable[[torch.Tens
         micro_batch_size=input_ids.shape[0],
         forward_only=True,
     )
-    return input_ids
 
 
 @torch.no_grad()
