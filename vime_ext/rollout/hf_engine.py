@@ -46,6 +46,7 @@ class HFEngine:
         self.weight_version: str | None = None
         self.requests_served = 0
         self.paused = False
+        self.sleeping = False
         self._lock = threading.Lock()  # generation and weight updates never overlap
 
     def check(self, token_ids: list[int], params: SamplingParams) -> None:
@@ -116,6 +117,20 @@ class HFEngine:
                 params[name].copy_(tensor)
 
 
+    def sleep(self) -> None:
+        """Free the accelerator for training (colocated mode): weights move to host memory."""
+        with self._lock:
+            self.model.to("cpu")
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            self.sleeping = True
+
+    def wake_up(self) -> None:
+        with self._lock:
+            self.model.to(self.device)
+            self.sleeping = False
+
+
 def _as_list(value) -> list:
     if value is None:
         return []
@@ -172,8 +187,26 @@ def build_app(engine: HFEngine) -> FastAPI:
     @app.post("/resume")
     async def resume():
         engine.paused = False
-        resumed.set()
+        if not engine.sleeping:
+            resumed.set()
         return {"status": "resumed"}
+
+    @app.post("/sleep")
+    async def sleep(level: int = 1):
+        engine.paused = True
+        await asyncio.get_running_loop().run_in_executor(None, engine.sleep)
+        return {"status": "sleeping", "level": level}
+
+    @app.post("/wake_up")
+    async def wake_up():
+        await asyncio.get_running_loop().run_in_executor(None, engine.wake_up)
+        if not engine.paused:
+            resumed.set()
+        return {"status": "awake"}
+
+    @app.get("/is_sleeping")
+    async def is_sleeping():
+        return {"is_sleeping": engine.sleeping}
 
     @app.post("/init_weight_transfer_engine")
     async def init_weight_transfer_engine(request: Request):
@@ -205,7 +238,7 @@ def build_app(engine: HFEngine) -> FastAPI:
 
     @app.post(GENERATE_ROUTE)
     async def generate(request: Request):
-        while engine.paused:
+        while engine.paused or engine.sleeping:
             resumed.clear()
             await resumed.wait()
         body = await request.json()

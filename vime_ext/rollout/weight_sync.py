@@ -54,28 +54,40 @@ class SharedMemoryWeightSync:
         for url in self.engine_urls:
             self._post(url, "/init_weight_transfer_engine", json={"init_info": {}})
 
-    def push(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> int:
-        """Send every tensor to every engine; returns the number of tensors sent."""
+    def begin(self) -> None:
+        """Pause every engine (in-flight requests are aborted and retried later) and open an update."""
         for url in self.engine_urls:
             self._post(url, "/pause", params={"mode": "abort"})
             self._post(url, "/start_weight_update")
+
+    def send(self, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Send tensors to every engine in buckets; returns how many were sent. Several senders (one per
+        pipeline stage) may send between one ``begin`` and ``finish``."""
         sent = 0
-        try:
-            for bucket in buckets(weights, self.bucket_bytes):
-                path = os.path.join(self.shm_dir, f"vime_ext_weights_{uuid.uuid4().hex}.safetensors")
-                save_file(bucket, path)
-                try:
-                    for url in self.engine_urls:
-                        self._post(url, "/update_weights", json={"update_info": {"path": path,
-                                                                                  "names": list(bucket)}})
-                finally:
-                    os.unlink(path)
-                sent += len(bucket)
-        finally:
-            for url in self.engine_urls:
-                self._post(url, "/finish_weight_update", json={"weight_version": str(version)})
-                self._post(url, "/resume")
+        for bucket in buckets(weights, self.bucket_bytes):
+            path = os.path.join(self.shm_dir, f"vime_ext_weights_{uuid.uuid4().hex}.safetensors")
+            save_file(bucket, path)
+            try:
+                for url in self.engine_urls:
+                    self._post(url, "/update_weights", json={"update_info": {"path": path, "names": list(bucket)}})
+            finally:
+                os.unlink(path)
+            sent += len(bucket)
         return sent
+
+    def finish(self, version: int) -> None:
+        """Close the update (the engines record ``version``) and resume serving."""
+        for url in self.engine_urls:
+            self._post(url, "/finish_weight_update", json={"weight_version": str(version)})
+            self._post(url, "/resume")
+
+    def push(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> int:
+        """``begin``, ``send`` and ``finish`` for a single sender; returns the number of tensors sent."""
+        self.begin()
+        try:
+            return self.send(weights)
+        finally:
+            self.finish(version)
 
     def versions(self) -> dict[str, str | None]:
         return {url: self._http.get(url + "/weight_info").json().get("weight_version") for url in self.engine_urls}

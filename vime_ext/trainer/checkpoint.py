@@ -12,12 +12,14 @@ import os
 import shutil
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 
 from vime_ext.trainer.model_config import ModelShape
 from vime_ext.trainer.model_provider import unwrap
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
+RANK_STATE_DIR = "rank_state"
 PARTIAL_SUFFIX = ".partial"
 # Written by torch.distributed.checkpoint at the very end of a save; its absence marks an interrupted one.
 _REQUIRED_FILES = (".metadata", "metadata.json")
@@ -41,10 +43,13 @@ def _barrier() -> None:
 
 
 def save_model_checkpoint(model, shape: ModelShape, save_dir: str | Path, iteration: int,
-                          extra_state: dict | None = None) -> Path:
-    """Save ``model`` (every rank calls this) and return the final iteration directory."""
-    from megatron.core import dist_checkpointing
+                          extra_state: dict | None = None, rank_state: dict | None = None) -> Path:
+    """Save ``model`` (every rank calls this) and return the final iteration directory.
 
+    ``extra_state`` (rank 0's) is stored with the model; ``rank_state`` (each rank's own: optimizer, RNG) goes
+    to ``rank_state/<rank>.pt`` inside the same directory, so both land atomically with the weights.
+    """
+    from megatron.core import dist_checkpointing
 
     final = iteration_dir(save_dir, iteration)
     partial = final.with_name(final.name + PARTIAL_SUFFIX)
@@ -59,6 +64,9 @@ def save_model_checkpoint(model, shape: ModelShape, save_dir: str | Path, iterat
         "vime_ext": {"model_shape": dataclasses.asdict(shape), **(extra_state or {})},
     }
     dist_checkpointing.save(state, str(partial))
+    if rank_state is not None:
+        (partial / RANK_STATE_DIR).mkdir(exist_ok=True)
+        torch.save(rank_state, partial / RANK_STATE_DIR / f"{_rank():05d}.pt")
     _barrier()
     if _rank() == 0:
         if final.exists():
@@ -121,11 +129,36 @@ def _check_tensor_keys(sharded_state: dict, ckpt_dir: Path) -> None:
         )
 
 
+def has_checkpoint(path: str | Path) -> bool:
+    """Whether ``path`` is a save directory with a tracker file or an iteration directory (a fresh run's
+    ``--load`` directory has neither yet)."""
+    path = Path(path)
+    return (path / TRACKER_FILE).is_file() or path.name.startswith("iter_")
+
+
+def checkpoint_common_state(path: str | Path) -> dict:
+    """What rank 0 stored beside the weights (iteration, vime_ext's extra state)."""
+    from megatron.core import dist_checkpointing
+
+    return dist_checkpointing.load_common_state_dict(str(resolve_checkpoint_dir(path)))
+
+
+def load_rank_state(path: str | Path) -> dict:
+    """This rank's ``rank_state`` from a checkpoint; the same world size must load it."""
+
+    ckpt_dir = resolve_checkpoint_dir(path)
+    file = ckpt_dir / RANK_STATE_DIR / f"{_rank():05d}.pt"
+    if not file.is_file():
+        saved = sorted(p.name for p in (ckpt_dir / RANK_STATE_DIR).glob("*.pt"))
+        raise CheckpointError(f"{file}: no optimizer/RNG state for rank {_rank()} (the checkpoint has "
+                              f"{len(saved)} rank files); resume with the layout it was saved with")
+    return torch.load(file, map_location="cpu", weights_only=False)
+
+
 def load_model_checkpoint(model, path: str | Path) -> int:
     """Load weights into ``model`` (any TP/PP layout) from a checkpoint; returns its iteration."""
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.validation import StrictHandling
-
 
     ckpt_dir = resolve_checkpoint_dir(path)
     model = unwrap(model)
@@ -133,5 +166,4 @@ def load_model_checkpoint(model, path: str | Path) -> int:
     _check_tensor_keys(sharded, ckpt_dir)
     state = dist_checkpointing.load({"model": sharded}, str(ckpt_dir), strict=StrictHandling.LOG_UNEXPECTED)
     model.load_state_dict(state["model"], strict=False)
-    common = dist_checkpointing.load_common_state_dict(str(ckpt_dir))
-    return int(common.get("iteration", 0))
+    return int(checkpoint_common_state(ckpt_dir).get("iteration", 0))

@@ -60,7 +60,7 @@ def vocab_parallel_log_probs(logits: torch.Tensor, targets: torch.Tensor, shape:
                              chunk_tokens: int = 4096) -> torch.Tensor:
     """log p(target) per position from this TP rank's vocab shard of ``[tokens, vocab/TP]`` logits, in fp32,
     ``chunk_tokens`` rows at a time (fp32 [tokens x vocab/TP] never exists at once). Padding columns of the
-    vocabulary are excluded. May overwrite ``logits``."""
+    vocabulary are excluded. Differentiable; may overwrite ``logits`` (megatron's kernel works in place)."""
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
@@ -71,17 +71,19 @@ def vocab_parallel_log_probs(logits: torch.Tensor, targets: torch.Tensor, shape:
     out = []
     for start in range(0, targets.numel(), chunk_tokens):
         chunk = logits[start:start + chunk_tokens].float()
-        if pad_from < shard:
-            chunk[:, max(pad_from, 0):] = float("-inf")
+        if pad_from < shard:  # out of place: ``logits`` may be part of the autograd graph
+            columns = torch.arange(shard, device=chunk.device) >= max(pad_from, 0)
+            chunk = chunk.masked_fill(columns, float("-inf"))
         out.append(-vocab_parallel_cross_entropy(chunk, targets[start:start + chunk_tokens]))
     return torch.cat(out)
 
 
 @torch.no_grad()
-def forward_log_probs(model, shape: ModelShape, input_ids: torch.Tensor,
-                      chunk_tokens: int = 4096) -> torch.Tensor | None:
+def forward_log_probs(model, shape: ModelShape, input_ids: torch.Tensor, chunk_tokens: int = 4096,
+                      temperature: float = 1.0) -> torch.Tensor | None:
     """log p(input_ids[:, t+1] | input_ids[:, :t+1]) as ``[batch, seq-1]`` on the last stage (None elsewhere),
-    from vocab-sharded logits, without gathering the vocabulary."""
+    from vocab-sharded logits divided by ``temperature``, without gathering the vocabulary. Forward only: no
+    activations are kept for a backward pass."""
     from megatron.core import parallel_state
 
     if torch.cuda.is_available():
@@ -89,6 +91,8 @@ def forward_log_probs(model, shape: ModelShape, input_ids: torch.Tensor,
     results: list[torch.Tensor] = []
 
     def score(logits: torch.Tensor) -> None:
+        if temperature != 1.0:
+            logits = logits / temperature
         # Row by row: logits[row, :-1] is contiguous, so no copy of the [seq x vocab] block is made.
         results.append(torch.stack([vocab_parallel_log_probs(logits[row, :-1], input_ids[row, 1:], shape,
                                                              chunk_tokens) for row in range(logits.shape[0])]))

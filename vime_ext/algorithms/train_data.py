@@ -1,0 +1,80 @@
+"""Rollout Samples -> training sequences with advantages.
+
+A sequence's ``loss_mask`` and ``rollout_log_probs`` are aligned with its targets ``tokens[1:]`` (position t
+scores token t+1), so prompt tokens carry mask 0. A Sample trains as its main sequence plus one sequence per
+``Turn``; all of them share the trajectory's advantage. Failed or aborted samples train on nothing, but their
+groups still count them with reward 0 (an engine error must not look like a good answer).
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from vime_ext.algorithms.advantages import grpo_advantages
+from vime_ext.rollout.sample import Sample, Status
+
+TRAINABLE = (Status.COMPLETED, Status.TRUNCATED)
+
+
+@dataclass
+class TrainSequence:
+    tokens: list[int]
+    loss_mask: list[int]  # len(tokens) - 1, aligned with tokens[1:]
+    rollout_log_probs: list[float]  # same alignment; 0.0 where the mask is 0
+    advantage: float
+    sample_index: int
+
+    def __post_init__(self):
+        n = len(self.tokens) - 1
+        if n < 1 or len(self.loss_mask) != n or len(self.rollout_log_probs) != n:
+            raise ValueError(f"sample {self.sample_index}: a training sequence of {len(self.tokens)} tokens needs "
+                             f"{n} mask entries and log-probs, got {len(self.loss_mask)} and "
+                             f"{len(self.rollout_log_probs)}")
+
+    @property
+    def num_loss_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+
+def scalar_reward(sample: Sample) -> float:
+    if sample.status not in TRAINABLE:
+        return 0.0
+    if isinstance(sample.reward, dict):
+        if "reward" not in sample.reward:
+            raise ValueError(f"sample {sample.index}: a dict reward needs a 'reward' entry, got {list(sample.reward)}")
+        return float(sample.reward["reward"])
+    if sample.reward is None:
+        raise ValueError(f"sample {sample.index} ({sample.metadata.get('source', 'no source')}) finished with "
+                         f"status {sample.status.value} but has no reward; the reward function returned None")
+    return float(sample.reward)
+
+
+def compute_advantages(samples: list[Sample], group_size: int, normalize_std: bool = True) -> torch.Tensor:
+    """GRPO advantages for samples ordered group by group."""
+    rewards = torch.tensor([scalar_reward(s) for s in samples], dtype=torch.float32)
+    return grpo_advantages(rewards, group_size, normalize_std=normalize_std)
+
+
+def _response_sequence(tokens: list[int], loss_mask: list[int], log_probs: list[float], advantage: float,
+                       index: int) -> TrainSequence:
+    prompt_length = len(tokens) - len(loss_mask)
+    if prompt_length < 1:
+        raise ValueError(f"sample {index}: {len(loss_mask)} response tokens but only {len(tokens)} tokens in all")
+    pad = prompt_length - 1
+    return TrainSequence(list(tokens), [0] * pad + list(loss_mask), [0.0] * pad + list(log_probs), advantage,
+                         index)
+
+
+def samples_to_train_data(samples: list[Sample], advantages: torch.Tensor) -> list[TrainSequence]:
+    """The default converter (``--custom-convert-samples-to-train-data-path`` replaces it)."""
+    sequences = []
+    for sample, advantage in zip(samples, advantages.tolist()):
+        if sample.status not in TRAINABLE:
+            continue
+        if sample.response_length:
+            sequences.append(_response_sequence(sample.tokens, sample.loss_mask, sample.rollout_log_probs,
+                                                advantage, sample.index))
+        for turn in sample.turns:
+            sequences.append(_response_sequence(turn.tokens, turn.loss_mask, turn.rollout_log_probs, advantage,
+                                                sample.index))
+    return sequences

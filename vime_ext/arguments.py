@@ -1,0 +1,326 @@
+"""``train.py``'s flags (slime/vime names), parsed into typed configs and checked before anything starts.
+
+Model-shape flags (``--num-layers``, ``--hidden-size``, ... as in a ``scripts/models/<name>.sh`` MODEL_ARGS
+array) are optional: the shape is read from ``--hf-checkpoint``'s config.json, and any shape flag given must agree
+with it, so a stale model script fails at parse time instead of at weight loading. Any ``--vllm-<flag>`` is
+passed to the vLLM servers unchanged.
+
+On a machine without GPUs the GPU counts mean processes: ``--actor-num-gpus-per-node 2`` is two gloo trainer
+ranks, ``--rollout-num-gpus 2 --rollout-num-gpus-per-engine 1`` two engines.
+"""
+
+import argparse
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from vime_ext.flags import add_dataclass_flags, dataclass_from_args, flag_name
+from vime_ext.rollout.config import RolloutConfig
+from vime_ext.rollout.engines import ROUTER_POLICIES, split_vllm_args
+from vime_ext.trainer.model_config import ModelShape, ParallelConfig
+
+
+class ConfigError(ValueError):
+    """Flags that cannot work together (or with the checkpoint they name)."""
+
+
+def _help(text: str, **extra):
+    return field(default=extra.pop("default", None), metadata={"help": text, **extra})
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    hf_checkpoint: str = field(default="", metadata={"help": "HF model directory: shape, tokenizer, first weights",
+                                                     "required": True})
+    ref_load: str | None = _help("torch_dist checkpoint of the KL reference (default: --hf-checkpoint's weights)")
+    load: str | None = _help("resume from this save directory (or iter_* directory) when it holds a checkpoint")
+    save: str | None = _help("save directory for torch_dist checkpoints")
+    save_interval: int | None = _help("save every N rollouts (and after the last)")
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    actor_num_nodes: int = 1
+    actor_num_gpus_per_node: int = 1
+    rollout_num_gpus: int | None = _help("GPUs for engines (not with --colocate; default 1)")
+    rollout_num_gpus_per_engine: int = 1
+    colocate: bool = field(default=False, metadata={"help": "engines share the actors' GPUs; they sleep while "
+                                                            "the actors train"})
+    engine_backend: Literal["vllm", "hf"] = field(default="vllm", metadata={
+        "help": "vllm, or the transformers engine (same routes) for machines without vLLM"})
+    engine_host: str = "127.0.0.1"
+    engine_dtype: str = "auto"
+    engine_max_model_len: int | None = None
+    router_policy: str = field(default="consistent_hash", metadata={"help": f"one of {', '.join(ROUTER_POLICIES)}"})
+    no_ray: bool = field(default=False, metadata={"help": "run the one trainer rank in this process (no Ray); for "
+                                                          "machines without Ray and single-rank debugging"})
+
+    @property
+    def actor_world_size(self) -> int:
+        return self.actor_num_nodes * self.actor_num_gpus_per_node
+
+    @property
+    def num_engines(self) -> int:
+        gpus = self.actor_world_size if self.colocate else (self.rollout_num_gpus or 1)
+        return max(1, gpus // self.rollout_num_gpus_per_engine)
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    sequence_parallel: bool = False
+    recompute_granularity: Literal["full", "selective"] | None = None
+    bf16: bool = field(default=False, metadata={"help": "bf16 weights and activations (fp32 master weights in "
+                                                        "the optimizer); default fp32"})
+    global_batch_size: int | None = _help("samples per optimizer step (default: one step per rollout)")
+    micro_batch_size: int = 1
+    use_dynamic_batch_size: bool = False
+    max_tokens_per_gpu: int | None = _help("micro-batch token budget (padded tokens) with --use-dynamic-batch-size")
+    log_probs_chunk_size: int = field(default=4096, metadata={"help": "tokens per fp32 log-softmax chunk"})
+
+    @property
+    def parallel(self) -> ParallelConfig:
+        return ParallelConfig(self.tensor_model_parallel_size, self.pipeline_model_parallel_size,
+                              self.sequence_parallel)
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    advantage_estimator: Literal["grpo", "ppo"] = "grpo"
+    disable_grpo_std_normalization: bool = False
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.0
+    kl_loss_type: Literal["low_var_kl", "k1", "k2", "k3"] = "low_var_kl"
+    eps_clip: float = 0.2
+    eps_clip_high: float | None = _help("upper clip range (clip-higher); default --eps-clip")
+    entropy_coef: float = 0.0
+    loss_aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"] = "token_mean"
+    use_tis: bool = field(default=False, metadata={"help": "truncated importance sampling for the trainer/engine "
+                                                           "log-prob mismatch"})
+    tis_cap: float = 2.0
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    lr: float = 1e-6
+    min_lr: float = 0.0
+    lr_decay_style: Literal["constant", "linear", "cosine"] = "constant"
+    lr_warmup_iters: int = 0
+    lr_decay_iters: int | None = _help("optimizer steps to decay over (default: all steps of the run)")
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.98
+    adam_eps: float = 1e-8
+    clip_grad: float = 1.0
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    prompt_data: str = field(default="", metadata={"help": "JSONL file of prompts", "required": True})
+    input_key: str = "prompt"
+    label_key: str | None = "label"
+    metadata_key: str | None = "metadata"
+    rollout_shuffle: bool = False
+    num_rollout: int = 1
+    seed: int = 1234
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    eval_prompt_data: tuple[str, ...] = field(default=(), metadata={"help": "NAME PATH [NAME PATH ...]"})
+    eval_interval: int | None = None
+    skip_eval_before_train: bool = False
+    n_samples_per_eval_prompt: int = 1
+    eval_max_response_len: int | None = None
+    eval_temperature: float = 0.0
+
+    def datasets(self) -> dict[str, str]:
+        pairs = self.eval_prompt_data
+        return dict(zip(pairs[::2], pairs[1::2]))
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    tensorboard_dir: str | None = _help("default: <save>/tensorboard, or runs/tensorboard without --save")
+    use_wandb: bool = False
+    wandb_project: str = "vime_ext"
+    wandb_group: str | None = None
+
+
+@dataclass(frozen=True)
+class ModelShapeFlags:
+    """Megatron's model-shape flags; optional, and each one given must match the HF config."""
+
+    num_layers: int | None = None
+    hidden_size: int | None = None
+    ffn_hidden_size: int | None = None
+    num_attention_heads: int | None = None
+    num_query_groups: int | None = None
+    kv_channels: int | None = None
+    vocab_size: int | None = None
+    max_position_embeddings: int | None = None
+    rotary_base: float | None = None
+    norm_epsilon: float | None = None
+    untie_embeddings_and_output_weights: bool = False
+    add_qkv_bias: bool = False
+    qk_layernorm: bool = False
+    # Accepted for compatibility with Megatron model scripts; the architecture already implies them.
+    group_query_attention: bool = False
+    swiglu: bool = False
+    disable_bias_linear: bool = False
+    use_rotary_position_embeddings: bool = False
+    normalization: Literal["RMSNorm"] = "RMSNorm"
+    position_embedding_type: Literal["rope"] = "rope"
+
+    def check_against(self, shape: ModelShape, source: str, given: set[str]) -> None:
+        expected = {"num_layers": shape.num_layers, "hidden_size": shape.hidden_size,
+                    "ffn_hidden_size": shape.ffn_hidden_size, "num_attention_heads": shape.num_attention_heads,
+                    "num_query_groups": shape.num_query_groups, "kv_channels": shape.head_dim,
+                    "vocab_size": shape.vocab_size, "max_position_embeddings": shape.max_position_embeddings,
+                    "rotary_base": shape.rope_theta, "norm_epsilon": shape.norm_eps}
+        problems = [f"{flag_name(k)} {getattr(self, k)} but {source} says {v}" for k, v in expected.items()
+                    if getattr(self, k) is not None and float(getattr(self, k)) != float(v)]
+        switches = {"untie_embeddings_and_output_weights": not shape.tie_word_embeddings,
+                    "add_qkv_bias": shape.qkv_bias, "qk_layernorm": shape.qk_layernorm}
+        if given & set(switches):  # a model script states its switches; absent ones mean "off"
+            problems += [f"{flag_name(k)} is {'given' if getattr(self, k) else 'absent'} but {source} has it "
+                         f"{'on' if v else 'off'}" for k, v in switches.items() if getattr(self, k) != v]
+        if problems:
+            raise ConfigError("model-shape flags disagree with the HF checkpoint: " + "; ".join(problems))
+
+
+SECTIONS = {
+    "checkpoint": CheckpointConfig, "cluster": ClusterConfig, "trainer": TrainerConfig,
+    "algorithm": AlgorithmConfig, "optimizer": OptimizerConfig, "data": DataConfig, "eval": EvalConfig,
+    "logging": LoggingConfig, "model shape": ModelShapeFlags, "rollout": RolloutConfig,
+}
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    checkpoint: CheckpointConfig
+    cluster: ClusterConfig
+    trainer: TrainerConfig
+    algorithm: AlgorithmConfig
+    optimizer: OptimizerConfig
+    data: DataConfig
+    eval: EvalConfig
+    logging: LoggingConfig
+    rollout: RolloutConfig
+    shape: ModelShape
+    vllm_args: tuple[str, ...] = ()
+
+    @property
+    def data_parallel_size(self) -> int:
+        return self.cluster.actor_world_size // self.trainer.parallel.model_parallel_size
+
+    @property
+    def samples_per_rollout(self) -> int:
+        return self.rollout.rollout_batch_size * self.rollout.n_samples_per_prompt
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.trainer.global_batch_size or self.samples_per_rollout
+
+    @property
+    def steps_per_rollout(self) -> int:
+        return self.samples_per_rollout // self.global_batch_size
+
+    @property
+    def tensorboard_dir(self) -> str:
+        if self.logging.tensorboard_dir:
+            return self.logging.tensorboard_dir
+        return str(Path(self.checkpoint.save or "runs") / "tensorboard")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="train.py", allow_abbrev=False,
+        description="GRPO training: Megatron-core actors, vLLM engines behind vllm-router (flags as in slime). "
+                    "Any --vllm-<flag> goes to the vLLM servers.")
+    for title, cls in SECTIONS.items():
+        add_dataclass_flags(parser, cls, title)
+    return parser
+
+
+def _check(config: TrainConfig) -> None:
+    c, cl, t, a, o, e = (config.checkpoint, config.cluster, config.trainer, config.algorithm, config.optimizer,
+                         config.eval)
+    problems = []
+    if a.advantage_estimator == "ppo":
+        problems.append("--advantage-estimator ppo needs a critic model, which vime_ext does not have yet; "
+                        "use grpo")
+    if cl.colocate and cl.rollout_num_gpus is not None:
+        problems.append("--colocate puts the engines on the actors' GPUs; drop --rollout-num-gpus")
+    rollout_gpus = cl.actor_world_size if cl.colocate else (cl.rollout_num_gpus or 1)
+    if rollout_gpus % cl.rollout_num_gpus_per_engine:
+        problems.append(f"{rollout_gpus} rollout GPUs do not split into engines of "
+                        f"--rollout-num-gpus-per-engine {cl.rollout_num_gpus_per_engine}")
+    if cl.actor_world_size % t.parallel.model_parallel_size:
+        problems.append(f"{cl.actor_world_size} actor GPUs do not split into model copies of TP x PP = "
+                        f"{t.parallel.model_parallel_size}")
+    if cl.no_ray and cl.actor_world_size != 1:
+        problems.append("--no-ray runs one trainer rank; set --actor-num-gpus-per-node 1 --actor-num-nodes 1")
+    if cl.router_policy not in ROUTER_POLICIES:
+        problems.append(f"--router-policy {cl.router_policy!r} is not one of {ROUTER_POLICIES}")
+    if t.use_dynamic_batch_size != (t.max_tokens_per_gpu is not None):
+        problems.append("--use-dynamic-batch-size and --max-tokens-per-gpu go together")
+    if config.samples_per_rollout % config.global_batch_size:
+        problems.append(f"--rollout-batch-size x --n-samples-per-prompt = {config.samples_per_rollout} samples "
+                        f"do not split into --global-batch-size {config.global_batch_size}")
+    dp = max(config.data_parallel_size, 1)
+    if config.global_batch_size % dp:
+        problems.append(f"--global-batch-size {config.global_batch_size} does not split over {dp} data-parallel "
+                        "ranks")
+    if a.eps_clip_high is not None and a.eps_clip_high < a.eps_clip:
+        problems.append(f"--eps-clip-high {a.eps_clip_high} is below --eps-clip {a.eps_clip}")
+    if a.use_kl_loss and a.kl_loss_coef <= 0:
+        problems.append("--use-kl-loss needs --kl-loss-coef > 0")
+    if a.kl_loss_coef and not a.use_kl_loss:
+        problems.append("--kl-loss-coef is set but --use-kl-loss is not")
+    if c.save_interval is not None and not c.save:
+        problems.append("--save-interval needs --save")
+    if e.eval_interval is not None and not e.eval_prompt_data:
+        problems.append("--eval-interval needs --eval-prompt-data")
+    if len(e.eval_prompt_data) % 2:
+        problems.append("--eval-prompt-data takes NAME PATH pairs")
+    if o.min_lr > o.lr:
+        problems.append(f"--min-lr {o.min_lr} is above --lr {o.lr}")
+    if config.data.num_rollout < 1:
+        problems.append("--num-rollout must be at least 1")
+    for name in ("hf_checkpoint", "ref_load"):
+        path = getattr(c, name)
+        if path and not os.path.exists(path):
+            problems.append(f"{flag_name(name)} {path}: no such path")
+    if not os.path.isfile(config.data.prompt_data):
+        problems.append(f"--prompt-data {config.data.prompt_data}: no such file")
+    if problems:
+        raise ConfigError("\n  ".join(["invalid flags:", *problems]))
+
+
+def parse_train_args(argv: list[str] | None = None) -> TrainConfig:
+    """Parse and check; unknown flags and contradictions raise (argparse exits, ConfigError otherwise)."""
+    import sys
+
+    own, vllm_args = split_vllm_args(list(sys.argv[1:] if argv is None else argv))
+    parser = build_parser()
+    args = parser.parse_args(own)
+    sections = {name.replace(" ", "_"): dataclass_from_args(cls, args) for name, cls in SECTIONS.items()}
+    shape_flags: ModelShapeFlags = sections.pop("model_shape")
+    given = {a.dest for a in parser._actions if any(s in own for s in a.option_strings)}
+    hf_dir = sections["checkpoint"].hf_checkpoint
+    if not Path(hf_dir, "config.json").is_file():
+        raise ConfigError(f"--hf-checkpoint {hf_dir}: no config.json there")
+    shape = ModelShape.from_hf_dir(hf_dir)
+    shape_flags.check_against(shape, str(Path(hf_dir, "config.json")), given)
+    try:
+        config = TrainConfig(**sections, shape=shape, vllm_args=tuple(vllm_args))
+    except ValueError as err:  # a section's own check (e.g. ParallelConfig, RolloutConfig)
+        raise ConfigError(str(err)) from err
+    if vllm_args and config.cluster.engine_backend != "vllm":
+        raise ConfigError(f"--vllm-* flags {vllm_args} given but --engine-backend is {config.cluster.engine_backend}")
+    config.trainer.parallel  # ParallelConfig's own checks
+    _check(config)
+    return config

@@ -1,0 +1,138 @@
+"""Where the trainer ranks and the rollout manager run: Ray actors in a placement group, or (``--no-ray``)
+this process.
+
+Placement: one bundle per trainer rank (1 GPU each, packed onto as few nodes as possible) and, unless
+``--colocate``, one bundle with the rollout GPUs. Colocated engines use the trainer ranks' GPUs and sleep while
+they train. Without GPUs the bundles hold CPUs only and the counts mean processes.
+"""
+
+import os
+from typing import Any
+
+import torch
+
+from vime_ext.arguments import TrainConfig
+from vime_ext.trainer.launch import free_port
+
+# Passed to every Ray worker: nothing is fetched from a hub at run time, and caches stay where the driver's are.
+_WORKER_ENV = ("HF_HUB_OFFLINE", "TOKENIZERS_PARALLELISM", "VIME_EXT_CACHE", "VIME_EXT_LOG_DIR",
+               "VLLM_CPU_KVCACHE_SPACE", "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "PYTHONPATH")
+
+
+class _TrainWorker:
+    """The Ray-side holder of one TrainActor (created after the rank-0 address is known)."""
+
+    def address(self) -> tuple[str, int]:
+        import ray
+
+        return ray.util.get_node_ip_address(), free_port()
+
+    def gpu_ids(self) -> list[int]:
+        import ray
+
+        return [int(g) for g in ray.get_gpu_ids()]
+
+    def setup(self, config: TrainConfig, rank: int, world: int, addr: str, port: int) -> dict:
+        from vime_ext.trainer.actor import TrainActor
+
+        self.actor = TrainActor(config, rank, world, addr, port, local_rank=0)
+        return self.actor.layout()
+
+    def call(self, method: str, *args):
+        return getattr(self.actor, method)(*args)
+
+
+class _ManagerWorker:
+    def setup(self, config: TrainConfig, gpu_ids: list[int] | None, log_dir: str | None) -> list[str]:
+        from vime_ext.rollout.manager import RolloutManager, gpu_ids_from_env
+
+        self.manager = RolloutManager(config, gpu_ids if gpu_ids is not None else gpu_ids_from_env(), log_dir)
+        return self.manager.engine_urls()
+
+    def call(self, method: str, *args):
+        return getattr(self.manager, method)(*args)
+
+
+class Cluster:
+    """``actors(method, per_rank_args)`` and ``manager(method, *args)`` hide whether Ray is in use."""
+
+    def __init__(self, config: TrainConfig, log_dir: str | None = None):
+        self.config = config
+        self.use_ray = not config.cluster.no_ray
+        if self.use_ray:
+            self._start_ray(log_dir)
+        else:
+            self._start_local(log_dir)
+
+    def _start_local(self, log_dir):
+        from vime_ext.rollout.manager import RolloutManager, gpu_ids_from_env
+        from vime_ext.trainer.actor import TrainActor
+
+        self._actors = [TrainActor(self.config, 0, 1, "127.0.0.1", free_port())]
+        self.layouts = [self._actors[0].layout()]
+        self._manager = RolloutManager(self.config, gpu_ids_from_env(), log_dir)
+
+    def _start_ray(self, log_dir):
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        cl = self.config.cluster
+        world = cl.actor_world_size
+        gpus = torch.cuda.is_available()
+        if not ray.is_initialized():
+            env = {k: os.environ[k] for k in _WORKER_ENV if k in os.environ}
+            # Without GPUs, Ray gets enough logical CPUs for one per process, whatever the core count.
+            ray.init(address=os.environ.get("RAY_ADDRESS"), include_dashboard=False,
+                     num_cpus=None if os.environ.get("RAY_ADDRESS") else max(os.cpu_count() or 1, world + 2),
+                     runtime_env={"env_vars": env}, log_to_driver=True)
+        actor_bundle = {"CPU": 1, **({"GPU": 1} if gpus else {})}
+        bundles = [dict(actor_bundle) for _ in range(world)]
+        rollout_gpus = 0 if (cl.colocate or not gpus) else (cl.rollout_num_gpus or 1)
+        bundles.append({"CPU": 1, **({"GPU": rollout_gpus} if rollout_gpus else {})})
+        self.placement_group = placement_group(bundles, strategy="PACK")
+        ray.get(self.placement_group.ready(), timeout=600)
+
+        def in_bundle(i):
+            return PlacementGroupSchedulingStrategy(self.placement_group, placement_group_bundle_index=i)
+
+        worker_cls = ray.remote(_TrainWorker)
+        self._actors = [worker_cls.options(num_cpus=1, num_gpus=1 if gpus else 0,
+                                           scheduling_strategy=in_bundle(i)).remote() for i in range(world)]
+        addr, port = ray.get(self._actors[0].address.remote())
+        self.layouts = ray.get([a.setup.remote(self.config, r, world, addr, port)
+                                for r, a in enumerate(self._actors)])
+        colocated_gpus = None
+        if cl.colocate and gpus:
+            colocated_gpus = sorted({g for a in self._actors for g in ray.get(a.gpu_ids.remote())})
+        self._manager = ray.remote(_ManagerWorker).options(
+            num_cpus=1, num_gpus=rollout_gpus, scheduling_strategy=in_bundle(world)).remote()
+        ray.get(self._manager.setup.remote(self.config, colocated_gpus, log_dir))
+
+    def actors(self, method: str, per_rank_args: list[tuple] | None = None) -> list[Any]:
+        """Call ``method`` on every trainer rank (rank i gets ``per_rank_args[i]``) and wait for all."""
+        args = per_rank_args or [()] * len(self._actors)
+        if not self.use_ray:
+            return [getattr(a, method)(*arg) for a, arg in zip(self._actors, args)]
+        import ray
+
+        return ray.get([a.call.remote(method, *arg) for a, arg in zip(self._actors, args)])
+
+    def manager(self, method: str, *args) -> Any:
+        if not self.use_ray:
+            return getattr(self._manager, method)(*args)
+        import ray
+
+        return ray.get(self._manager.call.remote(method, *args))
+
+    def shutdown(self) -> None:
+        try:
+            self.manager("shutdown")
+        finally:
+            if self.use_ray:
+                import ray
+
+                ray.util.remove_placement_group(self.placement_group)
+                ray.shutdown()
+            else:
+                self._actors[0].shutdown()

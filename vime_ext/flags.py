@@ -1,0 +1,55 @@
+"""Command-line flags generated from typed config dataclasses, so each flag is declared once (as a field).
+
+A field ``rollout_batch_size: int = 8`` becomes ``--rollout-batch-size`` with ``type=int``; ``bool`` fields are
+switches, ``tuple[...]`` fields take several values, ``Literal[...]`` fields become choices, and a field's
+``metadata["help"]`` is its help text.
+"""
+
+import argparse
+import types
+import typing
+from dataclasses import MISSING, fields
+from typing import Any, Literal
+
+
+def flag_name(field_name: str) -> str:
+    return "--" + field_name.replace("_", "-")
+
+
+def _unwrap_optional(hint) -> tuple[Any, bool]:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) == 1:
+            return args[0], True
+    return hint, False
+
+
+def add_dataclass_flags(parser: argparse.ArgumentParser, cls, title: str) -> None:
+    group = parser.add_argument_group(title)
+    hints = typing.get_type_hints(cls)
+    for f in fields(cls):
+        default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+        hint, _ = _unwrap_optional(hints[f.name])
+        kwargs: dict[str, Any] = {"dest": f.name, "help": f.metadata.get("help")}
+        if hint is bool:
+            kwargs.update(action=argparse.BooleanOptionalAction if default else "store_true", default=default)
+        elif typing.get_origin(hint) is tuple:
+            kwargs.update(nargs="*", type=typing.get_args(hint)[0], default=list(default))
+        elif typing.get_origin(hint) is Literal:
+            choices = typing.get_args(hint)
+            kwargs.update(choices=choices, type=type(choices[0]), default=default)
+        else:
+            kwargs.update(type=hint, default=default)
+        if f.metadata.get("required"):
+            kwargs.update(required=True)
+            kwargs.pop("default")
+        group.add_argument(flag_name(f.name), **kwargs)
+
+
+def dataclass_from_args(cls, args: argparse.Namespace):
+    """The dataclass filled from parsed flags (lists become tuples, so configs stay hashable/frozen)."""
+    values = {}
+    for f in fields(cls):
+        value = getattr(args, f.name)
+        values[f.name] = tuple(value) if isinstance(value, list) else value
+    return cls(**values)

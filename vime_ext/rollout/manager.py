@@ -1,0 +1,129 @@
+"""The rollout side of training: engines, the router in front of them, rollouts, weight updates, sleep/wake.
+
+The driver owns one ``RolloutManager`` (a Ray actor, or a plain object with ``--no-ray``). Engines are
+subprocesses of the manager's host; on GPUs each gets its own ``CUDA_VISIBLE_DEVICES`` slice.
+"""
+
+import asyncio
+import os
+from dataclasses import replace
+
+import httpx
+
+from vime_ext.arguments import TrainConfig
+from vime_ext.rollout.client import RolloutClient
+from vime_ext.rollout.engines import EngineConfig, ServerProcess, launch_engine, launch_router, wait_until_serving
+from vime_ext.rollout.plugins import load_function
+from vime_ext.rollout.sample import Sample
+from vime_ext.rollout.weight_sync import SharedMemoryWeightSync, WeightSyncError
+
+
+class RolloutManager:
+    def __init__(self, config: TrainConfig, gpu_ids: list[int] | None = None, log_dir: str | None = None,
+                 hf_checkpoint: str | None = None):
+        """``gpu_ids``: the GPUs the engines may use (split evenly), None on CPU. ``hf_checkpoint``: the weights
+        the engines start from (default ``--hf-checkpoint``)."""
+        from transformers import AutoTokenizer
+
+        self.config = config
+        cl = config.cluster
+        model = hf_checkpoint or config.checkpoint.hf_checkpoint
+        self.tokenizer = AutoTokenizer.from_pretrained(model)
+        extra = list(config.vllm_args)
+        if cl.engine_backend == "vllm" and gpu_ids:
+            extra += ["--tensor-parallel-size", str(cl.rollout_num_gpus_per_engine)]
+            if cl.colocate:
+                extra += ["--enable-sleep-mode"]
+        self.engines: list[ServerProcess] = []
+        self.router: ServerProcess | None = None
+        try:
+            for i in range(cl.num_engines):
+                env = {}
+                if gpu_ids:
+                    per = cl.rollout_num_gpus_per_engine
+                    env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpu_ids[i * per:(i + 1) * per]))
+                self.engines.append(launch_engine(EngineConfig(
+                    model, backend=cl.engine_backend, host=cl.engine_host, dtype=cl.engine_dtype,
+                    max_model_len=cl.engine_max_model_len, extra_args=extra, env=env, log_dir=log_dir)))
+            wait_until_serving(self.engines, timeout_s=900)
+            self.router = launch_router([e.url for e in self.engines], policy=cl.router_policy, log_dir=log_dir)
+            wait_until_serving([self.router], timeout_s=120)
+        except BaseException:
+            self.shutdown()
+            raise
+        self.sync = SharedMemoryWeightSync(self.engine_urls())
+        self.sync.init()
+        self.weight_version = 0
+
+    def engine_urls(self) -> list[str]:
+        return [e.url for e in self.engines]
+
+    def generate(self, prompts: list[dict], rollout_id: int, evaluation: bool = False) -> list[list[Sample]]:
+        """Groups of Samples for ``prompts`` (training settings, or the eval settings with ``evaluation``)."""
+        config = self.config.rollout
+        if evaluation:
+            e = self.config.eval
+            config = replace(config, n_samples_per_prompt=e.n_samples_per_eval_prompt,
+                             rollout_max_response_len=e.eval_max_response_len or config.rollout_max_response_len,
+                             rollout_temperature=e.eval_temperature)
+        rollout = load_function(config.rollout_function_path, "--rollout-function-path")
+        self._check_engines()
+
+        async def run():
+            client = RolloutClient(self.router.url, max_concurrency=256,
+                                   timeout_s=max(300.0, config.rollout_max_response_len / 5.0))
+            try:
+                return await rollout(config, client, self.tokenizer, prompts, weight_version=self.weight_version,
+                                     rollout_id=rollout_id)
+            finally:
+                await client.close()
+
+        return asyncio.run(run())
+
+    def _check_engines(self) -> None:
+        dead = [e for e in self.engines if not e.alive()]
+        if len(dead) == len(self.engines):
+            raise RuntimeError("every engine has exited; last log lines of the first:\n" + dead[0].log_tail())
+
+    # ---- weights and memory, around a training step -----------------------------------------------------
+
+    def begin_weight_update(self) -> None:
+        self.sync.begin()
+
+    def finish_weight_update(self, version: int) -> None:
+        self.sync.finish(version)
+        self.weight_version = version
+
+    def engine_versions(self) -> dict[str, str | None]:
+        return self.sync.versions()
+
+    def _post_all(self, route: str, **params) -> None:
+        for url in self.engine_urls():
+            response = httpx.post(url + route, params=params, timeout=600.0)
+            if response.status_code >= 400:
+                raise WeightSyncError(f"{url}{route}: HTTP {response.status_code} {response.text[:300]}")
+
+    def sleep(self) -> None:
+        """Colocated mode: engines give their accelerator memory back while the actors train."""
+        self._post_all("/pause", mode="abort")
+        self._post_all("/sleep", level=1)
+
+    def wake_up(self) -> None:
+        self._post_all("/wake_up")
+
+    def shutdown(self) -> None:
+        for server in [self.router, *self.engines]:
+            if server is not None:
+                server.stop()
+        if getattr(self, "sync", None) is not None:
+            self.sync.close()
+
+
+def gpu_ids_from_env() -> list[int] | None:
+    """The GPUs this process may use (Ray sets CUDA_VISIBLE_DEVICES for GPU actors); None without CUDA."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return [int(g) for g in visible.split(",")] if visible else list(range(torch.cuda.device_count()))

@@ -1,0 +1,32 @@
+"""Training metrics to TensorBoard (always), Weights & Biases (``--use-wandb``) and one console line per step."""
+
+from pathlib import Path
+
+
+class Tracker:
+    def __init__(self, log_dir: str, use_wandb: bool = False, wandb_project: str = "vime_ext",
+                 wandb_group: str | None = None, config: dict | None = None):
+        from torch.utils.tensorboard import SummaryWriter
+
+        Path(log_dir).mkdir(parents=True, exist_ok=True)
+        self.log_dir = log_dir
+        self.writer = SummaryWriter(log_dir=log_dir)
+        self.wandb = None
+        if use_wandb:
+            try:
+                import wandb
+            except ImportError as err:
+                raise RuntimeError("--use-wandb needs the wandb package (pip install wandb)") from err
+            self.wandb = wandb.init(project=wandb_project, group=wandb_group, config=config or {})
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        for name, value in metrics.items():
+            self.writer.add_scalar(name, value, step)
+        self.writer.flush()
+        if self.wandb is not None:
+            self.wandb.log(metrics, step=step)
+
+    def close(self) -> None:
+        self.writer.close()
+        if self.wandb is not None:
+            self.wandb.finish()

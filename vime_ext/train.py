@@ -1,0 +1,207 @@
+"""GRPO training: rollout -> reward -> advantages -> Megatron update -> weight sync, repeated.
+
+    python -m vime_ext.train --hf-checkpoint DIR --prompt-data FILE.jsonl [flags as in slime]   (or ``train.py``)
+
+Flags: ``python -m vime_ext.train --help``; their meaning and checks: ``vime_ext/arguments.py``.
+"""
+
+import json
+import sys
+import time
+from dataclasses import asdict
+
+import numpy as np
+from tqdm import tqdm
+
+from vime_ext.algorithms.train_data import TRAINABLE, TrainSequence, compute_advantages, scalar_reward
+from vime_ext.arguments import TrainConfig, parse_train_args
+from vime_ext.cluster import Cluster
+from vime_ext.data.prompt_dataset import PromptDataset, read_jsonl
+from vime_ext.rollout.plugins import load_function
+from vime_ext.rollout.sample import Sample, Status
+from vime_ext.trainer.batching import split_data_parallel
+from vime_ext.trainer.checkpoint import has_checkpoint
+
+WEIGHT_BUCKET_BYTES = 512 * 2**20
+
+
+def rollout_metrics(samples: list[Sample], prefix: str) -> dict[str, float]:
+    rewards = np.array([scalar_reward(s) for s in samples], dtype=np.float64)
+    lengths = np.array([s.response_length for s in samples], dtype=np.float64)
+    return {f"{prefix}/reward_mean": float(rewards.mean()), f"{prefix}/reward_std": float(rewards.std()),
+            f"{prefix}/response_length": float(lengths.mean()),
+            f"{prefix}/truncated": float(np.mean([s.status == Status.TRUNCATED for s in samples])),
+            f"{prefix}/failed": float(np.mean([s.status not in TRAINABLE for s in samples]))}
+
+
+def plan_steps(config: TrainConfig, samples: list[Sample], sequences: list[TrainSequence],
+               dp_size: int) -> tuple[list[list[list[TrainSequence]]], list[tuple[float, float]]]:
+    """Per data-parallel rank, the sequences of each optimizer step; and each step's (loss tokens, sequences)."""
+    position = {s.index: i for i, s in enumerate(samples)}
+    steps: list[list[TrainSequence]] = [[] for _ in range(config.steps_per_rollout)]
+    for seq in sequences:
+        steps[position[seq.sample_index] // config.global_batch_size].append(seq)
+    per_rank = [[] for _ in range(dp_size)]
+    for step in steps:
+        for rank, share in enumerate(split_data_parallel(step, dp_size)):
+            per_rank[rank].append(share)
+    totals = [(float(sum(s.num_loss_tokens for s in step)), float(len(step))) for step in steps]
+    return per_rank, totals
+
+
+class Trainer:
+    def __init__(self, config: TrainConfig, log_dir: str | None = None):
+        from vime_ext.tracking import Tracker
+
+        self.config = config
+        d = config.data
+        self.dataset = PromptDataset(read_jsonl(d.prompt_data, d.input_key, d.label_key, d.metadata_key),
+                                     config.rollout.rollout_batch_size, shuffle=d.rollout_shuffle, seed=d.seed)
+        self.eval_sets = {name: read_jsonl(path, d.input_key, d.label_key, d.metadata_key)
+                          for name, path in config.eval.datasets().items()}
+        self.convert = load_function(config.rollout.custom_convert_samples_to_train_data_path or
+                                     "vime_ext.algorithms.train_data.samples_to_train_data",
+                                     "--custom-convert-samples-to-train-data-path")
+        self.tracker = Tracker(config.tensorboard_dir, config.logging.use_wandb, config.logging.wandb_project,
+                               config.logging.wandb_group, config=_flat(asdict(config)))
+        self.cluster = Cluster(config, log_dir)
+        layouts = self.cluster.layouts
+        self.dp_size = layouts[0]["dp_size"]
+        self.dp_rank = [l["dp_rank"] for l in layouts]
+        self.reporters = [i for i, l in enumerate(layouts) if l["last_stage"] and l["tp_rank"] == 0]
+        self.start_rollout = 0
+        self.history: list[dict[str, float]] = []  # every logged metric dict, for tests and the demo's summary
+
+    # ---- pieces of one rollout ------------------------------------------------------------------------------
+
+    def push_weights(self, version: int) -> float:
+        start = time.perf_counter()
+        self.cluster.manager("begin_weight_update")
+        try:
+            urls = self.cluster.manager("engine_urls")
+            self.cluster.actors("push_weights", [(urls, WEIGHT_BUCKET_BYTES)] * len(self.dp_rank))
+        finally:
+            self.cluster.manager("finish_weight_update", version)
+        return time.perf_counter() - start
+
+    def save(self, rollout_id: int) -> float:
+        start = time.perf_counter()
+        extra = {"next_rollout": rollout_id + 1, "data": self.dataset.state()}
+        self.cluster.actors("save", [(self.config.checkpoint.save, rollout_id + 1, extra)] * len(self.dp_rank))
+        return time.perf_counter() - start
+
+    def resume(self) -> None:
+        path = self.config.checkpoint.load
+        if not path or not has_checkpoint(path):
+            if path:
+                print(f"--load {path}: no checkpoint there yet; starting from --hf-checkpoint")
+            return
+        state = self.cluster.actors("load", [(path,)] * len(self.dp_rank))[0]
+        self.dataset.load_state(state["data"])
+        self.start_rollout = int(state["next_rollout"])
+        self.push_weights(self.start_rollout)
+        print(f"resumed from {path} at rollout {self.start_rollout}")
+
+    def evaluate(self, rollout_id: int) -> dict[str, float]:
+        metrics = {}
+        for name, records in self.eval_sets.items():
+            groups = self.cluster.manager("generate", [r.as_rollout_input() for r in records], rollout_id, True)
+            metrics.update(rollout_metrics([s for g in groups for s in g], f"eval/{name}"))
+        if metrics:
+            self.tracker.log(metrics, rollout_id)
+            self.history.append({"rollout": rollout_id, **metrics})
+        return metrics
+
+    def train_one(self, rollout_id: int) -> dict[str, float]:
+        config, times = self.config, {}
+        start = time.perf_counter()
+        prompts = [r.as_rollout_input() for r in self.dataset.next_batch()]
+        groups = self.cluster.manager("generate", prompts, rollout_id)
+        samples = [s for g in groups for s in g]
+        times["rollout"] = time.perf_counter() - start
+        advantages = compute_advantages(samples, config.rollout.n_samples_per_prompt,
+                                        not config.algorithm.disable_grpo_std_normalization)
+        sequences = self.convert(samples, advantages)
+        per_rank, totals = plan_steps(config, samples, sequences, self.dp_size)
+        if config.cluster.colocate:
+            self.cluster.manager("sleep")
+        results = self.cluster.actors("train_rollout", [(per_rank[r], totals) for r in self.dp_rank])
+        if config.cluster.colocate:
+            self.cluster.manager("wake_up")
+        times["weight_sync"] = self.push_weights(rollout_id + 1)
+        reported = [results[i] for i in self.reporters]
+        times["log_probs"] = max(r["log_prob_time"] for r in results)
+        times["train"] = max(r["train_time"] for r in results)
+        metrics = rollout_metrics(samples, "rollout")
+        response_tokens = sum(s.response_length for s in samples)
+        train_tokens = sum(r["tokens"] for r in reported)
+        mismatch = [r["mismatch"] for r in reported]
+        count = sum(m[2] for m in mismatch)
+        metrics.update({
+            "rollout/advantage_abs_mean": float(advantages.abs().mean()),
+            "rollout/tokens_per_s": response_tokens / max(times["rollout"], 1e-9),
+            "train/tokens_per_s": train_tokens / max(times["train"], 1e-9),
+            "train/logprob_abs_diff_mean": sum(m[0] for m in mismatch) / max(count, 1.0),
+            "train/logprob_abs_diff_max": max(m[1] for m in mismatch),
+        })
+        for key in reported[0]["steps"][0]:
+            values = [sum(r["steps"][i].get(key, 0.0) for r in reported) for i in range(len(totals))]
+            if key in ("grad_norm", "lr", "skipped"):
+                values = [reported[0]["steps"][i][key] for i in range(len(totals))]
+            metrics[f"train/{key}"] = float(np.mean(values))
+        if config.checkpoint.save and (
+                (config.checkpoint.save_interval and (rollout_id + 1) % config.checkpoint.save_interval == 0)
+                or rollout_id + 1 == config.data.num_rollout):
+            times["save"] = self.save(rollout_id)
+        times["total"] = time.perf_counter() - start
+        metrics.update({f"time/{k}": v for k, v in times.items()})
+        self.tracker.log(metrics, rollout_id)
+        self.history.append({"rollout": rollout_id, **metrics})
+        return metrics
+
+    def run(self) -> list[dict[str, float]]:
+        config = self.config
+        try:
+            self.resume()
+            if self.eval_sets and not config.eval.skip_eval_before_train:
+                self.evaluate(self.start_rollout)
+            bar = tqdm(range(self.start_rollout, config.data.num_rollout), desc="train", unit="rollout")
+            for rollout_id in bar:
+                m = self.train_one(rollout_id)
+                bar.set_postfix(reward=f"{m['rollout/reward_mean']:.3f}", loss=f"{m.get('train/loss', 0.0):.4f}",
+                                step_s=f"{m['time/total']:.1f}")
+                tqdm.write(json.dumps({"rollout": rollout_id, **{k: round(v, 5) for k, v in m.items()}}))
+                if config.eval.eval_interval and (rollout_id + 1) % config.eval.eval_interval == 0:
+                    self.evaluate(rollout_id + 1)
+        finally:
+            self.tracker.close()
+            self.cluster.shutdown()
+        print(f"TensorBoard logs: {self.tracker.log_dir}")
+        if config.checkpoint.save:
+            print(f"checkpoints: {config.checkpoint.save}")
+        return self.history
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value if isinstance(value, (int, float, str, bool)) or value is None else str(value)
+    return out
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, float]]:
+    from vime_ext.arguments import ConfigError
+
+    try:
+        config = parse_train_args(argv)
+    except ConfigError as err:
+        print(f"train.py: {err}", file=sys.stderr)
+        raise SystemExit(2) from err
+    return Trainer(config).run()
+
+
+if __name__ == "__main__":
+    main()

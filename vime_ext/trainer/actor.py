@@ -1,0 +1,206 @@
+"""One trainer rank: a Megatron model shard, its reference copy, the optimizer, and the RL step.
+
+The driver (``vime_ext/train.py``) runs one ``TrainActor`` per rank, as a Ray actor or (``--no-ray``) in its
+own process, and calls the same methods either way.
+"""
+
+import os
+import random
+import time
+from functools import partial
+
+import numpy as np
+import torch
+
+from vime_ext.algorithms.train_data import TrainSequence
+from vime_ext.arguments import TrainConfig
+from vime_ext.trainer.batching import MicroBatch, micro_batches
+from vime_ext.trainer.forward import forward_log_probs
+from vime_ext.trainer.rl_loss import LossSettings, micro_batch_loss
+
+
+def _rng_state() -> dict:
+    from megatron.core.tensor_parallel import get_cuda_rng_tracker
+
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+            "megatron": get_cuda_rng_tracker().get_states()}
+
+
+def _set_rng_state(state: dict) -> None:
+    from megatron.core.tensor_parallel import get_cuda_rng_tracker
+
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    get_cuda_rng_tracker().set_states(state["megatron"])
+
+
+class TrainActor:
+    def __init__(self, config: TrainConfig, rank: int, world_size: int, master_addr: str, master_port: int,
+                 local_rank: int | None = None):
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR=master_addr,
+                          MASTER_PORT=str(master_port), LOCAL_RANK=str(0 if local_rank is None else local_rank))
+        from megatron.core import parallel_state
+
+        from convert.hf_checkpoint import HFCheckpointReader
+        from convert.live import load_hf_weights
+        from vime_ext.trainer.checkpoint import load_model_checkpoint
+        from vime_ext.trainer.model_provider import build_gpt_model
+        from vime_ext.trainer.optimizer import ActorOptimizer, LRSchedule
+        from vime_ext.trainer.parallel import init_distributed
+
+        self.config, self.shape, self.rank = config, config.shape, rank
+        parallel = config.trainer.parallel
+        init_distributed(parallel, seed=config.data.seed)
+        self.dtype = torch.bfloat16 if config.trainer.bf16 else torch.float32
+        self.model = self._build(build_gpt_model, parallel, recompute=config.trainer.recompute_granularity)
+        hf = HFCheckpointReader(config.checkpoint.hf_checkpoint)
+        load_hf_weights(self.model, self.shape, hf.get, progress=rank == 0)
+        self.ref_model = None
+        if config.algorithm.use_kl_loss:
+            self.ref_model = self._build(build_gpt_model, parallel)
+            if config.checkpoint.ref_load:
+                load_model_checkpoint(self.ref_model, config.checkpoint.ref_load)
+            else:
+                load_hf_weights(self.ref_model, self.shape, hf.get)
+            self.ref_model.requires_grad_(False)
+        o = config.optimizer
+        total_steps = config.data.num_rollout * config.steps_per_rollout
+        schedule = LRSchedule(o.lr, o.min_lr, o.lr_decay_style, o.lr_warmup_iters, o.lr_decay_iters or total_steps)
+        self.optimizer = ActorOptimizer(self.model, o.lr, o.weight_decay, (o.adam_beta1, o.adam_beta2), o.adam_eps,
+                                        o.clip_grad, schedule)
+        a = config.algorithm
+        self.loss_settings = LossSettings(a.eps_clip, a.eps_clip_high, a.use_kl_loss, a.kl_loss_coef,
+                                          a.kl_loss_type, a.entropy_coef, a.loss_aggregation, a.use_tis,
+                                          a.tis_cap, config.rollout.rollout_temperature or 1.0)
+        self.ps = parallel_state
+
+    def _build(self, build_gpt_model, parallel, recompute=None):
+        model = build_gpt_model(self.shape, parallel, dtype=self.dtype, init_weights=False, recompute=recompute)
+        # Losses are normalised by the driver over the whole step; megatron must not average them again.
+        model.config.calculate_per_token_loss = True
+        model.config.variable_seq_lengths = parallel.pipeline_model_parallel_size > 1
+        return model
+
+    def layout(self) -> dict:
+        ps = self.ps
+        return {"rank": self.rank, "dp_rank": ps.get_data_parallel_rank(), "tp_rank": ps.get_tensor_model_parallel_rank(),
+                "pp_rank": ps.get_pipeline_model_parallel_rank(), "last_stage": ps.is_pipeline_last_stage(),
+                "dp_size": ps.get_data_parallel_world_size()}
+
+    # ---- log-probs and training ---------------------------------------------------------------------------
+
+    def _device(self) -> torch.device:
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+    def _fill_log_probs(self, batches: list[MicroBatch]) -> None:
+        """Old-policy (and reference) log-probs, forward only, before any update of this rollout."""
+        chunk = self.config.trainer.log_probs_chunk_size
+        temperature = self.loss_settings.temperature
+        for batch in batches:
+            batch.old_log_probs = forward_log_probs(self.model, self.shape, batch.tokens, chunk, temperature)
+            if self.ref_model is not None:
+                batch.ref_log_probs = forward_log_probs(self.ref_model, self.shape, batch.tokens, chunk, temperature)
+
+    def _forward_step(self, data_iterator, model, totals: tuple[float, float], collected: list):
+        batch: MicroBatch = next(data_iterator)
+        tokens = batch.tokens
+        positions = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0).expand_as(tokens)
+        logits = model(input_ids=tokens, position_ids=positions, attention_mask=None)
+
+        def loss_func(output):
+            loss, stats = micro_batch_loss(output, batch, self.shape, self.loss_settings, *totals,
+                                           self.config.trainer.log_probs_chunk_size)
+            collected.append(stats)
+            return loss, batch.loss_mask.sum().to(torch.int), {}
+
+        return logits, loss_func
+
+    def train_rollout(self, steps: list[list[TrainSequence]], totals: list[tuple[float, float]]) -> dict:
+        """Train on one rollout: ``steps[i]`` is this rank's data-parallel share of optimizer step i, ``totals[i]``
+        that step's (loss tokens, sequences) over all ranks. Returns per-step weighted statistic sums (last
+        stage; the driver adds them over data-parallel ranks) and timings."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        device = self._device()
+        mbs = self.config.trainer.micro_batch_size
+        max_tokens = self.config.trainer.max_tokens_per_gpu if self.config.trainer.use_dynamic_batch_size else None
+        step_batches = [[b.to(device) for b in micro_batches(seqs, mbs, max_tokens)] for seqs in steps]
+        start = time.perf_counter()
+        for batches in step_batches:
+            self._fill_log_probs(batches)
+        log_prob_time = time.perf_counter() - start
+        result = {"steps": [], "log_prob_time": log_prob_time, "mismatch": self._engine_mismatch(step_batches),
+                  "tokens": sum(b.num_tokens for bs in step_batches for b in bs)}
+        start = time.perf_counter()
+        for batches, step_totals in zip(step_batches, totals):
+            self.model.train()
+            collected: list[dict] = []
+            if batches:
+                get_forward_backward_func()(
+                    forward_step_func=partial(self._forward_step, totals=step_totals, collected=collected),
+                    data_iterator=iter(batches), model=[self.model], num_microbatches=len(batches),
+                    seq_length=max(b.tokens.shape[1] for b in batches),
+                    micro_batch_size=max(b.tokens.shape[0] for b in batches), forward_only=False)
+            stats = {k: sum(float(c[k]) for c in collected) for k in (collected[0] if collected else {})}
+            result["steps"].append({**stats, **self.optimizer.step()})
+        result["train_time"] = time.perf_counter() - start
+        return result if self.ps.is_pipeline_last_stage() and self.ps.get_tensor_model_parallel_rank() == 0 else {
+            "log_prob_time": log_prob_time, "train_time": result["train_time"]}
+
+    def _engine_mismatch(self, step_batches: list[list[MicroBatch]]) -> tuple[float, float, float] | None:
+        """(sum |trainer - engine| log-prob, max, tokens) over the loss tokens of this rank's share."""
+        if not self.ps.is_pipeline_last_stage():
+            return None
+        total, worst, count = 0.0, 0.0, 0.0
+        for batch in (b for bs in step_batches for b in bs):
+            diff = (batch.old_log_probs.float() - batch.rollout_log_probs).abs() * batch.loss_mask
+            total += float(diff.sum())
+            worst = max(worst, float(diff.max()))
+            count += float(batch.loss_mask.sum())
+        return total, worst, count
+
+    # ---- weights out: engines and checkpoints --------------------------------------------------------------
+
+    def push_weights(self, engine_urls: list[str], bucket_bytes: int) -> int:
+        """Send this stage's weights to the engines (data-parallel rank 0's TP rank 0 sends; every TP rank of
+        that stage joins the gathers). The driver opens and closes the update around all stages."""
+        from convert.live import iter_hf_weights
+        from vime_ext.rollout.weight_sync import SharedMemoryWeightSync
+
+        if self.ps.get_data_parallel_rank() != 0:
+            return 0
+        weights = iter_hf_weights(self.model, self.shape)
+        if self.ps.get_tensor_model_parallel_rank() != 0:
+            for _ in weights:  # take part in the TP gathers
+                pass
+            return 0
+        sync = SharedMemoryWeightSync(engine_urls, bucket_bytes=bucket_bytes)
+        try:
+            return sync.send(weights)
+        finally:
+            sync.close()
+
+    def save(self, save_dir: str, iteration: int, extra_state: dict) -> str:
+        from vime_ext.trainer.checkpoint import save_model_checkpoint
+
+        rank_state = {"optimizer": self.optimizer.state_dict(), "rng": _rng_state()}
+        return str(save_model_checkpoint(self.model, self.shape, save_dir, iteration, extra_state, rank_state))
+
+    def load(self, path: str) -> dict:
+        """Weights, optimizer and RNG from a checkpoint; returns what the driver stored with it."""
+        from vime_ext.trainer.checkpoint import checkpoint_common_state, load_model_checkpoint, load_rank_state
+
+        load_model_checkpoint(self.model, path)
+        state = load_rank_state(path)
+        self.optimizer.load_state_dict(state["optimizer"])
+        _set_rng_state(state["rng"])
+        return checkpoint_common_state(path).get("vime_ext", {})
+
+    def shutdown(self) -> None:
+        from vime_ext.trainer.parallel import destroy_distributed
+
+        destroy_distributed()

@@ -1,0 +1,134 @@
+"""AdamW for the Megatron actor: fp32 master weights, data-parallel gradient sums, a global gradient norm and
+clipping, and the learning-rate schedule.
+
+This is vime_ext's own small optimizer rather than megatron-core's DistributedOptimizer, which hard-codes CUDA
+(the CPU trainer must run the same code). Its cost: Adam states are replicated over data-parallel ranks, not
+sharded.
+"""
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from vime_ext.trainer.model_provider import unwrap
+
+
+class LRSchedule:
+    """Linear warm-up to ``lr``, then constant / linear / cosine decay to ``min_lr`` over ``decay_steps``."""
+
+    def __init__(self, lr: float, min_lr: float, style: str, warmup_steps: int, decay_steps: int):
+        if style not in ("constant", "linear", "cosine"):
+            raise ValueError(f"unknown --lr-decay-style {style!r}")
+        self.lr, self.min_lr, self.style = lr, min_lr, style
+        self.warmup_steps, self.decay_steps = warmup_steps, max(decay_steps, 1)
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup_steps:
+            return self.lr * (step + 1) / self.warmup_steps
+        if self.style == "constant":
+            return self.lr
+        progress = min((step - self.warmup_steps) / max(self.decay_steps - self.warmup_steps, 1), 1.0)
+        if self.style == "linear":
+            return self.lr - (self.lr - self.min_lr) * progress
+        return self.min_lr + 0.5 * (self.lr - self.min_lr) * (1.0 + math.cos(math.pi * progress))
+
+
+def _counted_once(param: torch.nn.Parameter, tp_rank: int, first_stage: bool) -> bool:
+    """Whether this rank's copy of ``param`` enters the global gradient norm: TP-replicated params (norms) count
+    on TP rank 0 only, and the last stage's copy of a tied embedding not at all."""
+    if getattr(param, "shared", False) and not first_stage:
+        return False
+    return getattr(param, "tensor_model_parallel", False) or tp_rank == 0
+
+
+class ActorOptimizer:
+    def __init__(self, model: torch.nn.Module, lr: float, weight_decay: float, betas: tuple[float, float],
+                 eps: float, clip_grad: float, schedule: LRSchedule):
+        self.model = unwrap(model)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        # fp32 masters when the model computes in bf16/fp16; fp32 models train their own params in place.
+        self.masters = [p if p.dtype == torch.float32 else p.detach().float().clone().requires_grad_(True)
+                        for p in self.params]
+        decay = [m for p, m in zip(self.params, self.masters) if p.ndim >= 2]
+        no_decay = [m for p, m in zip(self.params, self.masters) if p.ndim < 2]  # norms and biases
+        groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        self.adam = torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps,
+                                      fused=all(p.is_cuda for p in self.params))
+        self.clip_grad, self.schedule = clip_grad, schedule
+        self.step_count = 0
+
+    def zero_grad(self) -> None:
+        for p in self.params + self.masters:
+            p.grad = None
+
+    def _sync_grads(self) -> None:
+        from megatron.core import parallel_state
+
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        # A tied embedding lives on the first and the last stage; both copies get the summed gradient.
+        if (parallel_state.get_pipeline_model_parallel_world_size() > 1 and self.model.share_embeddings_and_output_weights
+                and parallel_state.is_rank_in_embedding_group()):
+            dist.all_reduce(self.model.shared_embedding_or_output_weight().grad,
+                            group=parallel_state.get_embedding_group())
+        # Losses are already normalised over the whole step, so data-parallel gradients add up.
+        if parallel_state.get_data_parallel_world_size() > 1:
+            group = parallel_state.get_data_parallel_group()
+            flat = torch._utils._flatten_dense_tensors([p.grad for p in self.params])
+            dist.all_reduce(flat, group=group)
+            for p, synced in zip(self.params, torch._utils._unflatten_dense_tensors(flat, [p.grad for p in self.params])):
+                p.grad.copy_(synced)
+
+    def _grad_norm(self) -> float:
+        from megatron.core import parallel_state
+
+        tp_rank = parallel_state.get_tensor_model_parallel_rank()
+        first = parallel_state.is_pipeline_first_stage()
+        squares = torch.zeros((), dtype=torch.float32, device=self.params[0].device)
+        for p in self.params:
+            if _counted_once(p, tp_rank, first):
+                squares += p.grad.float().square().sum()
+        if parallel_state.get_model_parallel_group() is not None and dist.get_world_size() > 1:
+            dist.all_reduce(squares, group=parallel_state.get_model_parallel_group())
+        return math.sqrt(squares.item())
+
+    @torch.no_grad()
+    def step(self) -> dict[str, float]:
+        """Sync, clip and apply the accumulated gradients. A non-finite norm skips the update (and says so)."""
+        self._sync_grads()
+        norm = self._grad_norm()
+        lr = self.schedule(self.step_count)
+        stats = {"grad_norm": norm, "lr": lr, "skipped": 0.0}
+        if not math.isfinite(norm):
+            stats["skipped"] = 1.0
+            self.zero_grad()
+            return stats
+        scale = min(1.0, self.clip_grad / (norm + 1e-6)) if self.clip_grad > 0 else 1.0
+        for p, m in zip(self.params, self.masters):
+            m.grad = p.grad.float() * scale if m is not p else p.grad.mul_(scale)
+        for group in self.adam.param_groups:
+            group["lr"] = lr
+        self.adam.step()
+        for p, m in zip(self.params, self.masters):
+            if m is not p:
+                p.copy_(m)
+        self.step_count += 1
+        self.zero_grad()
+        return stats
+
+    def state_dict(self) -> dict:
+        return {"adam": self.adam.state_dict(), "step_count": self.step_count,
+                "masters": [m.detach().cpu() for m, p in zip(self.masters, self.params) if m is not p]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.adam.load_state_dict(state["adam"])
+        self.step_count = state["step_count"]
+        owned = [m for m, p in zip(self.masters, self.params) if m is not p]
+        if len(owned) != len(state["masters"]):
+            raise ValueError(f"optimizer state holds {len(state['masters'])} master tensors, this model "
+                             f"{len(owned)}; was it saved with another --bf16 setting or layout?")
+        with torch.no_grad():
+            for m, saved in zip(owned, state["masters"]):
+                m.copy_(saved)

@@ -1,0 +1,95 @@
+"""The policy loss of one micro-batch, computed on the last pipeline stage from vocab-sharded logits.
+
+Each micro-batch contributes ``sum(per_token_loss * token_weights)``, with weights normalised over the whole
+optimizer step (every micro-batch on every data-parallel rank), so summing gradients over micro-batches and
+data-parallel ranks gives exactly the gradient of the step's loss. Statistics are weighted the same way, so their
+sums over micro-batches and ranks are the step's averages.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from vime_ext.algorithms.losses import clipped_policy_loss, kl_penalty, token_weights, truncated_importance_weights
+from vime_ext.trainer.batching import MicroBatch
+from vime_ext.trainer.forward import vocab_parallel_log_probs
+from vime_ext.trainer.model_config import ModelShape, padded_vocab_size
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    eps_clip: float = 0.2
+    eps_clip_high: float | None = None
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.0
+    kl_loss_type: str = "low_var_kl"
+    entropy_coef: float = 0.0
+    aggregation: str = "token_mean"
+    use_tis: bool = False
+    tis_cap: float = 2.0
+    temperature: float = 1.0
+
+
+def vocab_parallel_entropy(logits: torch.Tensor, shape: ModelShape) -> torch.Tensor:
+    """Entropy per row of ``[tokens, vocab/TP]`` sharded logits (padding columns excluded), differentiable."""
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
+
+    tp, rank = (parallel_state.get_tensor_model_parallel_world_size(),
+                parallel_state.get_tensor_model_parallel_rank())
+    shard = padded_vocab_size(shape, tp) // tp
+    logits = logits.float()
+    pad_from = shape.vocab_size - rank * shard
+    if pad_from < shard:
+        logits = logits.masked_fill(torch.arange(shard, device=logits.device) >= max(pad_from, 0), float("-inf"))
+    row_max = logits.detach().max(dim=-1, keepdim=True).values
+    if tp > 1:
+        torch.distributed.all_reduce(row_max, op=torch.distributed.ReduceOp.MAX,
+                                     group=parallel_state.get_tensor_model_parallel_group())
+    shifted = logits - row_max
+    exp = shifted.exp()
+    total = reduce_from_tensor_model_parallel_region(exp.sum(dim=-1))
+    weighted = reduce_from_tensor_model_parallel_region((exp * shifted.nan_to_num(neginf=0.0)).sum(dim=-1))
+    return total.log() - weighted / total
+
+
+def micro_batch_loss(logits: torch.Tensor, batch: MicroBatch, shape: ModelShape, settings: LossSettings,
+                     total_tokens: float, total_sequences: float,
+                     chunk_tokens: int = 4096) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """``logits``: ``[b, s, vocab/TP]`` from the model; returns (loss, weighted statistics)."""
+    if settings.temperature != 1.0:
+        logits = logits / settings.temperature
+    mask = batch.loss_mask
+    weights = token_weights(mask, settings.aggregation, total_tokens, total_sequences)
+    stats: dict[str, torch.Tensor] = {}
+    # Entropy before log-probs: megatron's log-prob kernel overwrites the logits it is given.
+    with torch.set_grad_enabled(torch.is_grad_enabled() and settings.entropy_coef != 0.0):
+        entropy = torch.stack([vocab_parallel_entropy(logits[row, :-1], shape) for row in range(logits.shape[0])])
+    log_probs = torch.stack([vocab_parallel_log_probs(logits[row, :-1], batch.tokens[row, 1:], shape, chunk_tokens)
+                             for row in range(logits.shape[0])])
+    # Padding positions get ratio 1 and zero KL, so nothing non-finite meets a zero weight there.
+    valid = mask > 0
+    log_probs = torch.where(valid, log_probs, batch.old_log_probs)
+    pg_loss, clipped = clipped_policy_loss(log_probs, batch.old_log_probs, batch.advantages, settings.eps_clip,
+                                           settings.eps_clip_high)
+    if settings.use_tis:
+        tis = truncated_importance_weights(batch.old_log_probs, batch.rollout_log_probs, settings.tis_cap)
+        pg_loss = pg_loss * tis
+        stats["tis_weight"] = (tis * weights).sum()
+    per_token = pg_loss
+    if settings.use_kl_loss:
+        kl = kl_penalty(log_probs, torch.where(valid, batch.ref_log_probs, log_probs.detach()), settings.kl_loss_type)
+        per_token = per_token + settings.kl_loss_coef * kl
+        stats["kl"] = (kl.detach() * weights).sum()
+    if settings.entropy_coef:
+        per_token = per_token - settings.entropy_coef * entropy
+    loss = (per_token * weights).sum()
+    ratio = torch.exp(log_probs.detach() - batch.old_log_probs)
+    stats.update(
+        loss=loss.detach(),
+        pg_loss=(pg_loss.detach() * weights).sum(),
+        entropy=(entropy.detach() * weights).sum(),
+        clip_fraction=(clipped * weights).sum(),
+        ratio=(ratio * weights).sum(),
+    )
+    return loss, stats
