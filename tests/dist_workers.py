@@ -231,3 +231,45 @@ def log_prob_paths_agree(out_dir: str, hf_dir: str, parallel: ParallelConfig) ->
             {"max_abs_diff": (sharded - full).abs().max().item(), "shape": list(sharded.shape),
              "padded_vocab_diff": (padded_lp - expected).abs().max().item()}))
     destroy_distributed()
+
+
+def rl_sequences(vocab: int, count: int = 8, seed: int = 0):
+    """Random training sequences (fixed seed): varied lengths, partial loss masks, advantages of both signs."""
+    from vime_ext.algorithms.train_data import TrainSequence
+
+    g = torch.Generator().manual_seed(seed)
+    sequences = []
+    for i in range(count):
+        n = int(torch.randint(6, 14, (1,), generator=g))
+        prompt = int(torch.randint(2, 4, (1,), generator=g))
+        tokens = torch.randint(0, vocab, (n,), generator=g).tolist()
+        mask = [0] * (prompt - 1) + [1] * (n - prompt)
+        sequences.append(TrainSequence(tokens, mask, [-5.0] * (n - 1), float(torch.randn(1, generator=g)), i))
+    return sequences
+
+
+def rl_step(out_dir: str, flags: list[str]) -> None:
+    """Two optimizer steps of TrainActor on fixed sequences in the layout ``flags`` describe; writes the step
+    statistics and the updated weights (HF names, from every pipeline stage)."""
+    import os
+
+    from convert.live import iter_hf_weights
+    from vime_ext.arguments import parse_train_args
+    from vime_ext.train import plan_steps
+    from vime_ext.trainer.actor import TrainActor
+
+    config = parse_train_args(flags)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    actor = TrainActor(config, rank, world, os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                       local_rank=rank)
+    layout = actor.layout()
+    sequences = rl_sequences(config.shape.vocab_size)
+    samples = [type("S", (), {"index": s.sample_index})() for s in sequences]
+    per_rank, totals = plan_steps(config, samples, sequences, layout["dp_size"])
+    result = actor.train_rollout(per_rank[layout["dp_rank"]], totals)
+    weights = {name: tensor.float().cpu() for name, tensor in iter_hf_weights(actor.model, config.shape)}
+    if layout["tp_rank"] == 0 and layout["dp_rank"] == 0:
+        torch.save(weights, Path(out_dir, f"weights_pp{layout['pp_rank']}.pt"))
+    if "steps" in result:
+        Path(out_dir, f"steps_dp{layout['dp_rank']}.json").write_text(json.dumps(result["steps"]))
+    actor.shutdown()

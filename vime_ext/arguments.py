@@ -10,6 +10,7 @@ ranks, ``--rollout-num-gpus 2 --rollout-num-gpus-per-engine 1`` two engines.
 """
 
 import argparse
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -180,8 +181,9 @@ class ModelShapeFlags:
                     "num_query_groups": shape.num_query_groups, "kv_channels": shape.head_dim,
                     "vocab_size": shape.vocab_size, "max_position_embeddings": shape.max_position_embeddings,
                     "rotary_base": shape.rope_theta, "norm_epsilon": shape.norm_eps}
+        # Relative tolerance: config files store epsilons as float32 round-trips (9.9999997e-06 for 1e-5).
         problems = [f"{flag_name(k)} {getattr(self, k)} but {source} says {v}" for k, v in expected.items()
-                    if getattr(self, k) is not None and float(getattr(self, k)) != float(v)]
+                    if getattr(self, k) is not None and not math.isclose(getattr(self, k), v, rel_tol=1e-6)]
         switches = {"untie_embeddings_and_output_weights": not shape.tie_word_embeddings,
                     "add_qkv_bias": shape.qkv_bias, "qk_layernorm": shape.qk_layernorm}
         if given & set(switches):  # a model script states its switches; absent ones mean "off"
@@ -317,10 +319,10 @@ def parse_train_args(argv: list[str] | None = None) -> TrainConfig:
     shape_flags.check_against(shape, str(Path(hf_dir, "config.json")), given)
     try:
         config = TrainConfig(**sections, shape=shape, vllm_args=tuple(vllm_args))
-    except ValueError as err:  # a section's own check (e.g. ParallelConfig, RolloutConfig)
+        config.trainer.parallel  # ParallelConfig's own checks
+    except ValueError as err:  # a section's own check (ParallelConfig, RolloutConfig)
         raise ConfigError(str(err)) from err
     if vllm_args and config.cluster.engine_backend != "vllm":
         raise ConfigError(f"--vllm-* flags {vllm_args} given but --engine-backend is {config.cluster.engine_backend}")
-    config.trainer.parallel  # ParallelConfig's own checks
     _check(config)
     return config

@@ -42,3 +42,10 @@ def boxed_exact_match(sample: Sample) -> float:
         return 0.0
     labels = sample.label if isinstance(sample.label, (list, tuple)) else [sample.label]
     return float(any(normalize_answer(answer) == normalize_answer(str(label)) for label in labels))
+
+
+def first_word_match(sample: Sample) -> float:
+    """1.0 when the response's first word (case and punctuation ignored) is the label: "answer with a given
+    word". A dense enough signal for a small model to learn in a few GRPO steps."""
+    words = re.findall(r"[a-z0-9]+", sample.response.lower())
+    return float(bool(words) and words[0] == str(sample.label).strip().lower())

@@ -60,7 +60,7 @@ def vocab_parallel_log_probs(logits: torch.Tensor, targets: torch.Tensor, shape:
                              chunk_tokens: int = 4096) -> torch.Tensor:
     """log p(target) per position from this TP rank's vocab shard of ``[tokens, vocab/TP]`` logits, in fp32,
     ``chunk_tokens`` rows at a time (fp32 [tokens x vocab/TP] never exists at once). Padding columns of the
-    vocabulary are excluded. Differentiable; may overwrite ``logits`` (megatron's kernel works in place)."""
+    vocabulary are excluded. Differentiable; without autograd it may overwrite ``logits`` (megatron's kernel works in place)."""
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
@@ -71,6 +71,10 @@ def vocab_parallel_log_probs(logits: torch.Tensor, targets: torch.Tensor, shape:
     out = []
     for start in range(0, targets.numel(), chunk_tokens):
         chunk = logits[start:start + chunk_tokens].float()
+        if chunk.requires_grad and chunk.dtype == logits.dtype:
+            # The kernel works in place and saves its result for backward: a view into ``logits`` would be
+            # overwritten by the next chunk's or row's call.
+            chunk = chunk.clone()
         if pad_from < shard:  # out of place: ``logits`` may be part of the autograd graph
             columns = torch.arange(shard, device=chunk.device) >= max(pad_from, 0)
             chunk = chunk.masked_fill(columns, float("-inf"))

@@ -46,7 +46,14 @@ class ActorOptimizer:
     def __init__(self, model: torch.nn.Module, lr: float, weight_decay: float, betas: tuple[float, float],
                  eps: float, clip_grad: float, schedule: LRSchedule):
         self.model = unwrap(model)
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        self.params = [p for _, p in named]
+        # Replicated over TP but fed by only this rank's heads / sequence slice: their gradients are partial
+        # sums that must be added over TP ranks (as megatron's finalize_model_grads does).
+        config = self.model.config
+        self.tp_partial = [p for n, p in named
+                           if (config.qk_layernorm and ("q_layernorm" in n or "k_layernorm" in n))
+                           or (config.sequence_parallel and getattr(p, "sequence_parallel", False))]
         # fp32 masters when the model computes in bf16/fp16; fp32 models train their own params in place.
         self.masters = [p if p.dtype == torch.float32 else p.detach().float().clone().requires_grad_(True)
                         for p in self.params]
@@ -68,6 +75,8 @@ class ActorOptimizer:
         for p in self.params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
+        if self.tp_partial and parallel_state.get_tensor_model_parallel_world_size() > 1:
+            self._all_reduce([p.grad for p in self.tp_partial], parallel_state.get_tensor_model_parallel_group())
         # A tied embedding lives on the first and the last stage; both copies get the summed gradient.
         if (parallel_state.get_pipeline_model_parallel_world_size() > 1 and self.model.share_embeddings_and_output_weights
                 and parallel_state.is_rank_in_embedding_group()):
@@ -75,11 +84,15 @@ class ActorOptimizer:
                             group=parallel_state.get_embedding_group())
         # Losses are already normalised over the whole step, so data-parallel gradients add up.
         if parallel_state.get_data_parallel_world_size() > 1:
-            group = parallel_state.get_data_parallel_group()
-            flat = torch._utils._flatten_dense_tensors([p.grad for p in self.params])
-            dist.all_reduce(flat, group=group)
-            for p, synced in zip(self.params, torch._utils._unflatten_dense_tensors(flat, [p.grad for p in self.params])):
-                p.grad.copy_(synced)
+            self._all_reduce([p.grad for p in self.params], parallel_state.get_data_parallel_group())
+
+    @staticmethod
+    def _all_reduce(tensors: list[torch.Tensor], group) -> None:
+        """Sum ``tensors`` in place over ``group``, as one flat message."""
+        flat = torch._utils._flatten_dense_tensors(tensors)
+        dist.all_reduce(flat, group=group)
+        for tensor, synced in zip(tensors, torch._utils._unflatten_dense_tensors(flat, tensors)):
+            tensor.copy_(synced)
 
     def _grad_norm(self) -> float:
         from megatron.core import parallel_state

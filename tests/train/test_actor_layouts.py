@@ -1,0 +1,63 @@
+"""The RL step is the same computation in every layout: two optimizer steps on the same sequences at TP=1,
+TP=2, PP=2 and DP=2 give the same gradient norms, losses and weights.
+
+This checks what only shows across ranks: loss weights normalised over the whole step (micro-batches and
+data-parallel shares add up), data-parallel gradient sums, the global gradient norm counting TP-replicated
+params once, vocab-parallel log-probs and entropy, and the tied embedding's gradient across pipeline stages.
+Adam's eps is set large, so an update is close to lr x gradient and a gradient error shows in the weights
+(compared relative to the largest update).
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from convert.hf_checkpoint import HFCheckpointReader
+from tests import dist_workers
+from tests.conftest import require_ranks
+from vime_ext.trainer.launch import run_on_ranks
+
+LAYOUTS = {"tp1": [], "tp2": ["--actor-num-gpus-per-node", "2", "--tensor-model-parallel-size", "2"],
+           "pp2": ["--actor-num-gpus-per-node", "2", "--pipeline-model-parallel-size", "2"],
+           "dp2": ["--actor-num-gpus-per-node", "2"]}
+
+
+def run_layout(family_dir: Path, data: Path, out: Path, layout: str) -> tuple[list, dict]:
+    flags = ["--hf-checkpoint", str(family_dir), "--prompt-data", str(data), "--rollout-batch-size", "4",
+             "--n-samples-per-prompt", "2", "--global-batch-size", "4", "--micro-batch-size", "2",
+             "--lr", "1.0", "--adam-eps", "1.0", "--clip-grad", "0.5", "--use-kl-loss", "--kl-loss-coef", "0.1",
+             "--entropy-coef", "0.01", "--loss-aggregation", "seq_mean_token_mean", *LAYOUTS[layout]]
+    out.mkdir()
+    world = 2 if LAYOUTS[layout] else 1
+    require_ranks(world)
+    run_on_ranks(dist_workers.rl_step, world, str(out), flags, isolate=True)
+    steps = [json.loads(p.read_text()) for p in sorted(out.glob("steps_dp*.json"))]
+    summed = [{k: sum(s[i][k] for s in steps) for k in ("loss", "pg_loss", "entropy", "kl")}
+              | {"grad_norm": steps[0][i]["grad_norm"]} for i in range(len(steps[0]))]
+    weights = {}
+    for part in out.glob("weights_pp*.pt"):
+        weights.update(torch.load(part))
+    return summed, weights
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_layouts_agree(family, tiny_hf_dirs, tmp_path):
+    data = tmp_path / "p.jsonl"
+    data.write_text(json.dumps({"prompt": "x", "label": "y"}) + "\n")
+    ref_steps, ref_weights = run_layout(tiny_hf_dirs[family], data, tmp_path / "tp1", "tp1")
+    assert len(ref_steps) == 2 and ref_steps[0]["grad_norm"] > 0.5  # clipping is exercised
+    reader = HFCheckpointReader(tiny_hf_dirs[family])
+    ref_update = {k: ref_weights[k] - reader.get(k).float() for k in ref_weights}
+    scale = max(u.abs().max().item() for u in ref_update.values())
+    assert scale > 1e-4  # the steps moved the weights
+    for layout in ("tp2", "pp2", "dp2"):
+        steps, weights = run_layout(tiny_hf_dirs[family], data, tmp_path / layout, layout)
+        for ours, ref in zip(steps, ref_steps):
+            for key in ref:
+                assert ours[key] == pytest.approx(ref[key], rel=1e-4, abs=1e-6), (layout, key)
+        assert sorted(weights) == sorted(ref_weights)
+        # Relative to the largest update: every layout moved every weight the same way.
+        worst = max(((weights[k] - reader.get(k).float()) - ref_update[k]).abs().max().item() for k in ref_weights)
+        assert worst < 1e-3 * scale, (layout, worst, scale)

@@ -1,0 +1,102 @@
+"""train.py's flags: typed configs, model scripts checked against the HF config, and fail-fast contradictions."""
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from vime_ext.arguments import ConfigError, parse_train_args
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def base(tiny_hf_dirs, tmp_path) -> list[str]:
+    data = tmp_path / "prompts.jsonl"
+    data.write_text(json.dumps({"prompt": "1 + 1 =", "label": "2"}) + "\n")
+    return ["--hf-checkpoint", str(tiny_hf_dirs["qwen3"]), "--prompt-data", str(data)]
+
+
+def model_args(script: str) -> list[str]:
+    """MODEL_ARGS of a scripts/models file, as bash expands it."""
+    out = subprocess.run(["bash", "-c", f'source "{ROOT / "scripts/models" / script}"; printf "%s\\n" '
+                                        '"${MODEL_ARGS[@]}"'], check=True, capture_output=True, text=True)
+    return out.stdout.split()
+
+
+def test_typed_sections_and_vllm_pass_through(base):
+    config = parse_train_args(base + [
+        "--rollout-batch-size", "4", "--n-samples-per-prompt", "8", "--global-batch-size", "16",
+        "--use-kl-loss", "--kl-loss-coef", "0.01", "--kl-loss-type", "k3", "--eps-clip-high", "0.28",
+        "--lr", "2e-6", "--lr-decay-style", "cosine", "--eval-prompt-data", "toy", base[3],
+        "--vllm-enforce-eager", "--vllm-max-num-seqs", "64"])
+    assert config.samples_per_rollout == 32 and config.steps_per_rollout == 2
+    assert config.algorithm.kl_loss_type == "k3" and config.algorithm.eps_clip_high == 0.28
+    assert config.optimizer.lr == 2e-6 and config.eval.datasets() == {"toy": base[3]}
+    assert config.vllm_args == ("--enforce-eager", "--max-num-seqs", "64")
+    assert config.shape.family == "qwen3" and config.shape.num_layers == 4
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--rollout-batch-size", "3", "--n-samples-per-prompt", "2", "--global-batch-size", "4"], "do not split"),
+    (["--use-kl-loss"], "--kl-loss-coef > 0"),
+    (["--kl-loss-coef", "0.1"], "--use-kl-loss is not"),
+    (["--eps-clip", "0.2", "--eps-clip-high", "0.1"], "below --eps-clip"),
+    (["--colocate", "--rollout-num-gpus", "2"], "drop --rollout-num-gpus"),
+    (["--actor-num-gpus-per-node", "3", "--tensor-model-parallel-size", "2"], "TP x PP"),
+    (["--use-dynamic-batch-size"], "--max-tokens-per-gpu go together"),
+    (["--save-interval", "2"], "--save-interval needs --save"),
+    (["--eval-interval", "2"], "--eval-interval needs --eval-prompt-data"),
+    (["--advantage-estimator", "ppo"], "critic"),
+    (["--no-ray", "--actor-num-gpus-per-node", "2"], "--no-ray runs one trainer rank"),
+    (["--sequence-parallel"], "sequence_parallel needs tensor_model_parallel_size > 1"),
+    (["--engine-backend", "hf", "--vllm-enforce-eager"], "--engine-backend is hf"),
+    (["--num-layers", "5"], "--num-layers 5 but"),
+])
+def test_contradictions_fail_fast(base, flags, message):
+    with pytest.raises(ConfigError, match=message.replace("+", r"\+")):
+        parse_train_args(base + flags)
+
+
+def test_unknown_and_abbreviated_flags_are_refused(base, capsys):
+    for flag in (["--no-such-flag", "1"], ["--rollout-batch", "4"]):
+        with pytest.raises(SystemExit):
+            parse_train_args(base + flag)
+        assert "unrecognized arguments" in capsys.readouterr().err
+
+
+def test_missing_files_are_named(tiny_hf_dirs, tmp_path):
+    with pytest.raises(ConfigError, match="no such file"):
+        parse_train_args(["--hf-checkpoint", str(tiny_hf_dirs["qwen3"]), "--prompt-data", str(tmp_path / "x")])
+    with pytest.raises(ConfigError, match="no config.json"):
+        parse_train_args(["--hf-checkpoint", str(tmp_path), "--prompt-data", str(tmp_path / "x")])
+
+
+def test_model_script_matches_the_packaged_model(smollm2_dir, tmp_path):
+    data = tmp_path / "p.jsonl"
+    data.write_text(json.dumps({"prompt": "hi", "label": "x"}) + "\n")
+    flags = ["--hf-checkpoint", str(smollm2_dir), "--prompt-data", str(data)]
+    config = parse_train_args(flags + model_args("smollm2-135M.sh"))
+    assert config.shape.hidden_size == 576
+    # A Qwen3 script against SmolLM2's config: every disagreeing field is named.
+    with pytest.raises(ConfigError, match="--hidden-size 1024 but .*--qk-layernorm is given"):
+        parse_train_args(flags + model_args("qwen3-0.6B.sh"))
+
+
+@pytest.mark.parametrize("script, shape", [("qwen3-0.6B.sh", "qwen3-0.6b"), ("qwen3-1.7B.sh", "qwen3-1.7b"),
+                                           ("qwen3-4B.sh", "qwen3-4b"), ("qwen3-8B.sh", "qwen3-8b")])
+def test_qwen3_scripts_match_the_benchmark_shapes(script, shape, tmp_path):
+    """The model scripts and tools/bench_train.py's Qwen3 table state the same published shapes."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    from bench_train import hf_config
+
+    hf = tmp_path / shape
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps(hf_config(shape)))
+    data = tmp_path / "p.jsonl"
+    data.write_text(json.dumps({"prompt": "hi", "label": "x"}) + "\n")
+    config = parse_train_args(["--hf-checkpoint", str(hf), "--prompt-data", str(data)] + model_args(script))
+    assert config.shape.num_layers in (28, 36)

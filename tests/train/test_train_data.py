@@ -1,0 +1,76 @@
+"""Samples -> training sequences -> data-parallel shares -> micro-batches, and the per-step loss weights."""
+
+import pytest
+import torch
+
+from vime_ext.algorithms.losses import aggregate, token_weights
+from vime_ext.algorithms.train_data import TrainSequence, compute_advantages, samples_to_train_data
+from vime_ext.rollout.sample import Sample, Status, Turn
+from vime_ext.trainer.batching import micro_batches, split_data_parallel
+
+
+def sample(index, prompt_len, response, reward, status=Status.COMPLETED, turns=()):
+    return Sample(prompt="p", index=index, group_index=index // 2, tokens=list(range(1, prompt_len + 1)) + response,
+                  response_length=len(response), loss_mask=[1] * len(response),
+                  rollout_log_probs=[-0.5] * len(response), reward=reward, status=status, turns=list(turns))
+
+
+def test_sequences_align_masks_with_targets_and_share_the_trajectory_advantage():
+    turn = Turn(tokens=[7, 8, 9, 10], loss_mask=[1, 0], rollout_log_probs=[-1.0, 0.0])
+    samples = [sample(0, 3, [20, 21], 1.0, turns=[turn]), sample(1, 3, [30], 0.0),
+               sample(2, 2, [], None, status=Status.FAILED), sample(3, 2, [40], 1.0)]
+    advantages = compute_advantages(samples, group_size=2)
+    # Group (0, 1): rewards 1, 0; group (2, 3): the failed sample counts as reward 0.
+    assert advantages.tolist() == pytest.approx([0.7071, -0.7071, -0.7071, 0.7071], abs=1e-3)
+    sequences = samples_to_train_data(samples, advantages)
+    assert [s.sample_index for s in sequences] == [0, 0, 1, 3]  # the failed sample trains on nothing
+    main, extra = sequences[0], sequences[1]
+    # tokens [1, 2, 3, 20, 21]: targets [2, 3, 20, 21]; only the response targets are trained.
+    assert main.loss_mask == [0, 0, 1, 1] and main.rollout_log_probs == [0.0, 0.0, -0.5, -0.5]
+    assert extra.tokens == [7, 8, 9, 10] and extra.loss_mask == [0, 1, 0]
+    assert extra.advantage == main.advantage
+
+
+def test_completed_sample_without_reward_is_an_error():
+    with pytest.raises(ValueError, match="has no reward"):
+        compute_advantages([sample(0, 2, [5], None), sample(1, 2, [6], 1.0)], group_size=2)
+
+
+def seq(n, index=0):
+    return TrainSequence(list(range(n)), [1] * (n - 1), [-1.0] * (n - 1), 0.5, index)
+
+
+def test_data_parallel_split_balances_tokens_and_keeps_order():
+    sequences = [seq(n, i) for i, n in enumerate([10, 3, 8, 4, 6, 5])]
+    shares = split_data_parallel(sequences, 2)
+    assert sorted(s.sample_index for share in shares for s in share) == list(range(6))
+    loads = [sum(len(s.tokens) for s in share) for share in shares]
+    assert abs(loads[0] - loads[1]) <= 2
+    for share in shares:
+        assert [s.sample_index for s in share] == sorted(s.sample_index for s in share)
+
+
+def test_micro_batches_pad_right_and_respect_a_token_budget():
+    sequences = [seq(n, i) for i, n in enumerate([5, 3, 9, 4])]
+    fixed = micro_batches(sequences, micro_batch_size=2)
+    assert [tuple(b.tokens.shape) for b in fixed] == [(2, 5), (2, 9)]
+    assert fixed[0].tokens[1].tolist() == [0, 1, 2, 0, 0] and fixed[0].loss_mask[1].tolist() == [1, 1, 0, 0]
+    assert fixed[0].advantages[1].tolist() == [0.5, 0.5, 0.0, 0.0]
+    dynamic = micro_batches(sequences, max_tokens=12)
+    assert all(b.num_tokens <= 12 for b in dynamic)
+    assert sum(b.tokens.shape[0] for b in dynamic) == 4
+    with pytest.raises(ValueError, match="exceeds --max-tokens-per-gpu"):
+        micro_batches(sequences, max_tokens=8)
+
+
+@pytest.mark.parametrize("mode", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"])
+def test_token_weights_split_over_micro_batches_sum_to_the_whole_batch_aggregate(mode):
+    torch.manual_seed(0)
+    values = torch.randn(6, 7)
+    mask = (torch.rand(6, 7) > 0.3).float()
+    mask[:, 0] = 1
+    whole = aggregate(values, mask, mode)
+    total_tokens, total_seqs = mask.sum().item(), 6
+    parts = sum((values[i:i + 2] * token_weights(mask[i:i + 2], mode, total_tokens, total_seqs)).sum()
+                for i in range(0, 6, 2))
+    assert parts.item() == pytest.approx(whole.item(), rel=1e-6)
