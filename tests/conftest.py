@@ -29,7 +29,7 @@ def run_workers(worker, parallel, out_dir: Path, result_file: str, *args) -> dic
     return json.loads((Path(out_dir) / result_file).read_text())
 
 
-def tiny_config(family: str):
+def tiny_config(family: str, **overrides):
     """4 layers (2 per stage at PP=2), 4 query heads in 2 KV groups (1 group per rank at TP=2); the real
     vocabulary of the family's tokenizer (Qwen's 151936 rows, SmolLM2's 49152)."""
     from transformers import LlamaConfig, Qwen2Config, Qwen3Config
@@ -39,6 +39,7 @@ def tiny_config(family: str):
     vocab_size = 49152 if family == "llama" else QWEN_VOCAB_SIZE
     common = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-6)
+    common.update(overrides)
     if family == "qwen3":  # untied, qk-norm, head_dim independent of hidden/heads
         return Qwen3Config(**common, head_dim=24, tie_word_embeddings=False, rope_theta=1_000_000.0)
     if family == "qwen2":  # qkv bias
@@ -60,12 +61,12 @@ def real_tokenizer(family: str, cache_dir: Path):
     return AutoTokenizer.from_pretrained(qwen_tokenizer_dir(cache_dir))
 
 
-def make_tiny_hf_dir(family: str, path: Path, seed: int = 0, cache_dir: Path | None = None) -> Path:
+def make_tiny_hf_dir(family: str, path: Path, seed: int = 0, cache_dir: Path | None = None, **overrides) -> Path:
     """A random model of the family's layout with its real tokenizer beside it, like a hub checkpoint."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(family)).float()
+    model = AutoModelForCausalLM.from_config(tiny_config(family, **overrides)).float()
     with torch.no_grad():  # random norms and biases, so a swapped or dropped tensor changes the logits
         for name, param in model.named_parameters():
             if name.endswith("norm.weight") or name.endswith(".bias"):

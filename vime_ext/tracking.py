@@ -1,5 +1,7 @@
-"""Training metrics to TensorBoard (always), Weights & Biases (``--use-wandb``) and one console line per step."""
+"""Training metrics to TensorBoard and ``metrics.jsonl`` (always; the JSONL also carries each rollout's prompt
+sources) and Weights & Biases (``--use-wandb``)."""
 
+import json
 from pathlib import Path
 
 
@@ -11,6 +13,7 @@ class Tracker:
         Path(log_dir).mkdir(parents=True, exist_ok=True)
         self.log_dir = log_dir
         self.writer = SummaryWriter(log_dir=log_dir)
+        self.jsonl = open(Path(log_dir) / "metrics.jsonl", "a")
         self.wandb = None
         if use_wandb:
             try:
@@ -19,14 +22,17 @@ class Tracker:
                 raise RuntimeError("--use-wandb needs the wandb package (pip install wandb)") from err
             self.wandb = wandb.init(project=wandb_project, group=wandb_group, config=config or {})
 
-    def log(self, metrics: dict[str, float], step: int) -> None:
+    def log(self, metrics: dict[str, float], step: int, extra: dict | None = None) -> None:
         for name, value in metrics.items():
             self.writer.add_scalar(name, value, step)
         self.writer.flush()
+        self.jsonl.write(json.dumps({"step": step, **metrics, **(extra or {})}) + "\n")
+        self.jsonl.flush()
         if self.wandb is not None:
             self.wandb.log(metrics, step=step)
 
     def close(self) -> None:
         self.writer.close()
+        self.jsonl.close()
         if self.wandb is not None:
             self.wandb.finish()

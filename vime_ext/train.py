@@ -31,7 +31,8 @@ def rollout_metrics(samples: list[Sample], prefix: str) -> dict[str, float]:
     return {f"{prefix}/reward_mean": float(rewards.mean()), f"{prefix}/reward_std": float(rewards.std()),
             f"{prefix}/response_length": float(lengths.mean()),
             f"{prefix}/truncated": float(np.mean([s.status == Status.TRUNCATED for s in samples])),
-            f"{prefix}/failed": float(np.mean([s.status not in TRAINABLE for s in samples]))}
+            f"{prefix}/failed": float(np.mean([s.status not in TRAINABLE for s in samples])),
+            f"{prefix}/weight_version": float(min(s.weight_version or 0 for s in samples))}
 
 
 def plan_steps(config: TrainConfig, samples: list[Sample], sequences: list[TrainSequence],
@@ -155,7 +156,7 @@ class Trainer:
             times["save"] = self.save(rollout_id)
         times["total"] = time.perf_counter() - start
         metrics.update({f"time/{k}": v for k, v in times.items()})
-        self.tracker.log(metrics, rollout_id)
+        self.tracker.log(metrics, rollout_id, {"prompts": [p["metadata"]["source"] for p in prompts]})
         self.history.append({"rollout": rollout_id, **metrics})
         return metrics
 
