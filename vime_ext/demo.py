@@ -44,10 +44,12 @@ def main(argv=None) -> None:
           f"{args.engine_backend} engine behind vllm-router, weight sync after every step")
     flags = ["--hf-checkpoint", str(hf_dir), "--prompt-data", str(train_data), "--save", str(out / "ckpt"),
              "--num-rollout", str(args.num_rollout), "--rollout-batch-size", "4", "--n-samples-per-prompt", "4",
-             "--rollout-max-response-len", "3", "--rollout-shuffle", "--rollout-seed", "1",
+             "--rollout-max-response-len", "3", "--rollout-shuffle",
              "--custom-rm-path", REWARD, "--lr", "1e-5", "--micro-batch-size", "8",
              "--use-kl-loss", "--kl-loss-coef", "0.01",
              "--eval-prompt-data", "yesno", str(eval_data), "--eval-interval", str(args.num_rollout),
+             # Sampled, not greedy: the base model's greedy answer is already right; its samples are not.
+             "--eval-temperature", "1.0", "--n-samples-per-eval-prompt", "4",
              "--engine-backend", args.engine_backend, "--engine-dtype", "float32"]
     if args.engine_backend == "vllm":
         flags += ["--engine-max-model-len", "1024", "--vllm-enforce-eager"]
@@ -59,14 +61,15 @@ def main(argv=None) -> None:
     subprocess.run([sys.executable, str(TOOLS / "convert_torch_dist_to_hf.py"), "--input-dir", str(out / "ckpt"),
                     "--output-dir", str(out / "hf"), "--origin-hf-dir", str(hf_dir)], check=True)
 
-    print("[5/5] the converted HF checkpoint on the held-out questions (transformers engine, greedy)")
-    before = evaluate(str(hf_dir), str(eval_data), REWARD, backend="hf", max_response_len=3)
-    after = evaluate(str(out / "hf"), str(eval_data), REWARD, backend="hf", max_response_len=3)
+    print("[5/5] base vs converted HF checkpoint on the held-out questions (transformers engine, 4 samples each)")
+    before, after = (evaluate(str(d), str(eval_data), REWARD, backend="hf", n_samples=4, max_response_len=3,
+                              temperature=1.0) for d in (hf_dir, out / "hf"))
 
     rewards = [round(h["rollout/reward_mean"], 3) for h in history if "rollout/reward_mean" in h]
     in_loop = [round(h["eval/yesno/reward_mean"], 3) for h in history if "eval/yesno/reward_mean" in h]
     summary = {"train_reward_per_rollout": rewards, "eval_in_loop_before_after": in_loop,
-               "eval_hf_checkpoint": {"base": before["eval/reward_mean"], "trained": after["eval/reward_mean"]},
+               "eval_hf_checkpoint": {name: f"{m['eval/reward_mean']:.3f} +- {m['eval/reward_sem']:.3f}"
+                                      for name, m in (("base", before), ("trained", after))},
                "seconds": round(time.time() - start)}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     print(f"\n{json.dumps(summary, indent=1)}\n"

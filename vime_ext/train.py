@@ -125,10 +125,14 @@ class Trainer:
         sequences = self.convert(samples, advantages)
         per_rank, totals = plan_steps(config, samples, sequences, self.dp_size)
         if config.cluster.colocate:
+            tick = time.perf_counter()
             self.cluster.manager("sleep")
+            times["sleep"] = time.perf_counter() - tick
         results = self.cluster.actors("train_rollout", [(per_rank[r], totals) for r in self.dp_rank])
         if config.cluster.colocate:
+            tick = time.perf_counter()
             self.cluster.manager("wake_up")
+            times["wake_up"] = time.perf_counter() - tick
         times["weight_sync"] = self.push_weights(rollout_id + 1)
         reported = [results[i] for i in self.reporters]
         times["log_probs"] = max(r["log_prob_time"] for r in results)

