@@ -41,7 +41,7 @@ def _is_writer(parallel_state) -> bool:
 
 
 def logit_parity(out_dir: str, hf_dirs: dict, parallel: ParallelConfig, ckpt_dirs: dict | None = None,
-                 dtype: torch.dtype = torch.float32) -> None:
+                 dtype: torch.dtype = torch.float32, attention: str | None = None) -> None:
     """Max |Megatron - HF| logits for each family, weights from HF files or from torch_dist checkpoints.
 
     Both models run in ``dtype``; below fp32 each is also compared with HF in fp32, so the test can hold
@@ -60,7 +60,8 @@ def logit_parity(out_dir: str, hf_dirs: dict, parallel: ParallelConfig, ckpt_dir
     results = {}
     for family, hf_dir in hf_dirs.items():
         shape = ModelShape.from_hf_dir(hf_dir)
-        model = build_gpt_model(shape, parallel, dtype=dtype, init_weights=ckpt_dirs is not None)
+        model = build_gpt_model(shape, parallel, dtype=dtype, init_weights=ckpt_dirs is not None,
+                                attention=attention)
         if ckpt_dirs:
             load_model_checkpoint(model, ckpt_dirs[family])
         else:

@@ -4,7 +4,11 @@ Builds vime_ext's real Megatron model for a named Qwen3 shape (random weights, n
 run, the HF ``transformers`` model of that shape (SDPA attention, gradient checkpointing), so every figure is
 also a ratio taken in one run. MFU is against a bf16 matmul ceiling measured in the same run.
 
-    python tools/bench_train.py --shape qwen3-4b --seq-lens 4096 8192 --impls megatron-local hf
+    python tools/bench_train.py --shape qwen3-4b --seq-lens 4096 8192 16384 \
+        --impls megatron-local megatron-sdpa megatron-sdpa-full hf --profile --out results.json
+
+Megatron impls train through the trainer's own loss path (vocab-parallel chunked log-probs); ``--profile`` splits
+one step's GPU kernel time by kernel-name category (attention, linear-layer matmuls, norms, loss, optimizer).
 """
 
 import argparse
@@ -68,6 +72,7 @@ class Result:
     logprob_tokens_per_s: float | None = None
     peak_gib: float | None = None
     error: str | None = None
+    time_split: dict | None = None
 
 
 def build(impl: str, shape: ModelShape, config: dict):
@@ -83,60 +88,105 @@ def build(impl: str, shape: ModelShape, config: dict):
         def loss_fn(ids, labels):
             return model(input_ids=ids, labels=labels).loss
 
-        def logits_fn(ids):
-            return model(input_ids=ids).logits
-        return model, loss_fn, logits_fn
+        def log_probs_fn(ids):  # fp32 log-softmax in row chunks, as a careful HF trainer would
+            logits = model(input_ids=ids).logits[:, :-1]
+            targets = ids[:, 1:]
+            return torch.cat([torch.log_softmax(logits[:, i:i + 4096].float(), -1).gather(
+                -1, targets[:, i:i + 4096].unsqueeze(-1)).squeeze(-1) for i in range(0, targets.shape[1], 4096)], 1)
+        return model, loss_fn, log_probs_fn
+    from vime_ext.trainer.forward import forward_log_probs, vocab_parallel_log_probs
     from vime_ext.trainer.model_config import ParallelConfig
     from vime_ext.trainer.model_provider import build_gpt_model
 
-    recompute = {"megatron-local": "full", "megatron-local-norecompute": None}[impl]
-    model = build_gpt_model(shape, ParallelConfig(), dtype=torch.bfloat16, recompute=recompute, use_te=False)
+    attention, recompute = MEGATRON_IMPLS[impl]
+    model = build_gpt_model(shape, ParallelConfig(), dtype=torch.bfloat16, recompute=recompute, attention=attention)
 
-    def loss_fn(ids, labels):
+    def loss_fn(ids, labels):  # the trainer's loss path: vocab-parallel chunked log-probs of the targets
         pos = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0).expand_as(ids)
-        return model(input_ids=ids, position_ids=pos, attention_mask=None, labels=labels).float().mean()
+        logits = model(input_ids=ids, position_ids=pos, attention_mask=None)
+        return -torch.cat([vocab_parallel_log_probs(logits[row], labels[row], shape)
+                           for row in range(ids.shape[0])]).mean()
 
-    def logits_fn(ids):
-        pos = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0).expand_as(ids)
-        return model(input_ids=ids, position_ids=pos, attention_mask=None)
-    return model, loss_fn, logits_fn
+    def log_probs_fn(ids):  # the trainer's own pass: vocab-parallel, fp32 in chunks
+        return forward_log_probs(model, shape, ids)
+    return model, loss_fn, log_probs_fn
 
 
-def bench(impl: str, shape: ModelShape, config: dict, seq: int, mbs: int, steps: int, ceiling: float) -> Result:
+# impl -> (attention, recompute) for the Megatron model; "hf" is the transformers peer.
+MEGATRON_IMPLS = {"megatron-local": ("local", "full"), "megatron-local-norecompute": ("local", None),
+                  "megatron-sdpa": ("sdpa", None), "megatron-sdpa-full": ("sdpa", "full")}
+
+# Profiler kernel names -> where the time went (by name pattern, first match wins).
+KERNEL_CATEGORIES = [
+    ("attention", ("flash", "fmha", "attention", "sdpa", "baddbmm", "bmm", "softmax_warp", "masked_softmax")),
+    ("optimizer", ("adam", "multi_tensor")),
+    ("loss / log-prob", ("cross_entropy", "log_softmax", "logsoftmax", "nll_loss")),
+    ("norms", ("rms", "norm")),
+    ("matmul (linear layers)", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "matmul", "wgmma")),
+    ("elementwise / copies", ("elementwise", "vectorized", "copy", "cat", "index", "reduce", "fill")),
+]
+
+
+def profile_split(step_fn) -> dict[str, float]:
+    """Share of CUDA kernel time per category over one profiled step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step_fn()
+        torch.cuda.synchronize()
+    totals: dict[str, float] = {}
+    for event in prof.key_averages():
+        device_time = getattr(event, "self_device_time_total", 0.0) or getattr(event, "self_cuda_time_total", 0.0)
+        if device_time <= 0:
+            continue
+        name = event.key.lower()
+        category = next((c for c, keys in KERNEL_CATEGORIES if any(k in name for k in keys)), "other")
+        totals[category] = totals.get(category, 0.0) + device_time
+    whole = sum(totals.values()) or 1.0
+    return {k: round(v / whole, 4) for k, v in sorted(totals.items(), key=lambda kv: -kv[1])}
+
+
+def bench(impl: str, shape: ModelShape, config: dict, seq: int, mbs: int, steps: int, ceiling: float,
+          profile: bool = False) -> Result:
     result = Result(impl, seq, mbs)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     try:
-        model, loss_fn, logits_fn = build(impl, shape, config)
+        model, loss_fn, log_probs_fn = build(impl, shape, config)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)
         ids = torch.randint(0, shape.vocab_size, (mbs, seq + 1), device="cuda")
         inputs, labels = ids[:, :-1], ids[:, 1:]
+
+        def train_step():
+            optimizer.zero_grad(set_to_none=True)
+            loss_fn(inputs, labels).backward()
+            optimizer.step()
+
         times = []
         for step in range(steps + 2):  # two warm-up steps
             torch.cuda.synchronize()
             start = time.perf_counter()
-            optimizer.zero_grad(set_to_none=True)
-            loss_fn(inputs, labels).backward()
-            optimizer.step()
+            train_step()
             torch.cuda.synchronize()
             if step >= 2:
                 times.append(time.perf_counter() - start)
+        if profile:
+            result.time_split = profile_split(train_step)
         result.step_s = sum(times) / len(times)
         result.tokens_per_s = mbs * seq / result.step_s
         result.tflops = result.tokens_per_s * flops_per_token(shape, seq) / 1e12
         result.mfu = result.tflops / ceiling
-        with torch.no_grad():  # a log-prob pass: forward, log-softmax of the taken tokens, no activations kept
+        model.zero_grad(set_to_none=True)
+        with torch.no_grad():  # a log-prob pass: forward only, no activations kept for backward
             timings = []
             for step in range(steps + 1):
                 torch.cuda.synchronize()
                 start = time.perf_counter()
-                logits = logits_fn(inputs)
-                torch.log_softmax(logits.float(), -1).gather(-1, labels.unsqueeze(-1))
-                del logits
+                log_probs_fn(ids)
                 torch.cuda.synchronize()
                 if step >= 1:
                     timings.append(time.perf_counter() - start)
-            result.logprob_tokens_per_s = mbs * seq / (sum(timings) / len(timings))
+            result.logprob_tokens_per_s = mbs * (seq + 1) / (sum(timings) / len(timings))
     except torch.cuda.OutOfMemoryError:
         result.error = "out of memory"
     finally:
@@ -151,8 +201,9 @@ def main(argv=None) -> None:
     parser.add_argument("--shape", default="qwen3-4b", choices=sorted(SHAPES))
     parser.add_argument("--seq-lens", type=int, nargs="+", default=[4096, 8192])
     parser.add_argument("--micro-batch-size", type=int, default=1)
-    parser.add_argument("--impls", nargs="+", default=["megatron-local", "hf"],
-                        choices=["megatron-local", "megatron-local-norecompute", "hf"])
+    parser.add_argument("--impls", nargs="+", default=["megatron-local", "megatron-sdpa", "hf"],
+                        choices=[*MEGATRON_IMPLS, "hf"])
+    parser.add_argument("--profile", action="store_true", help="also split one step's kernel time by category")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args(argv)
@@ -173,13 +224,15 @@ def main(argv=None) -> None:
           f"{'peak GiB':>9}")
     for seq in args.seq_lens:
         for impl in args.impls:
-            r = bench(impl, shape, config, seq, args.micro_batch_size, args.steps, ceiling)
+            r = bench(impl, shape, config, seq, args.micro_batch_size, args.steps, ceiling, args.profile)
             results.append(r)
             if r.error:
                 print(f"{impl:28} {seq:>6} {r.error:>37} {'':>14} {r.peak_gib:>9.1f}")
             else:
                 print(f"{impl:28} {seq:>6} {r.step_s:>8.3f} {r.tokens_per_s:>8.0f} {r.tflops:>8.1f} "
                       f"{r.mfu:>6.1%} {r.logprob_tokens_per_s:>14.0f} {r.peak_gib:>9.1f}", flush=True)
+                if r.time_split:
+                    print(f"{'':28} time split: " + ", ".join(f"{k} {v:.0%}" for k, v in r.time_split.items()))
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "shape": args.shape,

@@ -59,4 +59,4 @@ def test_parallel_layouts_that_cannot_split_are_refused():
     with pytest.raises(ValueError, match="sequence_parallel needs tensor_model_parallel_size > 1"):
         ParallelConfig(sequence_parallel=True)
     with pytest.raises(ValueError, match="sequence_parallel needs Transformer Engine"):
-        build_gpt_model(shape, ParallelConfig(2, 1, True), use_te=False)
+        build_gpt_model(shape, ParallelConfig(2, 1, True), attention="local")

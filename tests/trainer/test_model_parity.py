@@ -24,6 +24,16 @@ def test_logits_match_transformers(layout, tiny_hf_dirs, tmp_path):
 
 
 @pytest.mark.parametrize("layout", ["tp1", "tp2"])
+def test_sdpa_attention_logits_match_transformers(layout, tiny_hf_dirs, tmp_path):
+    """The CUDA layer spec without TE (SDPA core attention) computes the same logits; run on the CPU here."""
+    parallel = LAYOUTS[layout]
+    results = run_workers(dist_workers.logit_parity, parallel, tmp_path, "parity.json", tiny_hf_dirs, parallel,
+                          None, torch.float32, "sdpa")
+    for family, result in results.items():
+        assert result["max_abs_diff"] <= 1e-4, (family, result)
+
+
+@pytest.mark.parametrize("layout", ["tp1", "tp2"])
 def test_one_optimizer_step_reduces_loss(layout, tiny_hf_dirs, tmp_path):
     parallel = LAYOUTS[layout]
     losses = run_workers(dist_workers.train_step, parallel, tmp_path, "train.json", str(tiny_hf_dirs["qwen3"]),
@@ -37,12 +47,14 @@ GPU_LAYOUTS = [name for name, p in LAYOUTS.items() if p.model_parallel_size <= t
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("attention", ["local", "sdpa"])
 @pytest.mark.parametrize("layout", GPU_LAYOUTS)
-def test_bf16_logits_on_gpu(layout, tiny_hf_dirs, tmp_path):
-    """In bf16 Megatron's error against fp32 HF logits stays within twice HF's own bf16 error."""
+def test_bf16_logits_on_gpu(layout, attention, tiny_hf_dirs, tmp_path):
+    """In bf16 Megatron's error against fp32 HF logits stays within twice HF's own bf16 error, with either
+    layer spec that runs without Transformer Engine."""
     parallel = LAYOUTS[layout]
     results = run_workers(dist_workers.logit_parity, parallel, tmp_path, "parity.json", tiny_hf_dirs, parallel,
-                          None, torch.bfloat16)
+                          None, torch.bfloat16, attention)
     print(json.dumps(results, indent=1))
     assert set(results) == set(tiny_hf_dirs)
     for family, r in results.items():

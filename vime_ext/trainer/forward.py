@@ -59,27 +59,18 @@ def forward_logits(model, shape: ModelShape, input_ids: torch.Tensor) -> torch.T
 def vocab_parallel_log_probs(logits: torch.Tensor, targets: torch.Tensor, shape: ModelShape,
                              chunk_tokens: int = 4096) -> torch.Tensor:
     """log p(target) per position from this TP rank's vocab shard of ``[tokens, vocab/TP]`` logits, in fp32,
-    ``chunk_tokens`` rows at a time (fp32 [tokens x vocab/TP] never exists at once). Padding columns of the
-    vocabulary are excluded. Differentiable; without autograd it may overwrite ``logits`` (megatron's kernel works in place)."""
+    ``chunk_tokens`` rows at a time: fp32 [tokens x vocab/TP] never exists at once, in forward or backward
+    (see ``log_probs.py``). Padding columns of the vocabulary are excluded."""
     from megatron.core import parallel_state
-    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+
+    from vime_ext.trainer.log_probs import chunked_log_probs
 
     tp, rank = (parallel_state.get_tensor_model_parallel_world_size(),
                 parallel_state.get_tensor_model_parallel_rank())
     shard = padded_vocab_size(shape, tp) // tp
-    pad_from = shape.vocab_size - rank * shard  # first padding column of this shard, if any
-    out = []
-    for start in range(0, targets.numel(), chunk_tokens):
-        chunk = logits[start:start + chunk_tokens].float()
-        if chunk.requires_grad and chunk.dtype == logits.dtype:
-            # The kernel works in place and saves its result for backward: a view into ``logits`` would be
-            # overwritten by the next chunk's or row's call.
-            chunk = chunk.clone()
-        if pad_from < shard:  # out of place: ``logits`` may be part of the autograd graph
-            columns = torch.arange(shard, device=chunk.device) >= max(pad_from, 0)
-            chunk = chunk.masked_fill(columns, float("-inf"))
-        out.append(-vocab_parallel_cross_entropy(chunk, targets[start:start + chunk_tokens]))
-    return torch.cat(out)
+    valid = min(shard, shape.vocab_size - rank * shard)
+    group = parallel_state.get_tensor_model_parallel_group() if tp > 1 else None
+    return chunked_log_probs(logits, targets, rank * shard, valid, chunk_tokens, group)
 
 
 @torch.no_grad()

@@ -16,13 +16,31 @@ def transformer_engine_available() -> bool:
     return torch.cuda.is_available() and importlib.util.find_spec("transformer_engine") is not None
 
 
-def layer_spec(shape: ModelShape, use_te: bool):
-    """Transformer Engine layers, or megatron-core's local layers."""
+ATTENTION_KINDS = ("te", "sdpa", "local")
+
+
+def default_attention() -> str:
+    """Transformer Engine layers when TE imports on CUDA, SDPA attention on CUDA without TE, megatron-core's
+    local layers on the CPU (where the parity tests pin them)."""
+    if transformer_engine_available():
+        return "te"
+    return "sdpa" if torch.cuda.is_available() else "local"
+
+
+def layer_spec(shape: ModelShape, attention: str):
+    """The layer spec for ``attention``: "te", "sdpa" (local spec, SDPA core attention) or "local"."""
     from megatron.core.models.gpt import gpt_layer_specs
 
-    if use_te:
+    if attention == "te":
         return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=shape.qk_layernorm)
-    return gpt_layer_specs.get_gpt_layer_local_spec(qk_layernorm=shape.qk_layernorm, normalization="RMSNorm")
+    if attention not in ATTENTION_KINDS:
+        raise ValueError(f"attention {attention!r} is not one of {ATTENTION_KINDS}")
+    spec = gpt_layer_specs.get_gpt_layer_local_spec(qk_layernorm=shape.qk_layernorm, normalization="RMSNorm")
+    if attention == "sdpa":
+        from vime_ext.trainer.sdpa_attention import SDPAAttention
+
+        spec.submodules.self_attention.submodules.core_attention = SDPAAttention
+    return spec
 
 
 def build_gpt_model(
@@ -31,25 +49,24 @@ def build_gpt_model(
     dtype: torch.dtype = torch.float32,
     init_weights: bool = True,
     recompute: str | None = None,
-    use_te: bool | None = None,
+    attention: str | None = None,
 ):
     """The model chunk of this rank; ``megatron.core.parallel_state`` must already be initialised.
 
-    ``use_te=None`` picks Transformer Engine layers when TE imports and CUDA is present.
+    ``attention=None`` picks ``default_attention()``.
     """
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
 
     cpu_shim.install()
-    if use_te is None:
-        use_te = transformer_engine_available()
-    if parallel.sequence_parallel and not use_te:
+    attention = attention or default_attention()
+    if parallel.sequence_parallel and attention != "te":
         raise ValueError("sequence_parallel needs Transformer Engine layers: megatron-core's local layer spec "
                          "normalises with torch norms, which do not support it")
     config = transformer_config(shape, parallel, dtype=dtype, recompute=recompute, init_weights=init_weights)
     model = GPTModel(
         config=config,
-        transformer_layer_spec=layer_spec(shape, use_te),
+        transformer_layer_spec=layer_spec(shape, attention),
         vocab_size=padded_vocab_size(shape, parallel.tensor_model_parallel_size),
         max_sequence_length=shape.max_position_embeddings,
         pre_process=parallel_state.is_pipeline_first_stage(),
