@@ -98,8 +98,9 @@ def build(impl: str, shape: ModelShape, config: dict):
     from vime_ext.trainer.model_config import ParallelConfig
     from vime_ext.trainer.model_provider import build_gpt_model
 
-    attention, recompute = MEGATRON_IMPLS[impl]
-    model = build_gpt_model(shape, ParallelConfig(), dtype=torch.bfloat16, recompute=recompute, attention=attention)
+    attention, recompute, layers = MEGATRON_IMPLS[impl]
+    model = build_gpt_model(shape, ParallelConfig(), dtype=torch.bfloat16, recompute=recompute, attention=attention,
+                            recompute_num_layers=layers)
 
     def loss_fn(ids, labels):  # the trainer's loss path: vocab-parallel chunked log-probs of the targets
         pos = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0).expand_as(ids)
@@ -112,9 +113,10 @@ def build(impl: str, shape: ModelShape, config: dict):
     return model, loss_fn, log_probs_fn
 
 
-# impl -> (attention, recompute) for the Megatron model; "hf" is the transformers peer.
-MEGATRON_IMPLS = {"megatron-local": ("local", "full"), "megatron-local-norecompute": ("local", None),
-                  "megatron-sdpa": ("sdpa", None), "megatron-sdpa-full": ("sdpa", "full")}
+# impl -> (attention, recompute, recomputed layers) for the Megatron model; "hf" is the transformers peer.
+MEGATRON_IMPLS = {"megatron-local": ("local", "full", None), "megatron-local-norecompute": ("local", None, None),
+                  "megatron-sdpa": ("sdpa", None, None), "megatron-sdpa-full": ("sdpa", "full", None),
+                  **{f"megatron-sdpa-block{n}": ("sdpa", "full", n) for n in (6, 12, 18)}}
 
 # Profiler kernel names -> where the time went (by name pattern, first match wins).
 KERNEL_CATEGORIES = [

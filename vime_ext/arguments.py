@@ -73,6 +73,8 @@ class TrainerConfig:
     pipeline_model_parallel_size: int = 1
     sequence_parallel: bool = False
     recompute_granularity: Literal["full", "selective"] | None = None
+    recompute_num_layers: int | None = _help("with --recompute-granularity full: recompute only this many "
+                                             "layers per stage (megatron's block method)")
     bf16: bool = field(default=False, metadata={"help": "bf16 weights and activations (fp32 master weights in "
                                                         "the optimizer); default fp32"})
     global_batch_size: int | None = _help("samples per optimizer step (default: one step per rollout)")

@@ -56,7 +56,8 @@ class TrainActor:
         parallel = config.trainer.parallel
         init_distributed(parallel, seed=config.data.seed)
         self.dtype = torch.bfloat16 if config.trainer.bf16 else torch.float32
-        self.model = self._build(build_gpt_model, parallel, recompute=config.trainer.recompute_granularity)
+        self.model = self._build(build_gpt_model, parallel, recompute=config.trainer.recompute_granularity,
+                                 recompute_num_layers=config.trainer.recompute_num_layers)
         hf = HFCheckpointReader(config.checkpoint.hf_checkpoint)
         load_hf_weights(self.model, self.shape, hf.get, progress=rank == 0)
         self.ref_model = None
@@ -78,8 +79,9 @@ class TrainActor:
                                           a.tis_cap, config.rollout.rollout_temperature or 1.0)
         self.ps = parallel_state
 
-    def _build(self, build_gpt_model, parallel, recompute=None):
-        model = build_gpt_model(self.shape, parallel, dtype=self.dtype, init_weights=False, recompute=recompute)
+    def _build(self, build_gpt_model, parallel, recompute=None, recompute_num_layers=None):
+        model = build_gpt_model(self.shape, parallel, dtype=self.dtype, init_weights=False, recompute=recompute,
+                                recompute_num_layers=recompute_num_layers)
         # Losses are normalised by the driver over the whole step; megatron must not average them again.
         model.config.calculate_per_token_loss = True
         model.config.variable_seq_lengths = parallel.pipeline_model_parallel_size > 1

@@ -112,8 +112,12 @@ def transformer_config(
     dtype: torch.dtype = torch.float32,
     recompute: Optional[str] = None,
     init_weights: bool = True,
+    recompute_num_layers: Optional[int] = None,
 ):
-    """The megatron-core ``TransformerConfig`` for this shape; dropout off (RL fine-tuning does not use it)."""
+    """The megatron-core ``TransformerConfig`` for this shape; dropout off (RL fine-tuning does not use it).
+
+    ``recompute="full"`` recomputes every layer, or with ``recompute_num_layers=N`` the first N layers of each
+    pipeline stage (megatron's "block" method: memory for speed in between)."""
     from megatron.core.transformer import TransformerConfig
 
     if shape.num_layers % parallel.pipeline_model_parallel_size:
@@ -161,8 +165,8 @@ def transformer_config(
         use_cpu_initialization=on_cpu,
         perform_initialization=init_weights,
         recompute_granularity=recompute,
-        recompute_method="uniform" if recompute == "full" else None,
-        recompute_num_layers=1 if recompute == "full" else None,
+        recompute_method=("block" if recompute_num_layers else "uniform") if recompute == "full" else None,
+        recompute_num_layers=(recompute_num_layers or 1) if recompute == "full" else None,
     )
 
 

@@ -50,6 +50,7 @@ def build_gpt_model(
     init_weights: bool = True,
     recompute: str | None = None,
     attention: str | None = None,
+    recompute_num_layers: int | None = None,
 ):
     """The model chunk of this rank; ``megatron.core.parallel_state`` must already be initialised.
 
@@ -63,7 +64,8 @@ def build_gpt_model(
     if parallel.sequence_parallel and attention != "te":
         raise ValueError("sequence_parallel needs Transformer Engine layers: megatron-core's local layer spec "
                          "normalises with torch norms, which do not support it")
-    config = transformer_config(shape, parallel, dtype=dtype, recompute=recompute, init_weights=init_weights)
+    config = transformer_config(shape, parallel, dtype=dtype, recompute=recompute, init_weights=init_weights,
+                                recompute_num_layers=recompute_num_layers)
     model = GPTModel(
         config=config,
         transformer_layer_spec=layer_spec(shape, attention),
