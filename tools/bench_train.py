@@ -116,7 +116,7 @@ def build(impl: str, shape: ModelShape, config: dict):
 # impl -> (attention, recompute, recomputed layers) for the Megatron model; "hf" is the transformers peer.
 MEGATRON_IMPLS = {"megatron-local": ("local", "full", None), "megatron-local-norecompute": ("local", None, None),
                   "megatron-sdpa": ("sdpa", None, None), "megatron-sdpa-full": ("sdpa", "full", None),
-                  **{f"megatron-sdpa-block{n}": ("sdpa", "full", n) for n in (6, 12, 18)}}
+                  **{f"megatron-sdpa-block{n}": ("sdpa", "full", n) for n in (6, 12, 18, 24, 30)}}
 
 # Profiler kernel names -> where the time went (by name pattern, first match wins).
 KERNEL_CATEGORIES = [
