@@ -274,3 +274,39 @@ def rl_step(out_dir: str, flags: list[str]) -> None:
     if "steps" in result:
         Path(out_dir, f"steps_dp{layout['dp_rank']}.json").write_text(json.dumps(result["steps"]))
     actor.shutdown()
+
+
+def attention_kernels_agree(out_dir: str) -> None:
+    """SDPAAttention vs megatron-core's DotProductAttention on the same q/k/v (GQA): causal without a mask,
+    and with an explicit per-sequence mask (causal + key padding, as a padded batch needs)."""
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+    from megatron.core.transformer.enums import AttnMaskType
+
+    from vime_ext.trainer.model_config import transformer_config
+    from vime_ext.trainer.parallel import destroy_distributed, init_distributed
+    from vime_ext.trainer.sdpa_attention import SDPAAttention
+
+    parallel = ParallelConfig()
+    init_distributed(parallel)
+    shape = ModelShape("qwen3", 1, 64, 96, 4, 2, 16, 100, 64, 10000.0, 1e-6, False, False, True)
+    config = transformer_config(shape, parallel)
+    g = torch.Generator().manual_seed(0)
+    s, b = 9, 2
+    q = torch.randn(s, b, 4, 16, generator=g)
+    k, v = torch.randn(s, b, 2, 16, generator=g), torch.randn(s, b, 2, 16, generator=g)
+    results = {}
+    for name, mask_type in (("causal", AttnMaskType.causal), ("padding_mask", AttnMaskType.padding)):
+        ours = SDPAAttention(config, 1, mask_type, "self").eval()
+        ref = DotProductAttention(config, 1, mask_type, "self").eval()
+        mask = None
+        if name == "padding_mask":  # row 1's last 3 keys are padding; True = not allowed (megatron's convention)
+            mask = torch.ones(s, s).triu(1).bool().expand(b, 1, s, s).clone()
+            mask[1, :, :, s - 3:] = True
+            mask[1, :, s - 3:, :] = False  # padded queries may look anywhere (their outputs are ignored)
+            mask[1, :, s - 3:, s - 3:] = True
+            mask[1, :, s - 3:, 0] = False
+        with torch.no_grad():
+            a, r = ours(q, k, v, mask, mask_type), ref(q, k, v, mask, mask_type)
+        results[name] = {"max_abs_diff": (a - r).abs().max().item(), "shape": list(a.shape)}
+    Path(out_dir, "attention.json").write_text(json.dumps(results))
+    destroy_distributed()

@@ -130,14 +130,15 @@ def test_resume_reproduces_the_next_step(tiny_model, tmp_path):
 
 @pytest.mark.slow
 def test_reward_rises_on_a_toy_task(smollm2_dir, tmp_path):
-    """SmolLM2-135M learns to answer "no" first: mean reward of the last two rollouts clearly above the first
-    two (fixed seeds)."""
+    """SmolLM2-135M learns to answer "no" first over 10 GRPO steps: mean reward of the last three rollouts
+    clearly above the first three (fixed seeds). SmolLM2 rather than a tiny random model: a random model's
+    first token is one of 49,152 nearly equally likely ids, so no group ever samples the rewarded word."""
     data = write_jsonl(tmp_path / "yesno.jsonl", "one_word", 32)
     out = tmp_path / "tb"
     train(["--hf-checkpoint", str(smollm2_dir), "--prompt-data", str(data), "--no-ray", "--engine-backend", "hf",
            "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--rollout-max-response-len", "3",
-           "--num-rollout", "6", "--lr", "1e-5", "--micro-batch-size", "8",
+           "--num-rollout", "10", "--lr", "1e-5", "--micro-batch-size", "8",
            "--custom-rm-path", "vime_ext.rollout.rewards.first_word_match", "--rollout-shuffle",
            "--rollout-seed", "1", "--tensorboard-dir", str(out)], tmp_path / "run.log")
-    rewards = [metrics(out)[i]["rollout/reward_mean"] for i in range(6)]
-    assert sum(rewards[-2:]) / 2 >= sum(rewards[:2]) / 2 + 0.25, rewards
+    rewards = [metrics(out)[i]["rollout/reward_mean"] for i in range(10)]
+    assert sum(rewards[-3:]) / 3 >= sum(rewards[:3]) / 3 + 0.25, rewards
