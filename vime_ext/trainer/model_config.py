@@ -149,7 +149,9 @@ def transformer_config(
         qk_layernorm=shape.qk_layernorm,
         hidden_dropout=0.0,
         attention_dropout=0.0,
-        bias_activation_fusion=False,
+        # On CUDA, megatron's SwiGLU autograd function: one kernel each way, and only its input kept for
+        # backward. Off on the CPU, where its TorchScript fuser buys nothing.
+        bias_activation_fusion=not on_cpu,
         bias_dropout_fusion=False,
         apply_rope_fusion=False,
         masked_softmax_fusion=False,
