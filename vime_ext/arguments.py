@@ -269,6 +269,14 @@ def _check(config: TrainConfig) -> None:
         problems.append("--no-ray runs one trainer rank; set --actor-num-gpus-per-node 1 --actor-num-nodes 1")
     if cl.router_policy not in ROUTER_POLICIES:
         problems.append(f"--router-policy {cl.router_policy!r} is not one of {ROUTER_POLICIES}")
+    if t.recompute_num_layers is not None and t.recompute_granularity != "full":
+        problems.append("--recompute-num-layers needs --recompute-granularity full")
+    if t.sequence_parallel:
+        from vime_ext.trainer.model_provider import default_attention
+
+        if default_attention() != "te":
+            problems.append("--sequence-parallel needs Transformer Engine layers (TE on CUDA), which this machine "
+                            "does not have")
     if t.use_dynamic_batch_size != (t.max_tokens_per_gpu is not None):
         problems.append("--use-dynamic-batch-size and --max-tokens-per-gpu go together")
     if config.samples_per_rollout % config.global_batch_size:

@@ -53,6 +53,9 @@ def test_typed_sections_and_vllm_pass_through(base):
     (["--sequence-parallel"], "sequence_parallel needs tensor_model_parallel_size > 1"),
     (["--engine-backend", "hf", "--vllm-enforce-eager"], "--engine-backend is hf"),
     (["--num-layers", "5"], "--num-layers 5 but"),
+    (["--recompute-num-layers", "2"], "needs --recompute-granularity full"),
+    (["--actor-num-gpus-per-node", "2", "--tensor-model-parallel-size", "2", "--sequence-parallel"],
+     "needs Transformer Engine"),
 ])
 def test_contradictions_fail_fast(base, flags, message):
     with pytest.raises(ConfigError, match=message.replace("+", r"\+")):
