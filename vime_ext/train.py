@@ -134,10 +134,11 @@ class Trainer:
             self.cluster.manager("wake_up")
             times["wake_up"] = time.perf_counter() - tick
         times["weight_sync"] = self.push_weights(rollout_id + 1)
+        metrics_extra = {"rollout/engine_restarts": float(self.cluster.manager("restart_count"))}
         reported = [results[i] for i in self.reporters]
         times["log_probs"] = max(r["log_prob_time"] for r in results)
         times["train"] = max(r["train_time"] for r in results)
-        metrics = rollout_metrics(samples, "rollout")
+        metrics = {**rollout_metrics(samples, "rollout"), **metrics_extra}
         response_tokens = sum(s.response_length for s in samples)
         train_tokens = sum(r["tokens"] for r in reported)
         mismatch = [r["mismatch"] for r in reported]

@@ -142,3 +142,42 @@ def test_reward_rises_on_a_toy_task(smollm2_dir, tmp_path):
            "--rollout-seed", "1", "--tensorboard-dir", str(out)], tmp_path / "run.log")
     rewards = [metrics(out)[i]["rollout/reward_mean"] for i in range(10)]
     assert sum(rewards[-3:]) / 3 >= sum(rewards[:3]) / 3 + 0.25, rewards
+
+
+def test_training_survives_a_crashed_engine(tiny_model, tmp_path):
+    """One of two engines is killed after the first rollout: the rollout in flight fails over to the other
+    engine, the dead one is restarted before the next weight push (so it serves the trainer's weights), and
+    training finishes every rollout."""
+    import psutil
+
+    data = write_jsonl(tmp_path / "arith.jsonl", "arithmetic", 8)
+    out = tmp_path / "tb"
+    process = train(common_flags(tiny_model, data) + [
+        "--no-ray", "--engine-backend", "hf", "--rollout-num-gpus", "2", "--num-rollout", "4",
+        "--tensorboard-dir", str(out)], tmp_path / "run.log", wait=False)
+    deadline = time.time() + 600
+    log = out / "metrics.jsonl"
+    while not (log.is_file() and "train/loss" in log.read_text()) and process.poll() is None \
+            and time.time() < deadline:
+        time.sleep(0.2)
+    def is_engine(p) -> bool:
+        try:
+            return "vime_ext.rollout.hf_engine" in " ".join(p.cmdline())
+        except psutil.Error:  # short-lived helper processes come and go
+            return False
+
+    engines = [p for p in psutil.Process(process.pid).children(recursive=True) if is_engine(p)]
+    assert len(engines) == 2
+    engines[0].kill()
+    try:
+        process.wait(timeout=600)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 0, (tmp_path / "run.log").read_text()[-4000:]
+    rows = metrics(out)
+    assert sorted(rows) == [0, 1, 2, 3]
+    assert rows[3]["rollout/engine_restarts"] >= 1
+    # After the restart and push, every engine serves the trainer's weights again.
+    assert rows[3]["rollout/weight_version"] == 3
+    assert rows[3]["train/logprob_abs_diff_max"] < 1e-3

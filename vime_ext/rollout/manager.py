@@ -16,6 +16,7 @@ from vime_ext.rollout.engines import EngineConfig, ServerProcess, launch_engine,
 from vime_ext.rollout.plugins import load_function
 from vime_ext.rollout.sample import Sample
 from vime_ext.rollout.weight_sync import SharedMemoryWeightSync, WeightSyncError
+from vime_ext.trainer.launch import free_port
 
 
 class RolloutManager:
@@ -34,17 +35,21 @@ class RolloutManager:
             extra += ["--tensor-parallel-size", str(cl.rollout_num_gpus_per_engine)]
             if cl.colocate:
                 extra += ["--enable-sleep-mode"]
+        # Fixed ports: a crashed engine is restarted at the same address, which the router already knows.
+        self.engine_configs: list[EngineConfig] = []
+        for i in range(cl.num_engines):
+            env = {}
+            if gpu_ids:
+                per = cl.rollout_num_gpus_per_engine
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpu_ids[i * per:(i + 1) * per]))
+            self.engine_configs.append(EngineConfig(
+                model, backend=cl.engine_backend, host=cl.engine_host, port=free_port(), dtype=cl.engine_dtype,
+                max_model_len=cl.engine_max_model_len, extra_args=extra, env=env, log_dir=log_dir))
         self.engines: list[ServerProcess] = []
         self.router: ServerProcess | None = None
+        self.restarts = 0
         try:
-            for i in range(cl.num_engines):
-                env = {}
-                if gpu_ids:
-                    per = cl.rollout_num_gpus_per_engine
-                    env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpu_ids[i * per:(i + 1) * per]))
-                self.engines.append(launch_engine(EngineConfig(
-                    model, backend=cl.engine_backend, host=cl.engine_host, dtype=cl.engine_dtype,
-                    max_model_len=cl.engine_max_model_len, extra_args=extra, env=env, log_dir=log_dir)))
+            self.engines = [launch_engine(c) for c in self.engine_configs]
             wait_until_serving(self.engines, timeout_s=900)
             self.router = launch_router([e.url for e in self.engines], policy=cl.router_policy, log_dir=log_dir)
             wait_until_serving([self.router], timeout_s=120)
@@ -87,12 +92,31 @@ class RolloutManager:
 
     # ---- weights and memory, around a training step -----------------------------------------------------
 
+    def restart_dead_engines(self) -> int:
+        """Relaunch engines whose process has exited (same address, so the router and the weight sync find
+        them again) and wait until they serve. They start from the HF weights: call this before a weight push,
+        which brings them to the trainer's. Returns how many were restarted."""
+        dead = [i for i, e in enumerate(self.engines) if not e.alive()]
+        for i in dead:
+            print(f"engine {self.engines[i].url} exited (code {self.engines[i].process.returncode}); restarting. "
+                  f"Its log: {self.engines[i].log_path}")
+            self.engines[i] = launch_engine(self.engine_configs[i])
+        if dead:
+            wait_until_serving([self.engines[i] for i in dead], timeout_s=900)
+            self.sync.init([self.engines[i].url for i in dead])
+            self.restarts += len(dead)
+        return len(dead)
+
     def begin_weight_update(self) -> None:
+        self.restart_dead_engines()
         self.sync.begin()
 
     def finish_weight_update(self, version: int) -> None:
         self.sync.finish(version)
         self.weight_version = version
+
+    def restart_count(self) -> int:
+        return self.restarts
 
     def engine_versions(self) -> dict[str, str | None]:
         return self.sync.versions()

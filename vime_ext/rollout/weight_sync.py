@@ -50,8 +50,9 @@ class SharedMemoryWeightSync:
         if response.status_code >= 400:
             raise WeightSyncError(f"{url}{route}: HTTP {response.status_code} {response.text[:500]}")
 
-    def init(self) -> None:
-        for url in self.engine_urls:
+    def init(self, urls: list[str] | None = None) -> None:
+        """Set up the transfer engine on every engine (or on ``urls``, e.g. restarted ones)."""
+        for url in urls or self.engine_urls:
             self._post(url, "/init_weight_transfer_engine", json={"init_info": {}})
 
     def begin(self) -> None:
