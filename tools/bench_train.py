@@ -94,7 +94,7 @@ def build(impl: str, shape: ModelShape, config: dict):
             return torch.cat([torch.log_softmax(logits[:, i:i + 4096].float(), -1).gather(
                 -1, targets[:, i:i + 4096].unsqueeze(-1)).squeeze(-1) for i in range(0, targets.shape[1], 4096)], 1)
         return model, loss_fn, log_probs_fn
-    from vime_ext.trainer.forward import forward_log_probs, vocab_parallel_log_probs
+    from vime_ext.trainer.forward import forward_log_probs, position_ids, vocab_parallel_log_probs
     from vime_ext.trainer.model_config import ParallelConfig
     from vime_ext.trainer.model_provider import build_gpt_model
 
@@ -103,8 +103,7 @@ def build(impl: str, shape: ModelShape, config: dict):
                             recompute_num_layers=layers)
 
     def loss_fn(ids, labels):  # the trainer's loss path: vocab-parallel chunked log-probs of the targets
-        pos = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0).expand_as(ids)
-        logits = model(input_ids=ids, position_ids=pos, attention_mask=None)
+        logits = model(input_ids=ids, position_ids=position_ids(ids), attention_mask=None)
         return -torch.cat([vocab_parallel_log_probs(logits[row], labels[row], shape)
                            for row in range(ids.shape[0])]).mean()
 

@@ -6,16 +6,14 @@ prompt data with a reward function, through a real engine.
 """
 
 import argparse
-import asyncio
 import json
 
 import numpy as np
 
 from vime_ext.data.prompt_dataset import read_jsonl
-from vime_ext.rollout.client import RolloutClient
 from vime_ext.rollout.config import RolloutConfig
 from vime_ext.rollout.engines import EngineConfig, launch_engine, wait_until_serving
-from vime_ext.rollout.plugins import load_function
+from vime_ext.rollout.rollout import rollout_metrics, run_rollout
 
 
 def evaluate(hf_dir: str, prompt_data: str, reward_path: str = "vime_ext.rollout.rewards.boxed_exact_match",
@@ -23,27 +21,16 @@ def evaluate(hf_dir: str, prompt_data: str, reward_path: str = "vime_ext.rollout
              engine_args: list[str] | None = None, log_dir: str | None = None) -> dict[str, float]:
     from transformers import AutoTokenizer
 
-    from vime_ext.train import rollout_metrics
-
     records = read_jsonl(prompt_data)
     config = RolloutConfig(rollout_batch_size=len(records), n_samples_per_prompt=n_samples,
                            rollout_max_response_len=max_response_len, rollout_temperature=temperature,
                            custom_rm_path=reward_path)
-    engine = launch_engine(EngineConfig(hf_dir, backend=backend, dtype="float32" if backend == "hf" else "auto",
-                                        extra_args=list(engine_args or []), log_dir=log_dir))
+    engine = launch_engine(EngineConfig(hf_dir, backend=backend, extra_args=list(engine_args or []),
+                                        log_dir=log_dir))
     try:
         wait_until_serving([engine], timeout_s=900)
-        rollout = load_function(config.rollout_function_path, "--rollout-function-path")
-        tokenizer = AutoTokenizer.from_pretrained(hf_dir)
-
-        async def run():
-            client = RolloutClient(engine.url)
-            try:
-                return await rollout(config, client, tokenizer, [r.as_rollout_input() for r in records])
-            finally:
-                await client.close()
-
-        groups = asyncio.run(run())
+        groups = run_rollout(config, engine.url, AutoTokenizer.from_pretrained(hf_dir),
+                             [r.as_rollout_input() for r in records])
     finally:
         engine.stop()
     samples = [s for g in groups for s in g]

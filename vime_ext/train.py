@@ -13,26 +13,17 @@ from dataclasses import asdict
 import numpy as np
 from tqdm import tqdm
 
-from vime_ext.algorithms.train_data import TRAINABLE, TrainSequence, compute_advantages, scalar_reward
+from vime_ext.algorithms.train_data import TrainSequence, compute_advantages
 from vime_ext.arguments import TrainConfig, parse_train_args
 from vime_ext.cluster import Cluster
 from vime_ext.data.prompt_dataset import PromptDataset, read_jsonl
 from vime_ext.rollout.plugins import load_function
-from vime_ext.rollout.sample import Sample, Status
+from vime_ext.rollout.rollout import rollout_metrics
+from vime_ext.rollout.sample import Sample
 from vime_ext.trainer.batching import split_data_parallel
 from vime_ext.trainer.checkpoint import has_checkpoint
 
 WEIGHT_BUCKET_BYTES = 512 * 2**20
-
-
-def rollout_metrics(samples: list[Sample], prefix: str) -> dict[str, float]:
-    rewards = np.array([scalar_reward(s) for s in samples], dtype=np.float64)
-    lengths = np.array([s.response_length for s in samples], dtype=np.float64)
-    return {f"{prefix}/reward_mean": float(rewards.mean()), f"{prefix}/reward_std": float(rewards.std()),
-            f"{prefix}/response_length": float(lengths.mean()),
-            f"{prefix}/truncated": float(np.mean([s.status == Status.TRUNCATED for s in samples])),
-            f"{prefix}/failed": float(np.mean([s.status not in TRAINABLE for s in samples])),
-            f"{prefix}/weight_version": float(min(s.weight_version or 0 for s in samples))}
 
 
 def plan_steps(config: TrainConfig, samples: list[Sample], sequences: list[TrainSequence],
@@ -134,26 +125,27 @@ class Trainer:
             self.cluster.manager("wake_up")
             times["wake_up"] = time.perf_counter() - tick
         times["weight_sync"] = self.push_weights(rollout_id + 1)
-        metrics_extra = {"rollout/engine_restarts": float(self.cluster.manager("restart_count"))}
         reported = [results[i] for i in self.reporters]
         times["log_probs"] = max(r["log_prob_time"] for r in results)
         times["train"] = max(r["train_time"] for r in results)
-        metrics = {**rollout_metrics(samples, "rollout"), **metrics_extra}
+        metrics = rollout_metrics(samples, "rollout")
         response_tokens = sum(s.response_length for s in samples)
         train_tokens = sum(r["tokens"] for r in reported)
         mismatch = [r["mismatch"] for r in reported]
         count = sum(m[2] for m in mismatch)
         metrics.update({
             "rollout/advantage_abs_mean": float(advantages.abs().mean()),
+            "rollout/engine_restarts": float(self.cluster.manager("restart_count")),
             "rollout/tokens_per_s": response_tokens / max(times["rollout"], 1e-9),
             "train/tokens_per_s": train_tokens / max(times["train"], 1e-9),
             "train/logprob_abs_diff_mean": sum(m[0] for m in mismatch) / max(count, 1.0),
             "train/logprob_abs_diff_max": max(m[1] for m in mismatch),
         })
         for key in reported[0]["steps"][0]:
-            values = [sum(r["steps"][i].get(key, 0.0) for r in reported) for i in range(len(totals))]
-            if key in ("grad_norm", "lr", "skipped"):
-                values = [reported[0]["steps"][i][key] for i in range(len(totals))]
+            if key in ("grad_norm", "lr", "skipped"):  # the same on every rank
+                values = [step[key] for step in reported[0]["steps"]]
+            else:  # weighted sums over each rank's share of the step
+                values = [sum(r["steps"][i].get(key, 0.0) for r in reported) for i in range(len(totals))]
             metrics[f"train/{key}"] = float(np.mean(values))
         if config.checkpoint.save and (
                 (config.checkpoint.save_interval and (rollout_id + 1) % config.checkpoint.save_interval == 0)

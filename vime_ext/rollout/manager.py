@@ -4,18 +4,14 @@ The driver owns one ``RolloutManager`` (a Ray actor, or a plain object with ``--
 subprocesses of the manager's host; on GPUs each gets its own ``CUDA_VISIBLE_DEVICES`` slice.
 """
 
-import asyncio
 import os
 from dataclasses import replace
 
-import httpx
-
 from vime_ext.arguments import TrainConfig
-from vime_ext.rollout.client import RolloutClient
 from vime_ext.rollout.engines import EngineConfig, ServerProcess, launch_engine, launch_router, wait_until_serving
-from vime_ext.rollout.plugins import load_function
+from vime_ext.rollout.rollout import run_rollout
 from vime_ext.rollout.sample import Sample
-from vime_ext.rollout.weight_sync import SharedMemoryWeightSync, WeightSyncError
+from vime_ext.rollout.weight_sync import SharedMemoryWeightSync
 from vime_ext.trainer.launch import free_port
 
 
@@ -71,19 +67,9 @@ class RolloutManager:
             config = replace(config, n_samples_per_prompt=e.n_samples_per_eval_prompt,
                              rollout_max_response_len=e.eval_max_response_len or config.rollout_max_response_len,
                              rollout_temperature=e.eval_temperature)
-        rollout = load_function(config.rollout_function_path, "--rollout-function-path")
         self._check_engines()
-
-        async def run():
-            client = RolloutClient(self.router.url, max_concurrency=256,
-                                   timeout_s=max(300.0, config.rollout_max_response_len / 5.0))
-            try:
-                return await rollout(config, client, self.tokenizer, prompts, weight_version=self.weight_version,
-                                     rollout_id=rollout_id)
-            finally:
-                await client.close()
-
-        return asyncio.run(run())
+        return run_rollout(config, self.router.url, self.tokenizer, prompts, weight_version=self.weight_version,
+                           rollout_id=rollout_id)
 
     def _check_engines(self) -> None:
         dead = [e for e in self.engines if not e.alive()]
@@ -123,9 +109,7 @@ class RolloutManager:
 
     def _post_all(self, route: str, **params) -> None:
         for url in self.engine_urls():
-            response = httpx.post(url + route, params=params, timeout=600.0)
-            if response.status_code >= 400:
-                raise WeightSyncError(f"{url}{route}: HTTP {response.status_code} {response.text[:300]}")
+            self.sync.post(url, route, params=params)
 
     def sleep(self) -> None:
         """Colocated mode: engines give their accelerator memory back while the actors train."""

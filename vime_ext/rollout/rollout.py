@@ -7,8 +7,10 @@ import asyncio
 import inspect
 from dataclasses import replace
 
+import numpy as np
 from tqdm import tqdm
 
+from vime_ext.algorithms.train_data import TRAINABLE, scalar_reward
 from vime_ext.rollout.client import RolloutClient
 from vime_ext.rollout.config import RolloutConfig
 from vime_ext.rollout.plugins import load_function
@@ -47,3 +49,29 @@ async def generate_rollout(config: RolloutConfig, client: RolloutClient, tokeniz
     finally:
         progress.close()
     return groups
+
+
+def run_rollout(config: RolloutConfig, url: str, tokenizer, prompts: list[dict], **kwargs) -> list[list[Sample]]:
+    """Run ``--rollout-function-path`` against the engine or router at ``url`` to completion (a fresh client
+    and event loop per call); ``kwargs`` go to the rollout function."""
+    rollout = load_function(config.rollout_function_path, "--rollout-function-path")
+
+    async def run():
+        client = RolloutClient(url, max_concurrency=256, timeout_s=max(300.0, config.rollout_max_response_len / 5.0))
+        try:
+            return await rollout(config, client, tokenizer, prompts, **kwargs)
+        finally:
+            await client.close()
+
+    return asyncio.run(run())
+
+
+def rollout_metrics(samples: list[Sample], prefix: str) -> dict[str, float]:
+    """Reward, length and outcome statistics of a rollout, named ``<prefix>/...``."""
+    rewards = np.array([scalar_reward(s) for s in samples], dtype=np.float64)
+    lengths = np.array([s.response_length for s in samples], dtype=np.float64)
+    return {f"{prefix}/reward_mean": float(rewards.mean()), f"{prefix}/reward_std": float(rewards.std()),
+            f"{prefix}/response_length": float(lengths.mean()),
+            f"{prefix}/truncated": float(np.mean([s.status == Status.TRUNCATED for s in samples])),
+            f"{prefix}/failed": float(np.mean([s.status not in TRAINABLE for s in samples])),
+            f"{prefix}/weight_version": float(min(s.weight_version or 0 for s in samples))}

@@ -45,7 +45,8 @@ class SharedMemoryWeightSync:
         self.shm_dir = shm_dir or ("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir())
         self._http = httpx.Client(timeout=timeout_s)
 
-    def _post(self, url: str, route: str, **kwargs) -> None:
+    def post(self, url: str, route: str, **kwargs) -> None:
+        """POST to one engine; an error answer raises ``WeightSyncError`` with the engine's reason."""
         response = self._http.post(url + route, **kwargs)
         if response.status_code >= 400:
             raise WeightSyncError(f"{url}{route}: HTTP {response.status_code} {response.text[:500]}")
@@ -53,13 +54,13 @@ class SharedMemoryWeightSync:
     def init(self, urls: list[str] | None = None) -> None:
         """Set up the transfer engine on every engine (or on ``urls``, e.g. restarted ones)."""
         for url in urls or self.engine_urls:
-            self._post(url, "/init_weight_transfer_engine", json={"init_info": {}})
+            self.post(url, "/init_weight_transfer_engine", json={"init_info": {}})
 
     def begin(self) -> None:
         """Pause every engine (in-flight requests are aborted and retried later) and open an update."""
         for url in self.engine_urls:
-            self._post(url, "/pause", params={"mode": "abort"})
-            self._post(url, "/start_weight_update")
+            self.post(url, "/pause", params={"mode": "abort"})
+            self.post(url, "/start_weight_update")
 
     def send(self, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Send tensors to every engine in buckets; returns how many were sent. Several senders (one per
@@ -70,7 +71,7 @@ class SharedMemoryWeightSync:
             save_file(bucket, path)
             try:
                 for url in self.engine_urls:
-                    self._post(url, "/update_weights", json={"update_info": {"path": path, "names": list(bucket)}})
+                    self.post(url, "/update_weights", json={"update_info": {"path": path, "names": list(bucket)}})
             finally:
                 os.unlink(path)
             sent += len(bucket)
@@ -79,8 +80,8 @@ class SharedMemoryWeightSync:
     def finish(self, version: int) -> None:
         """Close the update (the engines record ``version``) and resume serving."""
         for url in self.engine_urls:
-            self._post(url, "/finish_weight_update", json={"weight_version": str(version)})
-            self._post(url, "/resume")
+            self.post(url, "/finish_weight_update", json={"weight_version": str(version)})
+            self.post(url, "/resume")
 
     def push(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> int:
         """``begin``, ``send`` and ``finish`` for a single sender; returns the number of tensors sent."""

@@ -15,7 +15,7 @@ import torch
 from vime_ext.algorithms.train_data import TrainSequence
 from vime_ext.arguments import TrainConfig
 from vime_ext.trainer.batching import MicroBatch, micro_batches
-from vime_ext.trainer.forward import forward_log_probs
+from vime_ext.trainer.forward import forward_log_probs, position_ids
 from vime_ext.trainer.rl_loss import LossSettings, micro_batch_loss
 
 
@@ -109,9 +109,7 @@ class TrainActor:
 
     def _forward_step(self, data_iterator, model, totals: tuple[float, float], collected: list):
         batch: MicroBatch = next(data_iterator)
-        tokens = batch.tokens
-        positions = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0).expand_as(tokens)
-        logits = model(input_ids=tokens, position_ids=positions, attention_mask=None)
+        logits = model(input_ids=batch.tokens, position_ids=position_ids(batch.tokens), attention_mask=None)
 
         def loss_func(output):
             loss, stats = micro_batch_loss(output, batch, self.shape, self.loss_settings, *totals,

@@ -1,17 +1,42 @@
 """Forward passes through the (possibly pipelined) Megatron model via megatron-core's schedules."""
 
 from functools import partial
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
 from vime_ext.trainer.model_config import ModelShape, padded_vocab_size
 
 
+def position_ids(input_ids: torch.Tensor) -> torch.Tensor:
+    """0 .. seq-1 for every row: sequences start at column 0 and are right-padded."""
+    return torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0).expand_as(input_ids)
+
+
+class VocabShard(NamedTuple):
+    """This TP rank's slice of the (padded) vocabulary: ``columns`` logits starting at token id ``start``, of
+    which the first ``valid`` are real tokens; ``group`` is the TP group (None without TP)."""
+
+    start: int
+    columns: int
+    valid: int
+    group: object
+
+
+def vocab_shard(shape: ModelShape) -> VocabShard:
+    from megatron.core import parallel_state
+
+    tp, rank = (parallel_state.get_tensor_model_parallel_world_size(),
+                parallel_state.get_tensor_model_parallel_rank())
+    columns = padded_vocab_size(shape, tp) // tp
+    valid = max(min(columns, shape.vocab_size - rank * columns), 0)
+    group = parallel_state.get_tensor_model_parallel_group() if tp > 1 else None
+    return VocabShard(rank * columns, columns, valid, group)
+
+
 def _forward_step(batch_iter, model, on_output: Callable[[torch.Tensor], None]):
     input_ids = next(batch_iter)
-    position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0).expand_as(input_ids)
-    output = model(input_ids=input_ids, position_ids=position_ids, attention_mask=None)
+    output = model(input_ids=input_ids, position_ids=position_ids(input_ids), attention_mask=None)
 
     def consume(output_tensor):
         on_output(output_tensor)
@@ -61,16 +86,10 @@ def vocab_parallel_log_probs(logits: torch.Tensor, targets: torch.Tensor, shape:
     """log p(target) per position from this TP rank's vocab shard of ``[tokens, vocab/TP]`` logits, in fp32,
     ``chunk_tokens`` rows at a time: fp32 [tokens x vocab/TP] never exists at once, in forward or backward
     (see ``log_probs.py``). Padding columns of the vocabulary are excluded."""
-    from megatron.core import parallel_state
-
     from vime_ext.trainer.log_probs import chunked_log_probs
 
-    tp, rank = (parallel_state.get_tensor_model_parallel_world_size(),
-                parallel_state.get_tensor_model_parallel_rank())
-    shard = padded_vocab_size(shape, tp) // tp
-    valid = min(shard, shape.vocab_size - rank * shard)
-    group = parallel_state.get_tensor_model_parallel_group() if tp > 1 else None
-    return chunked_log_probs(logits, targets, rank * shard, valid, chunk_tokens, group)
+    shard = vocab_shard(shape)
+    return chunked_log_probs(logits, targets, shard.start, shard.valid, chunk_tokens, shard.group)
 
 
 @torch.no_grad()

@@ -12,8 +12,8 @@ import torch
 
 from vime_ext.algorithms.losses import clipped_policy_loss, kl_penalty, token_weights, truncated_importance_weights
 from vime_ext.trainer.batching import MicroBatch
-from vime_ext.trainer.forward import vocab_parallel_log_probs
-from vime_ext.trainer.model_config import ModelShape, padded_vocab_size
+from vime_ext.trainer.forward import vocab_parallel_log_probs, vocab_shard
+from vime_ext.trainer.model_config import ModelShape
 
 
 @dataclass(frozen=True)
@@ -32,20 +32,16 @@ class LossSettings:
 
 def vocab_parallel_entropy(logits: torch.Tensor, shape: ModelShape) -> torch.Tensor:
     """Entropy per row of ``[tokens, vocab/TP]`` sharded logits (padding columns excluded), differentiable."""
-    from megatron.core import parallel_state
     from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
 
-    tp, rank = (parallel_state.get_tensor_model_parallel_world_size(),
-                parallel_state.get_tensor_model_parallel_rank())
-    shard = padded_vocab_size(shape, tp) // tp
+    shard = vocab_shard(shape)
     logits = logits.float()
-    pad_from = shape.vocab_size - rank * shard
-    if pad_from < shard:
-        logits = logits.masked_fill(torch.arange(shard, device=logits.device) >= max(pad_from, 0), float("-inf"))
+    if shard.valid < shard.columns:
+        logits = logits.masked_fill(torch.arange(shard.columns, device=logits.device) >= shard.valid,
+                                    float("-inf"))
     row_max = logits.detach().max(dim=-1, keepdim=True).values
-    if tp > 1:
-        torch.distributed.all_reduce(row_max, op=torch.distributed.ReduceOp.MAX,
-                                     group=parallel_state.get_tensor_model_parallel_group())
+    if shard.group is not None:
+        torch.distributed.all_reduce(row_max, op=torch.distributed.ReduceOp.MAX, group=shard.group)
     shifted = logits - row_max
     exp = shifted.exp()
     total = reduce_from_tensor_model_parallel_region(exp.sum(dim=-1))
