@@ -235,7 +235,8 @@ def log_prob_paths_agree(out_dir: str, hf_dir: str, parallel: ParallelConfig) ->
 
 
 def rl_sequences(vocab: int, count: int = 8, seed: int = 0):
-    """Random training sequences (fixed seed): varied lengths, partial loss masks, advantages of both signs."""
+    """Random training sequences (fixed seed): varied lengths, partial loss masks, advantages of both signs,
+    rewards 0 and 1 (for PPO)."""
     from vime_ext.algorithms.train_data import TrainSequence
 
     g = torch.Generator().manual_seed(seed)
@@ -245,7 +246,8 @@ def rl_sequences(vocab: int, count: int = 8, seed: int = 0):
         prompt = int(torch.randint(2, 4, (1,), generator=g))
         tokens = torch.randint(0, vocab, (n,), generator=g).tolist()
         mask = [0] * (prompt - 1) + [1] * (n - prompt)
-        sequences.append(TrainSequence(tokens, mask, [-5.0] * (n - 1), float(torch.randn(1, generator=g)), i))
+        sequences.append(TrainSequence(tokens, mask, [-5.0] * (n - 1), float(torch.randn(1, generator=g)), i,
+                                       reward=float(i % 3 == 0)))
     return sequences
 
 
@@ -269,6 +271,14 @@ def rl_step(out_dir: str, flags: list[str]) -> None:
     per_rank, totals = plan_steps(config, samples, sequences, layout["dp_size"])
     result = actor.train_rollout(per_rank[layout["dp_rank"]], totals)
     weights = {name: tensor.float().cpu() for name, tensor in iter_hf_weights(actor.model, config.shape)}
+    if actor.critic is not None:  # the critic's trunk under "critic." names, its value head as "critic.value_head"
+        from vime_ext.trainer.model_provider import unwrap
+
+        critic = actor.critic.model
+        weights.update({f"critic.{name}": tensor.float().cpu() for name, tensor in
+                        iter_hf_weights(critic, config.shape) if name != "lm_head.weight"})
+        if layout["last_stage"]:
+            weights["critic.value_head"] = unwrap(critic).output_layer.weight.detach().float().cpu()
     if layout["tp_rank"] == 0 and layout["dp_rank"] == 0:
         torch.save(weights, Path(out_dir, f"weights_pp{layout['pp_rank']}.pt"))
     if "steps" in result:

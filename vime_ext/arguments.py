@@ -38,6 +38,9 @@ class CheckpointConfig:
     load: str | None = _help("resume from this save directory (or iter_* directory) when it holds a checkpoint")
     save: str | None = _help("save directory for torch_dist checkpoints")
     save_interval: int | None = _help("save every N rollouts (and after the last)")
+    critic_load: str | None = _help("with --advantage-estimator ppo: start the critic from this checkpoint (a "
+                                    "PPO run's save directory or iter_* directory); default: --hf-checkpoint's "
+                                    "weights and a zero value head")
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,19 @@ class AlgorithmConfig:
     use_tis: bool = field(default=False, metadata={"help": "truncated importance sampling for the trainer/engine "
                                                            "log-prob mismatch"})
     tis_cap: float = 2.0
+    normalize_advantages: bool = field(default=False, metadata={
+        "help": "whiten advantages over each rollout's trained tokens (all data-parallel ranks)"})
+    # PPO only (--advantage-estimator ppo): a critic with the policy's architecture and a value head.
+    gamma: float = field(default=1.0, metadata={"help": "PPO: discount per generated token"})
+    lambd: float = field(default=1.0, metadata={"help": "PPO: GAE lambda"})
+    value_clip: float | None = field(default=0.2, metadata={
+        "help": "PPO: keep the critic's new values within this distance of its old ones in the value loss"})
+    kl_coef: float = field(default=0.0, metadata={
+        "help": "PPO: subtract kl_coef x (log p - log p_ref) from each generated token's reward"})
+    num_critic_only_steps: int = field(default=0, metadata={
+        "help": "PPO: train only the critic for the first N rollouts (the policy waits for useful values)"})
+
+    PPO_ONLY = ("gamma", "lambd", "value_clip", "kl_coef", "num_critic_only_steps")
 
 
 @dataclass(frozen=True)
@@ -117,6 +133,8 @@ class OptimizerConfig:
     adam_beta2: float = 0.98
     adam_eps: float = 1e-8
     clip_grad: float = 1.0
+    critic_lr: float | None = _help("PPO: the critic's learning rate (default --lr); its other settings are the "
+                                    "actor's")
 
 
 @dataclass(frozen=True)
@@ -253,9 +271,21 @@ def _check(config: TrainConfig) -> None:
     c, cl, t, a, o, e = (config.checkpoint, config.cluster, config.trainer, config.algorithm, config.optimizer,
                          config.eval)
     problems = []
-    if a.advantage_estimator == "ppo":
-        problems.append("--advantage-estimator ppo needs a critic model, which vime_ext does not have yet; "
-                        "use grpo")
+    if a.advantage_estimator != "ppo":
+        defaults = AlgorithmConfig()
+        problems += [f"{flag_name(k)} is a PPO setting; it needs --advantage-estimator ppo"
+                     for k in AlgorithmConfig.PPO_ONLY if getattr(a, k) != getattr(defaults, k)]
+        problems += [f"{flag_name(k)} is a PPO setting; it needs --advantage-estimator ppo"
+                     for k, v in (("critic_load", c.critic_load), ("critic_lr", o.critic_lr)) if v is not None]
+    if a.kl_coef < 0:
+        problems.append(f"--kl-coef {a.kl_coef} must be >= 0")
+    if a.value_clip is not None and a.value_clip <= 0:
+        problems.append(f"--value-clip {a.value_clip} must be > 0")
+    if not (0.0 <= a.gamma <= 1.0 and 0.0 <= a.lambd <= 1.0):
+        problems.append(f"--gamma {a.gamma} and --lambd {a.lambd} must lie in [0, 1]")
+    if a.num_critic_only_steps >= config.data.num_rollout and a.advantage_estimator == "ppo":
+        problems.append(f"--num-critic-only-steps {a.num_critic_only_steps} leaves no rollout that trains the "
+                        f"policy (--num-rollout {config.data.num_rollout})")
     if cl.colocate and cl.rollout_num_gpus is not None:
         problems.append("--colocate puts the engines on the actors' GPUs; drop --rollout-num-gpus")
     rollout_gpus = cl.actor_world_size if cl.colocate else (cl.rollout_num_gpus or 1)
@@ -307,7 +337,7 @@ def _check(config: TrainConfig) -> None:
         problems.append(f"--min-lr {o.min_lr} is above --lr {o.lr}")
     if config.data.num_rollout < 1:
         problems.append("--num-rollout must be at least 1")
-    for name in ("hf_checkpoint", "ref_load"):
+    for name in ("hf_checkpoint", "ref_load", "critic_load"):
         path = getattr(c, name)
         if path and not os.path.exists(path):
             problems.append(f"{flag_name(name)} {path}: no such path")

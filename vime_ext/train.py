@@ -1,4 +1,5 @@
-"""GRPO training: rollout -> reward -> advantages -> Megatron update -> weight sync, repeated.
+"""RL training (GRPO, or PPO with a critic): rollout -> reward -> advantages -> Megatron update -> weight sync,
+repeated.
 
     python -m vime_ext.train --hf-checkpoint DIR --prompt-data FILE.jsonl [flags as in slime]   (or ``train.py``)
 
@@ -11,6 +12,7 @@ import time
 from dataclasses import asdict
 
 import numpy as np
+import torch
 from tqdm import tqdm
 
 from vime_ext.algorithms.train_data import TrainSequence, compute_advantages
@@ -24,6 +26,8 @@ from vime_ext.trainer.batching import split_data_parallel
 from vime_ext.trainer.checkpoint import has_checkpoint
 
 WEIGHT_BUCKET_BYTES = 512 * 2**20
+# Optimizer figures: the same on every rank, so not summed over data-parallel shares.
+_PER_STEP = ("grad_norm", "lr", "skipped", "critic_grad_norm", "critic_lr", "critic_skipped")
 
 
 def plan_steps(config: TrainConfig, samples: list[Sample], sequences: list[TrainSequence],
@@ -111,15 +115,19 @@ class Trainer:
         groups = self.cluster.manager("generate", prompts, rollout_id)
         samples = [s for g in groups for s in g]
         times["rollout"] = time.perf_counter() - start
-        advantages = compute_advantages(samples, config.rollout.n_samples_per_prompt,
-                                        not config.algorithm.disable_grpo_std_normalization)
+        ppo = config.algorithm.advantage_estimator == "ppo"
+        # PPO's advantages come from the critic on the trainer ranks (GAE over each sequence's tokens).
+        advantages = torch.zeros(len(samples)) if ppo else compute_advantages(
+            samples, config.rollout.n_samples_per_prompt, not config.algorithm.disable_grpo_std_normalization)
         sequences = self.convert(samples, advantages)
         per_rank, totals = plan_steps(config, samples, sequences, self.dp_size)
         if config.cluster.colocate:
             tick = time.perf_counter()
             self.cluster.manager("sleep")
             times["sleep"] = time.perf_counter() - tick
-        results = self.cluster.actors("train_rollout", [(per_rank[r], totals) for r in self.dp_rank])
+        update_policy = rollout_id >= config.algorithm.num_critic_only_steps
+        results = self.cluster.actors("train_rollout", [(per_rank[r], totals, update_policy)
+                                                        for r in self.dp_rank])
         if config.cluster.colocate:
             tick = time.perf_counter()
             self.cluster.manager("wake_up")
@@ -133,8 +141,9 @@ class Trainer:
         train_tokens = sum(r["tokens"] for r in reported)
         mismatch = [r["mismatch"] for r in reported]
         count = sum(m[2] for m in mismatch)
+        if not ppo:
+            metrics["rollout/advantage_abs_mean"] = float(advantages.abs().mean())
         metrics.update({
-            "rollout/advantage_abs_mean": float(advantages.abs().mean()),
             "rollout/engine_restarts": float(self.cluster.manager("restart_count")),
             "rollout/tokens_per_s": response_tokens / max(times["rollout"], 1e-9),
             "train/tokens_per_s": train_tokens / max(times["train"], 1e-9),
@@ -142,7 +151,7 @@ class Trainer:
             "train/logprob_abs_diff_max": max(m[1] for m in mismatch),
         })
         for key in reported[0]["steps"][0]:
-            if key in ("grad_norm", "lr", "skipped"):  # the same on every rank
+            if key in _PER_STEP:
                 values = [step[key] for step in reported[0]["steps"]]
             else:  # weighted sums over each rank's share of the step
                 values = [sum(r["steps"][i].get(key, 0.0) for r in reported) for i in range(len(totals))]

@@ -5,10 +5,11 @@ import math
 import pytest
 import torch
 
-from vime_ext.algorithms.advantages import grpo_advantages
+from vime_ext.algorithms.advantages import gae_advantages, grpo_advantages, terminal_rewards, whiten
 from vime_ext.algorithms.losses import (
     aggregate,
     clipped_policy_loss,
+    clipped_value_loss,
     entropy_from_logits,
     kl_penalty,
     truncated_importance_weights,
@@ -66,3 +67,47 @@ def test_truncated_is_and_entropy():
     assert torch.allclose(w, torch.tensor([1.5, 1.0]))  # ratio 2 capped at 1.5; equal -> 1
     uniform = entropy_from_logits(torch.zeros(1, 4))
     assert torch.allclose(uniform, torch.tensor([math.log(4)]))
+
+
+def test_gae_by_hand():
+    # Prompt token, 3 generated tokens, padding; reward 1 on the last generated token; gamma 0.9, lambda 0.5.
+    mask = torch.tensor([[0, 1, 1, 1, 0]])
+    values = torch.tensor([[9.0, 0.5, 0.6, 0.8, 9.0]])
+    rewards = terminal_rewards(torch.tensor([1.0]), mask)
+    assert rewards.tolist() == [[0.0, 0.0, 0.0, 1.0, 0.0]]
+    adv, ret = gae_advantages(rewards, values, mask, gamma=0.9, lam=0.5)
+    # t=3: 1 - 0.8 = 0.2; t=2: 0.9*0.8 - 0.6 + 0.45*0.2 = 0.21; t=1: 0.9*0.6 - 0.5 + 0.45*0.21 = 0.1345
+    assert torch.allclose(adv, torch.tensor([[0.0, 0.1345, 0.21, 0.2, 0.0]]), atol=1e-6)
+    assert torch.allclose(ret, torch.tensor([[0.0, 0.6345, 0.81, 1.0, 0.0]]), atol=1e-6)
+
+
+def test_gae_skips_unmasked_gaps_and_empty_rows():
+    # A tool result (mask 0) between two generated tokens is not a step: token 0 bootstraps from token 2's
+    # value. With gamma = lambda = 1 every return is the final reward.
+    mask = torch.tensor([[1, 0, 1], [0, 0, 0]])
+    values = torch.tensor([[0.5, 7.0, 0.25], [1.0, 1.0, 1.0]])
+    rewards = terminal_rewards(torch.tensor([1.0, 3.0]), mask)
+    assert rewards.tolist() == [[0.0, 0.0, 1.0], [0.0, 0.0, 0.0]]  # a row with no generated token gets nothing
+    adv, ret = gae_advantages(rewards, values, mask, gamma=1.0, lam=1.0)
+    assert torch.allclose(adv, torch.tensor([[0.5, 0.0, 0.75], [0.0, 0.0, 0.0]]))
+    assert torch.allclose(ret, torch.tensor([[1.0, 0.0, 1.0], [0.0, 0.0, 0.0]]))
+    with pytest.raises(ValueError, match="equal"):
+        gae_advantages(rewards, values[:, :2], mask, 1.0, 1.0)
+
+
+def test_whiten_uses_batch_wide_moments():
+    values, mask = torch.tensor([[1.0, 2.0, 3.0, 100.0]]), torch.tensor([[1, 1, 1, 0]])
+    std = math.sqrt(14 / 3 - 4)
+    assert torch.allclose(whiten(values, mask, (3.0, 6.0, 14.0)), torch.tensor([[-1 / std, 0.0, 1 / std, 0.0]]))
+    # Moments of a larger batch (as summed over micro-batches and ranks) decide the mean and scale.
+    assert torch.allclose(whiten(values, mask, (6.0, 12.0, 28.0)), whiten(values, mask, (3.0, 6.0, 14.0)))
+
+
+def test_clipped_value_loss():
+    values, old, returns = torch.tensor([1.0, 0.0, 0.6]), torch.tensor([0.5, 0.5, 0.5]), torch.tensor([2.0, 0.0, 2.0])
+    loss, clipped = clipped_value_loss(values, old, returns, value_clip=0.2)
+    # row 0: v_clip = 0.7 -> max(1, 1.69) / 2; row 1: v_clip = 0.3 -> max(0, 0.09) / 2; row 2: inside the range
+    assert torch.allclose(loss, torch.tensor([0.845, 0.045, 0.98]))
+    assert clipped.tolist() == [1.0, 1.0, 0.0]
+    unclipped, none = clipped_value_loss(values, old, returns, value_clip=None)
+    assert torch.allclose(unclipped, torch.tensor([0.5, 0.0, 0.98])) and none.sum() == 0

@@ -1,5 +1,6 @@
 """The RL step is the same computation in every layout: two optimizer steps on the same sequences at TP=1,
-TP=2, PP=2, DP=2 and with token-budget micro-batches give the same gradient norms, losses and weights.
+TP=2, PP=2, DP=2 and with token-budget micro-batches give the same gradient norms, losses and weights; with
+PPO also the same value losses, advantages and critic weights.
 
 This checks what only shows across ranks: loss weights normalised over the whole step (micro-batches and
 data-parallel shares add up), data-parallel gradient sums, the global gradient norm counting TP-replicated
@@ -25,40 +26,59 @@ LAYOUTS = {"tp1": [], "tp2": ["--actor-num-gpus-per-node", "2", "--tensor-model-
            "dynamic": ["--use-dynamic-batch-size", "--max-tokens-per-gpu", "30"]}
 
 
-def run_layout(family_dir: Path, data: Path, out: Path, layout: str) -> tuple[list, dict]:
+PPO = ["--advantage-estimator", "ppo", "--gamma", "0.9", "--lambd", "0.8", "--value-clip", "0.05",
+       "--kl-coef", "0.05", "--normalize-advantages", "--critic-lr", "0.5", "--num-rollout", "2"]
+PPO_KEYS = ("value_loss", "value_clip_fraction", "values", "returns", "advantage_abs")
+
+
+def run_layout(family_dir: Path, data: Path, out: Path, layout: str, extra: tuple[str, ...] = ()) -> tuple[list, dict]:
     flags = ["--hf-checkpoint", str(family_dir), "--prompt-data", str(data), "--rollout-batch-size", "4",
              "--n-samples-per-prompt", "2", "--global-batch-size", "4", "--micro-batch-size", "2",
              "--lr", "1.0", "--adam-eps", "1.0", "--clip-grad", "0.5", "--use-kl-loss", "--kl-loss-coef", "0.1",
-             "--entropy-coef", "0.01", "--loss-aggregation", "seq_mean_token_mean", *LAYOUTS[layout]]
+             "--entropy-coef", "0.01", "--loss-aggregation", "seq_mean_token_mean", *LAYOUTS[layout], *extra]
     out.mkdir()
     world = 2 if "--actor-num-gpus-per-node" in LAYOUTS[layout] else 1
     require_ranks(world)
     run_on_ranks(dist_workers.rl_step, world, str(out), flags, isolate=True)
     steps = [json.loads(p.read_text()) for p in sorted(out.glob("steps_dp*.json"))]
-    summed = [{k: sum(s[i][k] for s in steps) for k in ("loss", "pg_loss", "entropy", "kl")}
-              | {"grad_norm": steps[0][i]["grad_norm"]} for i in range(len(steps[0]))]
+    summed_keys = ("loss", "pg_loss", "entropy", "kl") + (PPO_KEYS if extra else ())
+    summed = [{k: sum(s[i][k] for s in steps) for k in summed_keys}
+              | {k: steps[0][i][k] for k in ("grad_norm", "critic_grad_norm") if k in steps[0][i]}
+              for i in range(len(steps[0]))]
     weights = {}
     for part in out.glob("weights_pp*.pt"):
         weights.update(torch.load(part))
     return summed, weights
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3"])
-def test_layouts_agree(family, tiny_hf_dirs, tmp_path):
+@pytest.mark.parametrize("family, algorithm", [("llama", "grpo"), ("qwen3", "grpo"), ("llama", "ppo")])
+def test_layouts_agree(family, algorithm, tiny_hf_dirs, tmp_path):
     data = tmp_path / "p.jsonl"
     data.write_text(json.dumps({"prompt": "x", "label": "y"}) + "\n")
-    ref_steps, ref_weights = run_layout(tiny_hf_dirs[family], data, tmp_path / "tp1", "tp1")
+    extra = tuple(PPO) if algorithm == "ppo" else ()
+    ref_steps, ref_weights = run_layout(tiny_hf_dirs[family], data, tmp_path / "tp1", "tp1", extra)
     assert len(ref_steps) == 2 and ref_steps[0]["grad_norm"] > 0.5  # clipping is exercised
     reader = HFCheckpointReader(tiny_hf_dirs[family])
-    ref_update = {k: ref_weights[k] - reader.get(k).float() for k in ref_weights}
+
+    def initial(name: str) -> torch.Tensor:
+        if name == "critic.value_head":
+            return torch.zeros_like(ref_weights[name])  # the value head starts at zero
+        return reader.get(name.removeprefix("critic.")).float()
+
+    ref_update = {k: ref_weights[k] - initial(k) for k in ref_weights}
     scale = max(u.abs().max().item() for u in ref_update.values())
     assert scale > 1e-4  # the steps moved the weights
+    if algorithm == "ppo":
+        assert ref_steps[1]["critic_grad_norm"] > 0 and ref_steps[1]["value_loss"] > 0
+        # Step 1 moved the zero value head; step 2's gradient reached the critic's trunk too.
+        assert ref_update["critic.value_head"].abs().max() > 1e-3
+        assert ref_update["critic.model.norm.weight"].abs().max() > 1e-4
     for layout in ("tp2", "pp2", "dp2", "dynamic"):
-        steps, weights = run_layout(tiny_hf_dirs[family], data, tmp_path / layout, layout)
+        steps, weights = run_layout(tiny_hf_dirs[family], data, tmp_path / layout, layout, extra)
         for ours, ref in zip(steps, ref_steps):
             for key in ref:
                 assert ours[key] == pytest.approx(ref[key], rel=1e-4, abs=1e-6), (layout, key)
         assert sorted(weights) == sorted(ref_weights)
         # Relative to the largest update: every layout moved every weight the same way.
-        worst = max(((weights[k] - reader.get(k).float()) - ref_update[k]).abs().max().item() for k in ref_weights)
+        worst = max(((weights[k] - initial(k)) - ref_update[k]).abs().max().item() for k in ref_weights)
         assert worst < 1e-3 * scale, (layout, worst, scale)

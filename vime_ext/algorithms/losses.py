@@ -72,3 +72,17 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     """Entropy of the softmax over the last dim, per position."""
     log_p = torch.log_softmax(logits.float(), dim=-1)
     return -(log_p.exp() * log_p).sum(dim=-1)
+
+
+def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
+                       value_clip: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's value loss per token, ``0.5 * max((v - R)^2, (v_clip - R)^2)`` with ``v_clip`` kept within
+    ``value_clip`` of the value before this rollout's updates (no clipping when ``value_clip`` is None).
+    Returns (loss per token, 1.0 where the clipped branch was larger)."""
+    values, old_values, returns = values.float(), old_values.float(), returns.float()
+    unclipped = (values - returns).square()
+    if value_clip is None:
+        return 0.5 * unclipped, torch.zeros_like(unclipped)
+    clipped_values = old_values + (values - old_values).clamp(-value_clip, value_clip)
+    clipped = (clipped_values - returns).square()
+    return 0.5 * torch.maximum(unclipped, clipped), (clipped > unclipped).float()

@@ -2,7 +2,8 @@
 
 A sequence's ``loss_mask`` and ``rollout_log_probs`` are aligned with its targets ``tokens[1:]`` (position t
 scores token t+1), so prompt tokens carry mask 0. A Sample trains as its main sequence plus one sequence per
-``Turn``; all of them share the trajectory's advantage. Failed or aborted samples train on nothing, but their
+``Turn``; all of them share the trajectory's advantage (GRPO) or reward (PPO: each sequence's last generated token
+gets it, and GAE runs within the sequence). Failed or aborted samples train on nothing, but their
 groups still count them with reward 0 (an engine error must not look like a good answer).
 """
 
@@ -23,6 +24,7 @@ class TrainSequence:
     rollout_log_probs: list[float]  # same alignment; 0.0 where the mask is 0
     advantage: float
     sample_index: int
+    reward: float | None = None  # the trajectory's scalar reward; PPO's GAE needs it
 
     def __post_init__(self):
         n = len(self.tokens) - 1
@@ -56,13 +58,13 @@ def compute_advantages(samples: list[Sample], group_size: int, normalize_std: bo
 
 
 def _response_sequence(tokens: list[int], loss_mask: list[int], log_probs: list[float], advantage: float,
-                       index: int) -> TrainSequence:
+                       index: int, reward: float) -> TrainSequence:
     prompt_length = len(tokens) - len(loss_mask)
     if prompt_length < 1:
         raise ValueError(f"sample {index}: {len(loss_mask)} response tokens but only {len(tokens)} tokens in all")
     pad = prompt_length - 1
     return TrainSequence(list(tokens), [0] * pad + list(loss_mask), [0.0] * pad + list(log_probs), advantage,
-                         index)
+                         index, reward)
 
 
 def samples_to_train_data(samples: list[Sample], advantages: torch.Tensor) -> list[TrainSequence]:
@@ -71,10 +73,11 @@ def samples_to_train_data(samples: list[Sample], advantages: torch.Tensor) -> li
     for sample, advantage in zip(samples, advantages.tolist()):
         if sample.status not in TRAINABLE:
             continue
+        reward = scalar_reward(sample)
         if sample.response_length:
             sequences.append(_response_sequence(sample.tokens, sample.loss_mask, sample.rollout_log_probs,
-                                                advantage, sample.index))
+                                                advantage, sample.index, reward))
         for turn in sample.turns:
             sequences.append(_response_sequence(turn.tokens, turn.loss_mask, turn.rollout_log_probs, advantage,
-                                                sample.index))
+                                                sample.index, reward))
     return sequences

@@ -1,4 +1,4 @@
-"""One trainer rank: a Megatron model shard, its reference copy, the optimizer, and the RL step.
+"""One trainer rank: a Megatron model shard, its reference copy, the optimizer, PPO's critic, and the RL step.
 
 The driver (``vime_ext/train.py``) runs one ``TrainActor`` per rank, as a Ray actor or (``--no-ray``) in its
 own process, and calls the same methods either way.
@@ -7,15 +7,15 @@ own process, and calls the same methods either way.
 import os
 import random
 import time
-from functools import partial
 
 import numpy as np
 import torch
 
+from vime_ext.algorithms.advantages import gae_advantages, terminal_rewards, whiten
 from vime_ext.algorithms.train_data import TrainSequence
 from vime_ext.arguments import TrainConfig
 from vime_ext.trainer.batching import MicroBatch, micro_batches
-from vime_ext.trainer.forward import forward_log_probs, position_ids
+from vime_ext.trainer.forward import forward_backward, forward_log_probs
 from vime_ext.trainer.rl_loss import LossSettings, micro_batch_loss
 
 
@@ -61,7 +61,7 @@ class TrainActor:
         hf = HFCheckpointReader(config.checkpoint.hf_checkpoint)
         load_hf_weights(self.model, self.shape, hf.get, progress=rank == 0)
         self.ref_model = None
-        if config.algorithm.use_kl_loss:
+        if config.algorithm.use_kl_loss or config.algorithm.kl_coef > 0:
             self.ref_model = self._build(build_gpt_model, parallel)
             if config.checkpoint.ref_load:
                 load_model_checkpoint(self.ref_model, config.checkpoint.ref_load)
@@ -74,6 +74,23 @@ class TrainActor:
         self.optimizer = ActorOptimizer(self.model, o.lr, o.weight_decay, (o.adam_beta1, o.adam_beta2), o.adam_eps,
                                         o.clip_grad, schedule)
         a = config.algorithm
+        self.critic = None
+        if a.advantage_estimator == "ppo":
+            from vime_ext.trainer.critic import Critic, attach_value_head, critic_checkpoint_dir
+
+            critic_model = self._build(build_gpt_model, parallel, recompute=config.trainer.recompute_granularity,
+                                       recompute_num_layers=config.trainer.recompute_num_layers)
+            load_hf_weights(critic_model, self.shape, hf.get)
+            attach_value_head(critic_model)
+            if config.checkpoint.critic_load:
+                load_model_checkpoint(critic_model, critic_checkpoint_dir(config.checkpoint.critic_load))
+            critic_lr = o.critic_lr if o.critic_lr is not None else o.lr
+            critic_schedule = LRSchedule(critic_lr, min(o.min_lr, critic_lr), o.lr_decay_style, o.lr_warmup_iters,
+                                         o.lr_decay_iters or total_steps)
+            self.critic = Critic(critic_model, ActorOptimizer(critic_model, critic_lr, o.weight_decay,
+                                                              (o.adam_beta1, o.adam_beta2), o.adam_eps,
+                                                              o.clip_grad, critic_schedule),
+                                 a.loss_aggregation, a.value_clip)
         self.loss_settings = LossSettings(a.eps_clip, a.eps_clip_high, a.use_kl_loss, a.kl_loss_coef,
                                           a.kl_loss_type, a.entropy_coef, a.loss_aggregation, a.use_tis,
                                           a.tis_cap, config.rollout.rollout_temperature or 1.0)
@@ -107,46 +124,71 @@ class TrainActor:
             if self.ref_model is not None:
                 batch.ref_log_probs = forward_log_probs(self.ref_model, self.shape, batch.tokens, chunk, temperature)
 
-    def _forward_step(self, data_iterator, model, totals: tuple[float, float], collected: list):
-        batch: MicroBatch = next(data_iterator)
-        logits = model(input_ids=batch.tokens, position_ids=position_ids(batch.tokens), attention_mask=None)
+    def _fill_advantages(self, batches: list[MicroBatch]) -> None:
+        """PPO: GAE advantages and returns from the critic's values and each row's terminal reward (minus
+        ``kl_coef`` x the per-token log-ratio to the reference); then, with ``--normalize-advantages``, whitening
+        over the whole rollout on every data-parallel rank. Last pipeline stage only (the losses live there)."""
+        a = self.config.algorithm
+        if self.critic is not None:
+            for batch in batches:
+                if torch.isnan(batch.rewards).any():
+                    raise ValueError("--advantage-estimator ppo needs each training sequence's reward; the "
+                                     "samples-to-train-data converter left TrainSequence.reward unset")
+                rewards = terminal_rewards(batch.rewards, batch.loss_mask)
+                if a.kl_coef:
+                    rewards = rewards - a.kl_coef * (batch.old_log_probs - batch.ref_log_probs) * batch.loss_mask
+                batch.advantages, batch.returns = gae_advantages(rewards, batch.old_values, batch.loss_mask,
+                                                                 a.gamma, a.lambd)
+        if a.normalize_advantages:
+            device = self._device()
+            moments = torch.zeros(3, dtype=torch.float64, device=device)
+            for batch in batches:
+                adv, mask = batch.advantages.double(), batch.loss_mask.double()
+                moments += torch.stack([mask.sum(), (adv * mask).sum(), (adv.square() * mask).sum()])
+            if self.ps.get_data_parallel_world_size() > 1:
+                torch.distributed.all_reduce(moments, group=self.ps.get_data_parallel_group())
+            for batch in batches:
+                batch.advantages = whiten(batch.advantages, batch.loss_mask, tuple(moments.tolist()))
 
-        def loss_func(output):
-            loss, stats = micro_batch_loss(output, batch, self.shape, self.loss_settings, *totals,
-                                           self.config.trainer.log_probs_chunk_size)
+    def _policy_step(self, batches: list[MicroBatch], total_tokens: float, total_sequences: float) -> dict:
+        collected: list[dict] = []
+
+        def loss_fn(logits: torch.Tensor, batch: MicroBatch):
+            loss, stats = micro_batch_loss(logits, batch, self.shape, self.loss_settings, total_tokens,
+                                           total_sequences, self.config.trainer.log_probs_chunk_size)
             collected.append(stats)
-            return loss, batch.loss_mask.sum().to(torch.int), {}
+            return loss, int(batch.loss_mask.sum())
 
-        return logits, loss_func
+        forward_backward(self.model, batches, loss_fn)
+        stats = {k: sum(float(c[k]) for c in collected) for k in (collected[0] if collected else {})}
+        return {**stats, **self.optimizer.step()}
 
-    def train_rollout(self, steps: list[list[TrainSequence]], totals: list[tuple[float, float]]) -> dict:
+    def train_rollout(self, steps: list[list[TrainSequence]], totals: list[tuple[float, float]],
+                      update_policy: bool = True) -> dict:
         """Train on one rollout: ``steps[i]`` is this rank's data-parallel share of optimizer step i, ``totals[i]``
-        that step's (loss tokens, sequences) over all ranks. Returns per-step weighted statistic sums (last
-        stage; the driver adds them over data-parallel ranks) and timings."""
-        from megatron.core.pipeline_parallel import get_forward_backward_func
-
+        that step's (loss tokens, sequences) over all ranks. With a critic (PPO) each step also updates it;
+        ``update_policy=False`` updates only the critic. Returns per-step weighted statistic sums (last stage;
+        the driver adds them over data-parallel ranks) and timings."""
         device = self._device()
         mbs = self.config.trainer.micro_batch_size
         max_tokens = self.config.trainer.max_tokens_per_gpu if self.config.trainer.use_dynamic_batch_size else None
         step_batches = [[b.to(device) for b in micro_batches(seqs, mbs, max_tokens)] for seqs in steps]
+        every_batch = [b for bs in step_batches for b in bs]
         start = time.perf_counter()
-        for batches in step_batches:
-            self._fill_log_probs(batches)
+        self._fill_log_probs(every_batch)
+        if self.critic is not None:
+            self.critic.fill_values(every_batch)
+        if self.ps.is_pipeline_last_stage():
+            self._fill_advantages(every_batch)
         log_prob_time = time.perf_counter() - start
         result = {"steps": [], "log_prob_time": log_prob_time, "mismatch": self._engine_mismatch(step_batches),
-                  "tokens": sum(b.num_tokens for bs in step_batches for b in bs)}
+                  "tokens": sum(b.num_tokens for b in every_batch)}
         start = time.perf_counter()
         for batches, step_totals in zip(step_batches, totals):
-            self.model.train()
-            collected: list[dict] = []
-            if batches:
-                get_forward_backward_func()(
-                    forward_step_func=partial(self._forward_step, totals=step_totals, collected=collected),
-                    data_iterator=iter(batches), model=[self.model], num_microbatches=len(batches),
-                    seq_length=max(b.tokens.shape[1] for b in batches),
-                    micro_batch_size=max(b.tokens.shape[0] for b in batches), forward_only=False)
-            stats = {k: sum(float(c[k]) for c in collected) for k in (collected[0] if collected else {})}
-            result["steps"].append({**stats, **self.optimizer.step()})
+            stats = self._policy_step(batches, *step_totals) if update_policy else {}
+            if self.critic is not None:
+                stats.update(self.critic.train_step(batches, *step_totals))
+            result["steps"].append(stats)
         result["train_time"] = time.perf_counter() - start
         return result if self.ps.is_pipeline_last_stage() and self.ps.get_tensor_model_parallel_rank() == 0 else {
             "log_prob_time": log_prob_time, "train_time": result["train_time"]}
@@ -186,9 +228,15 @@ class TrainActor:
 
     def save(self, save_dir: str, iteration: int, extra_state: dict) -> str:
         from vime_ext.trainer.checkpoint import save_model_checkpoint
+        from vime_ext.trainer.critic import CRITIC_DIR
 
         rank_state = {"optimizer": self.optimizer.state_dict(), "rng": _rng_state()}
-        return str(save_model_checkpoint(self.model, self.shape, save_dir, iteration, extra_state, rank_state))
+        inner = {}
+        if self.critic is not None:
+            rank_state["critic_optimizer"] = self.critic.optimizer.state_dict()
+            inner[CRITIC_DIR] = self.critic.model
+        return str(save_model_checkpoint(self.model, self.shape, save_dir, iteration, extra_state, rank_state,
+                                         inner))
 
     def load(self, path: str) -> dict:
         """Weights, optimizer and RNG from a checkpoint; returns what the driver stored with it."""
@@ -197,6 +245,14 @@ class TrainActor:
         load_model_checkpoint(self.model, path)
         state = load_rank_state(path)
         self.optimizer.load_state_dict(state["optimizer"])
+        if self.critic is not None:
+            from vime_ext.trainer.checkpoint import resolve_checkpoint_dir
+            from vime_ext.trainer.critic import critic_checkpoint_dir
+
+            load_model_checkpoint(self.critic.model, critic_checkpoint_dir(resolve_checkpoint_dir(path)))
+            if "critic_optimizer" not in state:
+                raise ValueError(f"{path}: no critic optimizer state in this checkpoint's rank files")
+            self.critic.optimizer.load_state_dict(state["critic_optimizer"])
         _set_rng_state(state["rng"])
         return checkpoint_common_state(path).get("vime_ext", {})
 

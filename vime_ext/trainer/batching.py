@@ -18,8 +18,11 @@ class MicroBatch:
     loss_mask: torch.Tensor  # [b, s-1] float, aligned with tokens[:, 1:]
     advantages: torch.Tensor  # [b, s-1]
     rollout_log_probs: torch.Tensor  # [b, s-1]
+    rewards: torch.Tensor  # [b] each row's scalar reward (NaN where the converter gave none)
     old_log_probs: torch.Tensor | None = None  # filled by a forward-only pass before training
     ref_log_probs: torch.Tensor | None = None
+    old_values: torch.Tensor | None = None  # PPO: the critic's values before this rollout's updates
+    returns: torch.Tensor | None = None  # PPO: GAE's value targets
 
     @property
     def num_tokens(self) -> int:
@@ -41,7 +44,8 @@ def collate(sequences: list[TrainSequence]) -> MicroBatch:
         mask[row, :n - 1] = torch.tensor(seq.loss_mask, dtype=torch.float32)
         advantages[row, :n - 1] = seq.advantage
         log_probs[row, :n - 1] = torch.tensor(seq.rollout_log_probs, dtype=torch.float32)
-    return MicroBatch(tokens, mask, advantages * mask, log_probs * mask)
+    rewards = torch.tensor([float("nan") if s.reward is None else s.reward for s in sequences])
+    return MicroBatch(tokens, mask, advantages * mask, log_probs * mask, rewards)
 
 
 def split_data_parallel(sequences: list[TrainSequence], dp_size: int) -> list[list[TrainSequence]]:

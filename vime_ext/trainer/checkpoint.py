@@ -42,28 +42,35 @@ def _barrier() -> None:
         dist.barrier()
 
 
+def _save_model(model, directory: Path, common: dict) -> None:
+    from megatron.core import dist_checkpointing
+
+    if _rank() == 0:
+        directory.mkdir(parents=True)
+    _barrier()
+    dist_checkpointing.save({"model": unwrap(model).sharded_state_dict(), **common}, str(directory))
+
+
 def save_model_checkpoint(model, shape: ModelShape, save_dir: str | Path, iteration: int,
-                          extra_state: dict | None = None, rank_state: dict | None = None) -> Path:
+                          extra_state: dict | None = None, rank_state: dict | None = None,
+                          inner_models: dict | None = None) -> Path:
     """Save ``model`` (every rank calls this) and return the final iteration directory.
 
     ``extra_state`` (rank 0's) is stored with the model; ``rank_state`` (each rank's own: optimizer, RNG) goes
-    to ``rank_state/<rank>.pt`` inside the same directory, so both land atomically with the weights.
+    to ``rank_state/<rank>.pt`` inside the same directory, so both land atomically with the weights; so does
+    each of ``inner_models`` (name -> model, e.g. PPO's critic), as its own torch_dist checkpoint in
+    ``<name>/`` whose ``vime_ext`` state holds ``{name: True}``.
     """
-    from megatron.core import dist_checkpointing
-
     final = iteration_dir(save_dir, iteration)
     partial = final.with_name(final.name + PARTIAL_SUFFIX)
     if _rank() == 0:
         shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir(parents=True)
     _barrier()
-    state = {
-        "model": unwrap(model).sharded_state_dict(),
-        "iteration": iteration,
-        "checkpoint_version": 3.0,
-        "vime_ext": {"model_shape": dataclasses.asdict(shape), **(extra_state or {})},
-    }
-    dist_checkpointing.save(state, str(partial))
+    common = {"iteration": iteration, "checkpoint_version": 3.0}
+    shape_state = {"model_shape": dataclasses.asdict(shape)}
+    _save_model(model, partial, {**common, "vime_ext": {**shape_state, **(extra_state or {})}})
+    for name, inner in (inner_models or {}).items():
+        _save_model(inner, partial / name, {**common, "vime_ext": {**shape_state, name: True}})
     if rank_state is not None:
         (partial / RANK_STATE_DIR).mkdir(exist_ok=True)
         torch.save(rank_state, partial / RANK_STATE_DIR / f"{_rank():05d}.pt")

@@ -45,8 +45,9 @@ def _forward_step(batch_iter, model, on_output: Callable[[torch.Tensor], None]):
     return output, consume
 
 
-def _run_forward(model, input_ids: torch.Tensor, on_output: Callable[[torch.Tensor], None]) -> None:
-    """One forward-only pass; ``on_output`` receives the vocab-sharded logits on the last stage."""
+def run_forward(model, input_ids: torch.Tensor, on_output: Callable[[torch.Tensor], None]) -> None:
+    """One forward-only pass; ``on_output`` receives the model's output (vocab-sharded logits, or a critic's
+    values) on the last stage."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     if torch.cuda.is_available():
@@ -63,6 +64,31 @@ def _run_forward(model, input_ids: torch.Tensor, on_output: Callable[[torch.Tens
     )
 
 
+def forward_backward(model, batches: list, loss_fn: Callable) -> None:
+    """Forward and backward over ``batches`` (micro-batches with ``tokens``) through megatron's pipeline
+    schedule, accumulating gradients. ``loss_fn(output, batch)`` runs on the last stage and returns
+    ``(loss, number of loss tokens)``."""
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    def step(data_iterator, model):
+        batch = next(data_iterator)
+        output = model(input_ids=batch.tokens, position_ids=position_ids(batch.tokens), attention_mask=None)
+
+        def loss_func(output_tensor):
+            loss, num_tokens = loss_fn(output_tensor, batch)
+            return loss, torch.as_tensor(num_tokens, dtype=torch.int, device=loss.device), {}
+
+        return output, loss_func
+
+    if not batches:
+        return
+    model.train()
+    get_forward_backward_func()(
+        forward_step_func=step, data_iterator=iter(batches), model=[model], num_microbatches=len(batches),
+        seq_length=max(b.tokens.shape[1] for b in batches), micro_batch_size=max(b.tokens.shape[0] for b in batches),
+        forward_only=False)
+
+
 @torch.no_grad()
 def forward_logits(model, shape: ModelShape, input_ids: torch.Tensor) -> torch.Tensor | None:
     """Logits ``[batch, seq, vocab]`` (padding columns removed) on the last pipeline stage, None elsewhere.
@@ -75,7 +101,7 @@ def forward_logits(model, shape: ModelShape, input_ids: torch.Tensor) -> torch.T
     from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
     collected: list[torch.Tensor] = []
-    _run_forward(model, input_ids, collected.append)
+    run_forward(model, input_ids, collected.append)
     if not parallel_state.is_pipeline_last_stage():
         return None
     return gather_from_tensor_model_parallel_region(collected[0])[..., : shape.vocab_size]
@@ -111,7 +137,7 @@ def forward_log_probs(model, shape: ModelShape, input_ids: torch.Tensor, chunk_t
         results.append(torch.stack([vocab_parallel_log_probs(logits[row, :-1], input_ids[row, 1:], shape,
                                                              chunk_tokens) for row in range(logits.shape[0])]))
 
-    _run_forward(model, input_ids, score)
+    run_forward(model, input_ids, score)
     if not parallel_state.is_pipeline_last_stage():
         return None
     return results[0]

@@ -1,4 +1,5 @@
-"""The policy loss of one micro-batch, computed on the last pipeline stage from vocab-sharded logits.
+"""The policy loss (from vocab-sharded logits) and the critic's value loss of one micro-batch, computed on the
+last pipeline stage.
 
 Each micro-batch contributes ``sum(per_token_loss * token_weights)``, with weights normalised over the whole
 optimizer step (every micro-batch on every data-parallel rank), so summing gradients over micro-batches and
@@ -10,7 +11,13 @@ from dataclasses import dataclass
 
 import torch
 
-from vime_ext.algorithms.losses import clipped_policy_loss, kl_penalty, token_weights, truncated_importance_weights
+from vime_ext.algorithms.losses import (
+    clipped_policy_loss,
+    clipped_value_loss,
+    kl_penalty,
+    token_weights,
+    truncated_importance_weights,
+)
 from vime_ext.trainer.batching import MicroBatch
 from vime_ext.trainer.forward import vocab_parallel_log_probs, vocab_shard
 from vime_ext.trainer.model_config import ModelShape
@@ -87,5 +94,20 @@ def micro_batch_loss(logits: torch.Tensor, batch: MicroBatch, shape: ModelShape,
         entropy=(entropy.detach() * weights).sum(),
         clip_fraction=(clipped * weights).sum(),
         ratio=(ratio * weights).sum(),
+        advantage_abs=(batch.advantages.abs() * weights).sum(),
     )
     return loss, stats
+
+
+def micro_batch_value_loss(values: torch.Tensor, batch: MicroBatch, aggregation: str, value_clip: float | None,
+                           total_tokens: float,
+                           total_sequences: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """``values``: ``[b, s]`` from the critic (position t values the state before token t+1); returns (loss,
+    weighted statistics) with the same step-wide weighting as the policy loss."""
+    mask = batch.loss_mask
+    weights = token_weights(mask, aggregation, total_tokens, total_sequences)
+    values = torch.where(mask > 0, values[:, :-1].float(), batch.old_values)  # padding stays finite
+    per_token, clipped = clipped_value_loss(values, batch.old_values, batch.returns, value_clip)
+    loss = (per_token * weights).sum()
+    return loss, {"value_loss": loss.detach(), "value_clip_fraction": (clipped * weights).sum(),
+                  "values": (values.detach() * weights).sum(), "returns": (batch.returns * weights).sum()}
