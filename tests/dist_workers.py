@@ -304,6 +304,7 @@ def attention_kernels_agree(out_dir: str) -> None:
     s, b = 9, 2
     q = torch.randn(s, b, 4, 16, generator=g)
     k, v = torch.randn(s, b, 2, 16, generator=g), torch.randn(s, b, 2, 16, generator=g)
+    q, k, v = (t.to(_device()) for t in (q, k, v))  # megatron's attention keeps its buffers on the current device
     results = {}
     for name, mask_type in (("causal", AttnMaskType.causal), ("padding_mask", AttnMaskType.padding)):
         ours = SDPAAttention(config, 1, mask_type, "self").eval()
@@ -315,6 +316,7 @@ def attention_kernels_agree(out_dir: str) -> None:
             mask[1, :, s - 3:, :] = False  # padded queries may look anywhere (their outputs are ignored)
             mask[1, :, s - 3:, s - 3:] = True
             mask[1, :, s - 3:, 0] = False
+            mask = mask.to(_device())
         with torch.no_grad():
             a, r = ours(q, k, v, mask, mask_type), ref(q, k, v, mask, mask_type)
         results[name] = {"max_abs_diff": (a - r).abs().max().item(), "shape": list(a.shape)}

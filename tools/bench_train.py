@@ -73,6 +73,7 @@ class Result:
     peak_gib: float | None = None
     error: str | None = None
     time_split: dict | None = None
+    logprob_time_split: dict | None = None
 
 
 def build(impl: str, shape: ModelShape, config: dict):
@@ -98,9 +99,9 @@ def build(impl: str, shape: ModelShape, config: dict):
     from vime_ext.trainer.model_config import ParallelConfig
     from vime_ext.trainer.model_provider import build_gpt_model
 
-    attention, recompute, layers = MEGATRON_IMPLS[impl]
+    attention, recompute, layers = MEGATRON_IMPLS[impl.removesuffix(UNFUSED_ROPE)]
     model = build_gpt_model(shape, ParallelConfig(), dtype=torch.bfloat16, recompute=recompute, attention=attention,
-                            recompute_num_layers=layers)
+                            recompute_num_layers=layers, rope_fusion=False if impl.endswith(UNFUSED_ROPE) else None)
 
     def loss_fn(ids, labels):  # the trainer's loss path: vocab-parallel chunked log-probs of the targets
         logits = model(input_ids=ids, position_ids=position_ids(ids), attention_mask=None)
@@ -116,9 +117,13 @@ def build(impl: str, shape: ModelShape, config: dict):
 MEGATRON_IMPLS = {"megatron-local": ("local", "full", None), "megatron-local-norecompute": ("local", None, None),
                   "megatron-sdpa": ("sdpa", None, None), "megatron-sdpa-full": ("sdpa", "full", None),
                   **{f"megatron-sdpa-block{n}": ("sdpa", "full", n) for n in (6, 12, 18, 24, 30)}}
+# "<sdpa impl>-unfused-rope": the same model with megatron's unfused RoPE (the SDPA spec fuses it by default).
+UNFUSED_ROPE = "-unfused-rope"
+SDPA_UNFUSED = [f"{name}{UNFUSED_ROPE}" for name, (attention, _, _) in MEGATRON_IMPLS.items() if attention == "sdpa"]
 
 # Profiler kernel names -> where the time went (by name pattern, first match wins).
 KERNEL_CATEGORIES = [
+    ("rope (fused)", ("rope",)),
     ("attention", ("flash", "fmha", "attention", "sdpa", "baddbmm", "bmm", "softmax_warp", "masked_softmax")),
     ("optimizer", ("adam", "multi_tensor")),
     ("loss / log-prob", ("cross_entropy", "log_softmax", "logsoftmax", "nll_loss")),
@@ -188,6 +193,8 @@ def bench(impl: str, shape: ModelShape, config: dict, seq: int, mbs: int, steps:
                 if step >= 1:
                     timings.append(time.perf_counter() - start)
             result.logprob_tokens_per_s = mbs * (seq + 1) / (sum(timings) / len(timings))
+            if profile:
+                result.logprob_time_split = profile_split(lambda: log_probs_fn(ids))
     except torch.cuda.OutOfMemoryError:
         result.error = "out of memory"
     finally:
@@ -203,7 +210,7 @@ def main(argv=None) -> None:
     parser.add_argument("--seq-lens", type=int, nargs="+", default=[4096, 8192])
     parser.add_argument("--micro-batch-size", type=int, default=1)
     parser.add_argument("--impls", nargs="+", default=["megatron-local", "megatron-sdpa", "hf"],
-                        choices=[*MEGATRON_IMPLS, "hf"])
+                        choices=[*MEGATRON_IMPLS, *SDPA_UNFUSED, "hf"])
     parser.add_argument("--profile", action="store_true", help="also split one step's kernel time by category")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--out", help="write the results as JSON here")
@@ -234,6 +241,9 @@ def main(argv=None) -> None:
                       f"{r.mfu:>6.1%} {r.logprob_tokens_per_s:>14.0f} {r.peak_gib:>9.1f}", flush=True)
                 if r.time_split:
                     print(f"{'':28} time split: " + ", ".join(f"{k} {v:.0%}" for k, v in r.time_split.items()))
+                if r.logprob_time_split:
+                    print(f"{'':28} log-prob split: " + ", ".join(f"{k} {v:.0%}"
+                                                               for k, v in r.logprob_time_split.items()))
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "shape": args.shape,

@@ -113,6 +113,7 @@ def transformer_config(
     recompute: Optional[str] = None,
     init_weights: bool = True,
     recompute_num_layers: Optional[int] = None,
+    rope_fusion: bool = False,
 ):
     """The megatron-core ``TransformerConfig`` for this shape; dropout off (RL fine-tuning does not use it).
 
@@ -153,7 +154,7 @@ def transformer_config(
         # backward. Off on the CPU, where its TorchScript fuser buys nothing.
         bias_activation_fusion=not on_cpu,
         bias_dropout_fusion=False,
-        apply_rope_fusion=False,
+        apply_rope_fusion=rope_fusion,  # needs a fused kernel in megatron's slot (TE's, or fused_rope.install())
         masked_softmax_fusion=False,
         gradient_accumulation_fusion=False,
         persist_layer_norm=False,

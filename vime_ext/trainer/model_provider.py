@@ -51,10 +51,12 @@ def build_gpt_model(
     recompute: str | None = None,
     attention: str | None = None,
     recompute_num_layers: int | None = None,
+    rope_fusion: bool | None = None,
 ):
     """The model chunk of this rank; ``megatron.core.parallel_state`` must already be initialised.
 
-    ``attention=None`` picks ``default_attention()``.
+    ``attention=None`` picks ``default_attention()``; ``rope_fusion=None`` fuses RoPE on CUDA with the SDPA spec
+    (``fused_rope.py``; TE's own with the TE spec is not switched on here).
     """
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
@@ -64,8 +66,14 @@ def build_gpt_model(
     if parallel.sequence_parallel and attention != "te":
         raise ValueError("sequence_parallel needs Transformer Engine layers: megatron-core's local layer spec "
                          "normalises with torch norms, which do not support it")
+    if rope_fusion is None:
+        rope_fusion = attention == "sdpa" and torch.cuda.is_available()
+    if rope_fusion:
+        from vime_ext.trainer import fused_rope
+
+        fused_rope.install()
     config = transformer_config(shape, parallel, dtype=dtype, recompute=recompute, init_weights=init_weights,
-                                recompute_num_layers=recompute_num_layers)
+                                recompute_num_layers=recompute_num_layers, rope_fusion=rope_fusion)
     model = GPTModel(
         config=config,
         transformer_layer_spec=layer_spec(shape, attention),
