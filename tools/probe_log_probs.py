@@ -1,0 +1,44 @@
+"""Where the forward-only log-prob pass spends its time at 4096 tokens (Qwen3-4B shape): wall time vs summed
+kernel time, and the top kernels, for the Megatron SDPA model and the HF peer; 4096 and 4097 tokens.
+
+    python3 tools/probe_log_probs.py        (one CUDA GPU; output of one run: docs/logprob_probe_qwen3-4b_h100.txt)
+"""
+import sys
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, ".")
+sys.path.insert(0, "tools")
+import bench_train as b  # noqa: E402
+from vime_ext.trainer.model_config import ModelShape, ParallelConfig  # noqa: E402
+from vime_ext.trainer.parallel import init_distributed  # noqa: E402
+
+if __name__ == "__main__":
+    init_distributed(ParallelConfig())
+    config = b.hf_config("qwen3-4b")
+    shape = ModelShape.from_hf_config(config, source="qwen3-4b")
+    for impl in ("megatron-sdpa", "hf"):
+        model, _, log_probs_fn = b.build(impl, shape, config)
+        for n in (4096, 4097):
+            ids = torch.randint(0, shape.vocab_size, (1, n), device="cuda")
+            with torch.no_grad():
+                for _ in range(2):
+                    log_probs_fn(ids)
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                for _ in range(3):
+                    log_probs_fn(ids)
+                torch.cuda.synchronize()
+                wall = (time.perf_counter() - start) / 3
+                with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+                    log_probs_fn(ids)
+                    torch.cuda.synchronize()
+            events = prof.key_averages()
+            kernel = sum(e.self_device_time_total for e in events) / 1e3
+            print(f"{impl} n={n}: wall {wall * 1e3:.1f} ms, kernels {kernel:.1f} ms, {n / wall:.0f} tok/s")
+            if n == 4097:
+                print(events.table(sort_by="self_cuda_time_total", row_limit=12, max_name_column_width=60))
+        model = None
+        torch.cuda.empty_cache()
