@@ -85,6 +85,9 @@ class TrainerConfig:
     use_dynamic_batch_size: bool = False
     max_tokens_per_gpu: int | None = _help("micro-batch token budget (padded tokens) with --use-dynamic-batch-size")
     log_probs_chunk_size: int = field(default=4096, metadata={"help": "tokens per fp32 log-softmax chunk"})
+    log_probs_max_tokens_per_gpu: int | None = _help(
+        "token budget (padded) of the forward-only passes (old/reference log-probs, critic values); they keep no "
+        "activations, so it can exceed the training budget; default: the training micro-batches")
 
     @property
     def parallel(self) -> ParallelConfig:
@@ -307,6 +310,8 @@ def _check(config: TrainConfig) -> None:
         if default_attention() != "te":
             problems.append("--sequence-parallel needs Transformer Engine layers (TE on CUDA), which this machine "
                             "does not have")
+    if t.log_probs_max_tokens_per_gpu is not None and t.log_probs_max_tokens_per_gpu < 1:
+        problems.append("--log-probs-max-tokens-per-gpu must be at least 1")
     if t.use_dynamic_batch_size != (t.max_tokens_per_gpu is not None):
         problems.append("--use-dynamic-batch-size and --max-tokens-per-gpu go together")
     if config.samples_per_rollout % config.global_batch_size:

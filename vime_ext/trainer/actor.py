@@ -14,7 +14,7 @@ import torch
 from vime_ext.algorithms.advantages import gae_advantages, terminal_rewards, whiten
 from vime_ext.algorithms.train_data import TrainSequence
 from vime_ext.arguments import TrainConfig
-from vime_ext.trainer.batching import MicroBatch, micro_batches
+from vime_ext.trainer.batching import MicroBatch, copy_rows, micro_batches
 from vime_ext.trainer.forward import forward_backward, forward_log_probs
 from vime_ext.trainer.rl_loss import LossSettings, micro_batch_loss
 
@@ -124,6 +124,20 @@ class TrainActor:
             if self.ref_model is not None:
                 batch.ref_log_probs = forward_log_probs(self.ref_model, self.shape, batch.tokens, chunk, temperature)
 
+    def _forward_only_passes(self, batches: list[MicroBatch], sequences: list[TrainSequence]) -> None:
+        """Old/reference log-probs and critic values for ``batches``, computed in the training micro-batches or,
+        with ``--log-probs-max-tokens-per-gpu``, in larger token-budget batches of the same ``sequences``
+        (fewer, fuller passes: forward-only keeps no activations) and copied back row by row."""
+        budget = self.config.trainer.log_probs_max_tokens_per_gpu
+        passes = batches if budget is None else [
+            b.to(self._device()) for b in micro_batches(sequences, max_tokens=budget,
+                                                         budget_flag="--log-probs-max-tokens-per-gpu")]
+        self._fill_log_probs(passes)
+        if self.critic is not None:
+            self.critic.fill_values(passes)
+        if budget is not None and passes and self.ps.is_pipeline_last_stage():
+            copy_rows(passes, batches, ("old_log_probs", "ref_log_probs", "old_values"))
+
     def _fill_advantages(self, batches: list[MicroBatch]) -> None:
         """PPO: GAE advantages and returns from the critic's values and each row's terminal reward (minus
         ``kl_coef`` x the per-token log-ratio to the reference); then, with ``--normalize-advantages``, whitening
@@ -172,12 +186,12 @@ class TrainActor:
         device = self._device()
         mbs = self.config.trainer.micro_batch_size
         max_tokens = self.config.trainer.max_tokens_per_gpu if self.config.trainer.use_dynamic_batch_size else None
-        step_batches = [[b.to(device) for b in micro_batches(seqs, mbs, max_tokens)] for seqs in steps]
+        offsets = np.cumsum([0] + [len(seqs) for seqs in steps])
+        step_batches = [[b.to(device) for b in micro_batches(seqs, mbs, max_tokens, first_row=int(first))]
+                        for seqs, first in zip(steps, offsets)]
         every_batch = [b for bs in step_batches for b in bs]
         start = time.perf_counter()
-        self._fill_log_probs(every_batch)
-        if self.critic is not None:
-            self.critic.fill_values(every_batch)
+        self._forward_only_passes(every_batch, [s for seqs in steps for s in seqs])
         if self.ps.is_pipeline_last_stage():
             self._fill_advantages(every_batch)
         log_prob_time = time.perf_counter() - start

@@ -23,6 +23,7 @@ class MicroBatch:
     ref_log_probs: torch.Tensor | None = None
     old_values: torch.Tensor | None = None  # PPO: the critic's values before this rollout's updates
     returns: torch.Tensor | None = None  # PPO: GAE's value targets
+    rows: list[int] | None = None  # which sequences (indices into the list given to micro_batches) the rows are
 
     @property
     def num_tokens(self) -> int:
@@ -60,22 +61,47 @@ def split_data_parallel(sequences: list[TrainSequence], dp_size: int) -> list[li
     return [[s for i, s in enumerate(sequences) if owner[i] == r] for r in range(dp_size)]
 
 
-def micro_batches(sequences: list[TrainSequence], micro_batch_size: int = 1,
-                  max_tokens: int | None = None) -> list[MicroBatch]:
+def micro_batches(sequences: list[TrainSequence], micro_batch_size: int = 1, max_tokens: int | None = None,
+                  first_row: int = 0, budget_flag: str = "--max-tokens-per-gpu") -> list[MicroBatch]:
+    """Batches of ``micro_batch_size`` sequences, or of length-sorted sequences within ``max_tokens`` padded
+    tokens; each batch's ``rows`` are its sequences' indices in ``sequences``, plus ``first_row``."""
     if not sequences:
         return []
+    order = list(range(len(sequences)))
     if max_tokens is None:
-        groups = [sequences[i:i + micro_batch_size] for i in range(0, len(sequences), micro_batch_size)]
+        groups = [order[i:i + micro_batch_size] for i in range(0, len(order), micro_batch_size)]
     else:
         longest = max(len(s.tokens) for s in sequences)
         if longest > max_tokens:
-            raise ValueError(f"a sequence of {longest} tokens exceeds --max-tokens-per-gpu {max_tokens}")
-        groups, current = [], []
-        for seq in sorted(sequences, key=lambda s: len(s.tokens)):
-            width = max([len(seq.tokens)] + [len(s.tokens) for s in current])
-            if current and width * (len(current) + 1) > max_tokens:
+            raise ValueError(f"a sequence of {longest} tokens exceeds {budget_flag} {max_tokens}")
+        groups, current, width = [], [], 0
+        for i in sorted(order, key=lambda i: len(sequences[i].tokens)):
+            if current and max(width, len(sequences[i].tokens)) * (len(current) + 1) > max_tokens:
                 groups.append(current)
-                current = []
-            current.append(seq)
+                current, width = [], 0
+            current.append(i)
+            width = max(width, len(sequences[i].tokens))
         groups.append(current)
-    return [collate(g) for g in groups]
+    batches = []
+    for group in groups:
+        batch = collate([sequences[i] for i in group])
+        batch.rows = [first_row + i for i in group]
+        batches.append(batch)
+    return batches
+
+
+def copy_rows(sources: list[MicroBatch], targets: list[MicroBatch], fields: tuple[str, ...]) -> None:
+    """Fill ``fields`` (``[b, s-1]`` per-token tensors) of ``targets`` from ``sources`` holding the same
+    sequences batched differently, matched by ``rows``; positions past a sequence's end are 0."""
+    where = {i: (batch, r) for batch in sources for r, i in enumerate(batch.rows)}
+    for field in fields:
+        if getattr(sources[0], field) is None:
+            continue
+        for target in targets:
+            out = torch.zeros_like(target.loss_mask)
+            for r, i in enumerate(target.rows):
+                batch, source_row = where[i]
+                values = getattr(batch, field)[source_row]
+                width = min(out.shape[1], values.shape[0])  # both cover the sequence; the rest is padding
+                out[r, :width] = values[:width]
+            setattr(target, field, out)
