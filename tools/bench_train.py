@@ -73,6 +73,7 @@ class Result:
     peak_gib: float | None = None
     error: str | None = None
     time_split: dict | None = None
+    matmul_split: dict | None = None
     logprob_time_split: dict | None = None
 
 
@@ -116,6 +117,7 @@ def build(impl: str, shape: ModelShape, config: dict):
 # impl -> (attention, recompute, recomputed layers) for the Megatron model; "hf" is the transformers peer.
 MEGATRON_IMPLS = {"megatron-local": ("local", "full", None), "megatron-local-norecompute": ("local", None, None),
                   "megatron-sdpa": ("sdpa", None, None), "megatron-sdpa-full": ("sdpa", "full", None),
+                  "megatron-sdpa-selective": ("sdpa", "selective", None),
                   **{f"megatron-sdpa-block{n}": ("sdpa", "full", n) for n in (6, 12, 18, 24, 30)}}
 # "<sdpa impl>-unfused-rope": the same model with megatron's unfused RoPE (the SDPA spec fuses it by default).
 UNFUSED_ROPE = "-unfused-rope"
@@ -133,23 +135,40 @@ KERNEL_CATEGORIES = [
 ]
 
 
-def profile_split(step_fn) -> dict[str, float]:
-    """Share of CUDA kernel time per category over one profiled step."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        step_fn()
-        torch.cuda.synchronize()
-    totals: dict[str, float] = {}
-    for event in prof.key_averages():
-        device_time = getattr(event, "self_device_time_total", 0.0) or getattr(event, "self_cuda_time_total", 0.0)
-        if device_time <= 0:
-            continue
-        name = event.key.lower()
-        category = next((c for c, keys in KERNEL_CATEGORIES if any(k in name for k in keys)), "other")
-        totals[category] = totals.get(category, 0.0) + device_time
+def _shares(totals: dict[str, float]) -> dict[str, float]:
     whole = sum(totals.values()) or 1.0
     return {k: round(v / whole, 4) for k, v in sorted(totals.items(), key=lambda kv: -kv[1])}
+
+
+def matmul_role(dims: list[int], shape: ModelShape) -> str:
+    """Which layer a 2-D matmul belongs to, from its operand sizes: any FFN size -> MLP, the vocabulary -> LM
+    head, otherwise the attention projections (q/k/v and output); forward and both backward matmuls alike."""
+    if any(d in (shape.ffn_hidden_size, 2 * shape.ffn_hidden_size) for d in dims):
+        return "MLP"
+    if any(d >= shape.vocab_size for d in dims):
+        return "LM head"
+    return "attention projections"
+
+
+def profile_split(step_fn, shape: ModelShape) -> tuple[dict[str, float], dict[str, float]]:
+    """Share of CUDA kernel time per kernel category over one profiled call, and the share of matrix-multiply
+    time per layer role (``matmul_role``, from the recorded operand shapes)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
+        step_fn()
+        torch.cuda.synchronize()
+    categories: dict[str, float] = {}
+    roles: dict[str, float] = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:  # a kernel
+            name = event.name.lower()
+            category = next((c for c, keys in KERNEL_CATEGORIES if any(k in name for k in keys)), "other")
+            categories[category] = categories.get(category, 0.0) + event.device_time_total
+        elif event.name == "aten::mm" and event.input_shapes and len(event.input_shapes) >= 2:
+            role = matmul_role([d for s in event.input_shapes[:2] for d in s], shape)
+            roles[role] = roles.get(role, 0.0) + event.device_time_total
+    return _shares(categories), _shares(roles)
 
 
 def bench(impl: str, shape: ModelShape, config: dict, seq: int, mbs: int, steps: int, ceiling: float,
@@ -177,7 +196,7 @@ def bench(impl: str, shape: ModelShape, config: dict, seq: int, mbs: int, steps:
             if step >= 2:
                 times.append(time.perf_counter() - start)
         if profile:
-            result.time_split = profile_split(train_step)
+            result.time_split, result.matmul_split = profile_split(train_step, shape)
         result.step_s = sum(times) / len(times)
         result.tokens_per_s = mbs * seq / result.step_s
         result.tflops = result.tokens_per_s * flops_per_token(shape, seq) / 1e12
@@ -196,7 +215,7 @@ def bench(impl: str, shape: ModelShape, config: dict, seq: int, mbs: int, steps:
                     timings.append(time.perf_counter() - start)
             result.logprob_tokens_per_s = mbs * (seq + 1) / (sum(timings) / len(timings))
             if profile:
-                result.logprob_time_split = profile_split(lambda: log_probs_fn(ids))
+                result.logprob_time_split, _ = profile_split(lambda: log_probs_fn(ids), shape)
     except torch.cuda.OutOfMemoryError:
         result.error = "out of memory"
     finally:
@@ -243,6 +262,7 @@ def main(argv=None) -> None:
                       f"{r.mfu:>6.1%} {r.logprob_tokens_per_s:>14.0f} {r.peak_gib:>9.1f}", flush=True)
                 if r.time_split:
                     print(f"{'':28} time split: " + ", ".join(f"{k} {v:.0%}" for k, v in r.time_split.items()))
+                    print(f"{'':28} matmul split: " + ", ".join(f"{k} {v:.0%}" for k, v in r.matmul_split.items()))
                 if r.logprob_time_split:
                     print(f"{'':28} log-prob split: " + ", ".join(f"{k} {v:.0%}"
                                                                for k, v in r.logprob_time_split.items()))
