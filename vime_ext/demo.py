@@ -42,8 +42,8 @@ def main(argv=None) -> None:
     train_data = write_jsonl(out / "data/train.jsonl", "one_word", 64, seed=0)
     eval_data = write_jsonl(out / "data/eval.jsonl", "one_word", 16, seed=1)
 
-    print(f"[3/5] {args.algorithm.upper()}, {args.num_rollout} rollouts: {'no Ray' if args.no_ray else 'Ray'}, megatron-core on CPU, "
-          f"{args.engine_backend} engine behind vllm-router, weight sync after every step")
+    print(f"[3/5] {args.algorithm.upper()}, {args.num_rollout} rollouts: {'no Ray' if args.no_ray else 'Ray'}, "
+          f"megatron-core on CPU, {args.engine_backend} engine behind vllm-router, weight sync after every step")
     flags = ["--hf-checkpoint", str(hf_dir), "--prompt-data", str(train_data), "--save", str(out / "ckpt"),
              "--num-rollout", str(args.num_rollout), "--rollout-batch-size", "4", "--n-samples-per-prompt", "4",
              "--rollout-max-response-len", "3", "--rollout-shuffle",

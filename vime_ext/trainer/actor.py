@@ -70,9 +70,14 @@ class TrainActor:
             self.ref_model.requires_grad_(False)
         o = config.optimizer
         total_steps = config.data.num_rollout * config.steps_per_rollout
-        schedule = LRSchedule(o.lr, o.min_lr, o.lr_decay_style, o.lr_warmup_iters, o.lr_decay_iters or total_steps)
-        self.optimizer = ActorOptimizer(self.model, o.lr, o.weight_decay, (o.adam_beta1, o.adam_beta2), o.adam_eps,
-                                        o.clip_grad, schedule)
+
+        def optimizer(model, lr: float) -> ActorOptimizer:  # the actor's settings, at this learning rate
+            schedule = LRSchedule(lr, min(o.min_lr, lr), o.lr_decay_style, o.lr_warmup_iters,
+                                  o.lr_decay_iters or total_steps)
+            return ActorOptimizer(model, lr, o.weight_decay, (o.adam_beta1, o.adam_beta2), o.adam_eps, o.clip_grad,
+                                  schedule)
+
+        self.optimizer = optimizer(self.model, o.lr)
         a = config.algorithm
         self.critic = None
         if a.advantage_estimator == "ppo":
@@ -85,12 +90,7 @@ class TrainActor:
             if config.checkpoint.critic_load:
                 load_model_checkpoint(critic_model, critic_checkpoint_dir(config.checkpoint.critic_load))
             critic_lr = o.critic_lr if o.critic_lr is not None else o.lr
-            critic_schedule = LRSchedule(critic_lr, min(o.min_lr, critic_lr), o.lr_decay_style, o.lr_warmup_iters,
-                                         o.lr_decay_iters or total_steps)
-            self.critic = Critic(critic_model, ActorOptimizer(critic_model, critic_lr, o.weight_decay,
-                                                              (o.adam_beta1, o.adam_beta2), o.adam_eps,
-                                                              o.clip_grad, critic_schedule),
-                                 a.loss_aggregation, a.value_clip)
+            self.critic = Critic(critic_model, optimizer(critic_model, critic_lr), a.loss_aggregation, a.value_clip)
         self.loss_settings = LossSettings(a.eps_clip, a.eps_clip_high, a.use_kl_loss, a.kl_loss_coef,
                                           a.kl_loss_type, a.entropy_coef, a.loss_aggregation, a.use_tis,
                                           a.tis_cap, config.rollout.rollout_temperature or 1.0)
@@ -165,16 +165,11 @@ class TrainActor:
                 batch.advantages = whiten(batch.advantages, batch.loss_mask, tuple(moments.tolist()))
 
     def _policy_step(self, batches: list[MicroBatch], total_tokens: float, total_sequences: float) -> dict:
-        collected: list[dict] = []
-
         def loss_fn(logits: torch.Tensor, batch: MicroBatch):
-            loss, stats = micro_batch_loss(logits, batch, self.shape, self.loss_settings, total_tokens,
-                                           total_sequences, self.config.trainer.log_probs_chunk_size)
-            collected.append(stats)
-            return loss, int(batch.loss_mask.sum())
+            return micro_batch_loss(logits, batch, self.shape, self.loss_settings, total_tokens, total_sequences,
+                                    self.config.trainer.log_probs_chunk_size)
 
-        forward_backward(self.model, batches, loss_fn)
-        stats = {k: sum(float(c[k]) for c in collected) for k in (collected[0] if collected else {})}
+        stats = forward_backward(self.model, batches, loss_fn)
         return {**stats, **self.optimizer.step()}
 
     def train_rollout(self, steps: list[list[TrainSequence]], totals: list[tuple[float, float]],
@@ -260,10 +255,9 @@ class TrainActor:
         state = load_rank_state(path)
         self.optimizer.load_state_dict(state["optimizer"])
         if self.critic is not None:
-            from vime_ext.trainer.checkpoint import resolve_checkpoint_dir
             from vime_ext.trainer.critic import critic_checkpoint_dir
 
-            load_model_checkpoint(self.critic.model, critic_checkpoint_dir(resolve_checkpoint_dir(path)))
+            load_model_checkpoint(self.critic.model, critic_checkpoint_dir(path))
             if "critic_optimizer" not in state:
                 raise ValueError(f"{path}: no critic optimizer state in this checkpoint's rank files")
             self.critic.optimizer.load_state_dict(state["critic_optimizer"])

@@ -78,14 +78,9 @@ class Critic:
     def train_step(self, batches: list[MicroBatch], total_tokens: float, total_sequences: float) -> dict:
         """One optimizer step on the value loss; returns weighted statistic sums (last stage) and the
         optimizer's ``critic_*`` figures."""
-        collected: list[dict] = []
-
         def loss_fn(output: torch.Tensor, batch: MicroBatch):
-            loss, stats = micro_batch_value_loss(output[..., 0], batch, self.aggregation, self.value_clip,
-                                                 total_tokens, total_sequences)
-            collected.append(stats)
-            return loss, int(batch.loss_mask.sum())
+            return micro_batch_value_loss(output[..., 0], batch, self.aggregation, self.value_clip, total_tokens,
+                                          total_sequences)
 
-        forward_backward(self.model, batches, loss_fn)
-        stats = {k: sum(float(c[k]) for c in collected) for k in (collected[0] if collected else {})}
+        stats = forward_backward(self.model, batches, loss_fn)
         return {**stats, **{f"critic_{k}": v for k, v in self.optimizer.step().items()}}

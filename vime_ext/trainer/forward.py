@@ -64,29 +64,32 @@ def run_forward(model, input_ids: torch.Tensor, on_output: Callable[[torch.Tenso
     )
 
 
-def forward_backward(model, batches: list, loss_fn: Callable) -> None:
-    """Forward and backward over ``batches`` (micro-batches with ``tokens``) through megatron's pipeline
-    schedule, accumulating gradients. ``loss_fn(output, batch)`` runs on the last stage and returns
-    ``(loss, number of loss tokens)``."""
+def forward_backward(model, batches: list, loss_fn: Callable) -> dict[str, float]:
+    """Forward and backward over ``batches`` (micro-batches with ``tokens`` and ``loss_mask``) through megatron's
+    pipeline schedule, accumulating gradients. ``loss_fn(output, batch)`` runs on the last stage and returns
+    ``(loss, statistics)``; the statistics are summed over micro-batches (empty on other stages)."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    collected: list[dict] = []
 
     def step(data_iterator, model):
         batch = next(data_iterator)
         output = model(input_ids=batch.tokens, position_ids=position_ids(batch.tokens), attention_mask=None)
 
         def loss_func(output_tensor):
-            loss, num_tokens = loss_fn(output_tensor, batch)
-            return loss, torch.as_tensor(num_tokens, dtype=torch.int, device=loss.device), {}
+            loss, stats = loss_fn(output_tensor, batch)
+            collected.append(stats)
+            return loss, batch.loss_mask.sum().to(torch.int), {}
 
         return output, loss_func
 
-    if not batches:
-        return
-    model.train()
-    get_forward_backward_func()(
-        forward_step_func=step, data_iterator=iter(batches), model=[model], num_microbatches=len(batches),
-        seq_length=max(b.tokens.shape[1] for b in batches), micro_batch_size=max(b.tokens.shape[0] for b in batches),
-        forward_only=False)
+    if batches:
+        model.train()
+        get_forward_backward_func()(
+            forward_step_func=step, data_iterator=iter(batches), model=[model], num_microbatches=len(batches),
+            seq_length=max(b.tokens.shape[1] for b in batches),
+            micro_batch_size=max(b.tokens.shape[0] for b in batches), forward_only=False)
+    return {k: sum(float(c[k]) for c in collected) for k in (collected[0] if collected else {})}
 
 
 @torch.no_grad()
