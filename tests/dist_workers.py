@@ -288,7 +288,9 @@ def rl_step(out_dir: str, flags: list[str]) -> None:
 
 def attention_kernels_agree(out_dir: str) -> None:
     """SDPAAttention vs megatron-core's DotProductAttention on the same q/k/v (GQA): causal without a mask,
-    and with an explicit per-sequence mask (causal + key padding, as a padded batch needs)."""
+    and with an explicit per-sequence mask (causal + key padding, as a padded batch needs). Then SDPAAttention
+    on the two rows packed (THD, row 1 cut to 6 tokens) against its own padded output."""
+    from megatron.core.packed_seq_params import PackedSeqParams
     from megatron.core.transformer.dot_product_attention import DotProductAttention
     from megatron.core.transformer.enums import AttnMaskType
 
@@ -320,5 +322,66 @@ def attention_kernels_agree(out_dir: str) -> None:
         with torch.no_grad():
             a, r = ours(q, k, v, mask, mask_type), ref(q, k, v, mask, mask_type)
         results[name] = {"max_abs_diff": (a - r).abs().max().item(), "shape": list(a.shape)}
+    ours = SDPAAttention(config, 1, AttnMaskType.causal, "self").eval()
+    lengths = [s, 6]
+    cu = torch.tensor([0, s, s + 6], dtype=torch.int32, device=_device())
+    params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=s, max_seqlen_kv=s)
+    packed = [torch.cat([t[:n, row] for row, n in enumerate(lengths)]) for t in (q, k, v)]  # [t, heads, d]
+    with torch.no_grad():
+        padded = ours(q, k, v, None, AttnMaskType.causal)
+        out = ours(*packed, None, AttnMaskType.causal, packed_seq_params=params)
+    expected = torch.cat([padded[:n, row] for row, n in enumerate(lengths)])
+    results["packed"] = {"max_abs_diff": (out - expected).abs().max().item(), "shape": list(out.shape)}
     Path(out_dir, "attention.json").write_text(json.dumps(results))
+    destroy_distributed()
+
+
+def packed_matches_padded(out_dir: str, hf_dir: str, dtype_name: str) -> None:
+    """Log-probs and parameter gradients of a few sequences of different lengths, right-padded (SDPA's causal
+    mask) and packed (THD: varlen flash attention on CUDA in half precision, else a call per sequence), in
+    ``dtype``; below fp32 both are also compared with the padded fp32 model."""
+    from convert.hf_checkpoint import HFCheckpointReader
+    from convert.live import load_hf_weights
+    from vime_ext.algorithms.train_data import TrainSequence
+    from vime_ext.trainer.batching import collate
+    from vime_ext.trainer.forward import forward_log_probs, position_log_probs
+    from vime_ext.trainer.model_provider import build_gpt_model
+    from vime_ext.trainer.packing import model_inputs
+    from vime_ext.trainer.parallel import destroy_distributed, init_distributed
+    from vime_ext.trainer.sdpa_attention import _varlen_attn
+
+    parallel = ParallelConfig()
+    init_distributed(parallel)
+    shape = ModelShape.from_hf_dir(hf_dir)
+    g = torch.Generator().manual_seed(3)
+    sequences = [TrainSequence(torch.randint(0, shape.vocab_size, (n,), generator=g).tolist(), [1] * (n - 1),
+                               [0.0] * (n - 1), 1.0, i) for i, n in enumerate([37, 5, 64, 20])]
+    padded, packed = collate(sequences).to(_device()), collate(sequences, pack_multiple=1).to(_device())
+    valid = padded.loss_mask > 0
+
+    def run(dtype: torch.dtype, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        torch.manual_seed(0)
+        model = build_gpt_model(shape, parallel, dtype=dtype, init_weights=False, attention="sdpa")
+        load_hf_weights(model, shape, HFCheckpointReader(hf_dir).get)
+        log_probs = forward_log_probs(model, shape, batch.tokens, packing=batch.packing)
+        model.train()
+        logits = model(**model_inputs(batch.tokens, batch.packing))
+        (position_log_probs(logits, batch.tokens, batch.packing, shape, 4096) * batch.loss_mask).sum().backward()
+        grads = {name: p.grad.float() for name, p in model.named_parameters() if p.grad is not None}
+        return log_probs.float()[valid], grads
+
+    def gaps(a, b) -> dict:
+        (lp_a, grads_a), (lp_b, grads_b) = a, b
+        scale = max(g.abs().max().item() for g in grads_b.values())
+        return {"log_prob": (lp_a - lp_b).abs().max().item(),
+                "grad_rel": max((grads_a[k] - grads_b[k]).abs().max().item() for k in grads_b) / scale}
+
+    dtype = getattr(torch, dtype_name)
+    ours, theirs = run(dtype, packed), run(dtype, padded)
+    result = {"packed_vs_padded": gaps(ours, theirs), "tokens": int(valid.sum()),
+              "varlen": _device().type == "cuda" and dtype != torch.float32 and _varlen_attn() is not None}
+    if dtype != torch.float32:
+        reference = run(torch.float32, padded)
+        result.update(packed_vs_fp32=gaps(ours, reference), padded_vs_fp32=gaps(theirs, reference))
+    Path(out_dir, "packed.json").write_text(json.dumps(result))
     destroy_distributed()

@@ -96,22 +96,28 @@ def build(impl: str, shape: ModelShape, config: dict):
             return torch.cat([torch.log_softmax(logits[:, i:i + 4096].float(), -1).gather(
                 -1, targets[:, i:i + 4096].unsqueeze(-1)).squeeze(-1) for i in range(0, targets.shape[1], 4096)], 1)
         return model, loss_fn, log_probs_fn
-    from vime_ext.trainer.forward import forward_log_probs, position_ids, vocab_parallel_log_probs
-    from vime_ext.trainer.model_config import ParallelConfig
-    from vime_ext.trainer.model_provider import build_gpt_model
+    from vime_ext.trainer.forward import forward_log_probs, vocab_parallel_log_probs
+    from vime_ext.trainer.packing import model_inputs
 
-    attention, recompute, layers = MEGATRON_IMPLS[impl.removesuffix(UNFUSED_ROPE)]
-    model = build_gpt_model(shape, ParallelConfig(), dtype=torch.bfloat16, recompute=recompute, attention=attention,
-                            recompute_num_layers=layers, rope_fusion=False if impl.endswith(UNFUSED_ROPE) else None)
+    model = build_megatron(impl, shape)
 
     def loss_fn(ids, labels):  # the trainer's loss path: vocab-parallel chunked log-probs of the targets
-        logits = model(input_ids=ids, position_ids=position_ids(ids), attention_mask=None)
+        logits = model(**model_inputs(ids, None))
         return -torch.cat([vocab_parallel_log_probs(logits[row], labels[row], shape)
                            for row in range(ids.shape[0])]).mean()
 
     def log_probs_fn(ids):  # the trainer's own pass: vocab-parallel, fp32 in chunks
         return forward_log_probs(model, shape, ids)
     return model, loss_fn, log_probs_fn
+
+
+def build_megatron(impl: str, shape: ModelShape):
+    from vime_ext.trainer.model_config import ParallelConfig
+    from vime_ext.trainer.model_provider import build_gpt_model
+
+    attention, recompute, layers = MEGATRON_IMPLS[impl.removesuffix(UNFUSED_ROPE)]
+    return build_gpt_model(shape, ParallelConfig(), dtype=torch.bfloat16, recompute=recompute, attention=attention,
+                           recompute_num_layers=layers, rope_fusion=False if impl.endswith(UNFUSED_ROPE) else None)
 
 
 # impl -> (attention, recompute, recomputed layers) for the Megatron model; "hf" is the transformers peer.

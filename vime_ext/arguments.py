@@ -83,10 +83,13 @@ class TrainerConfig:
     global_batch_size: int | None = _help("samples per optimizer step (default: one step per rollout)")
     micro_batch_size: int = 1
     use_dynamic_batch_size: bool = False
-    max_tokens_per_gpu: int | None = _help("micro-batch token budget (padded tokens) with --use-dynamic-batch-size")
+    max_tokens_per_gpu: int | None = _help("micro-batch token budget with --use-dynamic-batch-size: the sum of "
+                                           "the sequences' lengths when packed, rows x the longest when padded")
+    pack_sequences: bool = field(default=True, metadata={"help": "give the model each micro-batch's sequences "
+                                                                 "end to end (THD), not right-padded rows"})
     log_probs_chunk_size: int = field(default=4096, metadata={"help": "tokens per fp32 log-softmax chunk"})
     log_probs_max_tokens_per_gpu: int | None = _help(
-        "token budget (padded) of the forward-only passes (old/reference log-probs, critic values); they keep no "
+        "token budget of the forward-only passes (old/reference log-probs, critic values); they keep no "
         "activations, so it can exceed the training budget; default: the training micro-batches")
 
     @property

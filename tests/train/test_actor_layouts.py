@@ -1,6 +1,7 @@
 """The RL step is the same computation in every layout: two optimizer steps on the same sequences at TP=1,
-TP=2, PP=2, DP=2, with token-budget micro-batches and with token-budget log-prob passes give the same gradient
-norms, losses and weights; with PPO also the same value losses, advantages and critic weights.
+TP=2, PP=2, DP=2, with token-budget micro-batches, with token-budget log-prob passes and with right-padded
+instead of packed micro-batches give the same gradient norms, losses and weights; with PPO also the same value
+losses, advantages and critic weights.
 
 This checks what only shows across ranks: loss weights normalised over the whole step (micro-batches and
 data-parallel shares add up), data-parallel gradient sums, the global gradient norm counting TP-replicated
@@ -26,7 +27,9 @@ LAYOUTS = {"tp1": [], "tp2": ["--actor-num-gpus-per-node", "2", "--tensor-model-
            "dynamic": ["--use-dynamic-batch-size", "--max-tokens-per-gpu", "30"],
            # forward-only passes in their own, larger token-budget batches, copied back to the training rows
            "pp2_logprob_batches": ["--actor-num-gpus-per-node", "2", "--pipeline-model-parallel-size", "2",
-                                   "--log-probs-max-tokens-per-gpu", "40"]}
+                                   "--log-probs-max-tokens-per-gpu", "40"],
+           # right-padded rows through megatron's own attention, where every other layout packs (SDPA, THD)
+           "padded": ["--no-pack-sequences", "--use-dynamic-batch-size", "--max-tokens-per-gpu", "30"]}
 
 
 PPO = ["--advantage-estimator", "ppo", "--gamma", "0.9", "--lambd", "0.8", "--value-clip", "0.05",
@@ -76,7 +79,7 @@ def test_layouts_agree(family, algorithm, tiny_hf_dirs, tmp_path):
         # Step 1 moved the zero value head; step 2's gradient reached the critic's trunk too.
         assert ref_update["critic.value_head"].abs().max() > 1e-3
         assert ref_update["critic.model.norm.weight"].abs().max() > 1e-4
-    for layout in ("tp2", "pp2", "dp2", "dynamic", "pp2_logprob_batches"):
+    for layout in ("tp2", "pp2", "dp2", "dynamic", "pp2_logprob_batches", "padded"):
         steps, weights = run_layout(tiny_hf_dirs[family], data, tmp_path / layout, layout, extra)
         for ours, ref in zip(steps, ref_steps):
             for key in ref:

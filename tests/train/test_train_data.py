@@ -7,6 +7,7 @@ from vime_ext.algorithms.losses import aggregate, token_weights
 from vime_ext.algorithms.train_data import TrainSequence, compute_advantages, samples_to_train_data
 from vime_ext.rollout.sample import Sample, Status, Turn
 from vime_ext.trainer.batching import micro_batches, split_data_parallel
+from vime_ext.trainer.packing import next_tokens, to_rows
 
 
 def sample(index, prompt_len, response, reward, status=Status.COMPLETED, turns=()):
@@ -61,6 +62,33 @@ def test_micro_batches_pad_right_and_respect_a_token_budget():
     assert sum(b.tokens.shape[0] for b in dynamic) == 4
     with pytest.raises(ValueError, match="exceeds --max-tokens-per-gpu"):
         micro_batches(sequences, max_tokens=8)
+
+
+def test_packed_micro_batches_lay_sequences_end_to_end_and_scatter_back_to_rows():
+    sequences = [seq(n, i) for i, n in enumerate([5, 3, 9, 4])]
+    # The budget counts packed tokens: 3+4+5 = 12 fits in 12, where padded rows would need 3 x 5 = 15.
+    batches = micro_batches(sequences, max_tokens=12, pack_multiple=1)
+    assert [b.rows for b in batches] == [[1, 3, 0], [2]]
+    first = batches[0]
+    assert first.num_tokens == 12 and tuple(first.tokens.shape) == (3, 5)
+    packing = first.packing
+    assert packing.input_ids.tolist() == [[0, 1, 2, 0, 1, 2, 3, 0, 1, 2, 3, 4]]
+    assert packing.position_ids.tolist() == packing.input_ids.tolist()  # each sequence counts from 0
+    assert packing.cu_seqlens.tolist() == [0, 3, 7, 12] and packing.max_seqlen == 5
+    # next_tokens runs over the pack; to_rows puts each position back in its row, zeros past a row's end.
+    targets = next_tokens(first.tokens, packing)
+    assert targets.tolist() == [1, 2, 0, 1, 2, 3, 0, 1, 2, 3, 4, 0]
+    rows = to_rows(targets.float(), first.tokens, packing)
+    assert rows.tolist() == [[1, 2, 0, 0, 0], [1, 2, 3, 0, 0], [1, 2, 3, 4, 0]]
+    # Aligned to a multiple of 8 (sequence parallelism): the padding is a segment of its own, dropped by to_rows.
+    aligned = micro_batches(sequences, max_tokens=14, pack_multiple=8)
+    assert all(b.num_tokens % 8 == 0 for b in aligned)
+    assert aligned[0].packing.cu_seqlens.tolist() == [0, 3, 7, 8] and aligned[0].rows == [1, 3]
+    values = torch.arange(8.0, requires_grad=True)
+    back = to_rows(values, aligned[0].tokens, aligned[0].packing)
+    assert back.tolist() == [[0, 1, 2, 0], [3, 4, 5, 6]]
+    back.sum().backward()
+    assert values.grad.tolist() == [1] * 7 + [0]  # the gradient reaches packed tokens, not the padding
 
 
 @pytest.mark.parametrize("mode", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"])

@@ -1,5 +1,5 @@
 """The fused RoPE kernel against megatron-core's unfused RoPE: values and gradients, full and partial rotary
-dims, odd sizes. On the CPU the Triton kernel runs in Triton's interpreter (a subprocess with
+dims, odd sizes, and packed (THD) sequences whose positions restart at each sequence. On the CPU the Triton kernel runs in Triton's interpreter (a subprocess with
 TRITON_INTERPRET=1, which must be set before Triton compiles anything); on CUDA it runs compiled, also in bf16."""
 
 import json
@@ -19,7 +19,7 @@ def compare(device: str, dtype: torch.dtype) -> dict:
     from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 
     from vime_ext.trainer import cpu_shim
-    from vime_ext.trainer.fused_rope import fused_rope
+    from vime_ext.trainer.fused_rope import fused_rope, fused_rope_thd
 
     cpu_shim.install()
     g = torch.Generator().manual_seed(0)
@@ -38,6 +38,23 @@ def compare(device: str, dtype: torch.dtype) -> dict:
         results[name] = {"value": (out.float() - ref).abs().max().item(),
                          "grad": (out_grad.float() - ref_grad).abs().max().item(),
                          "scale": ref.abs().max().item(), "dtype_ok": out.dtype == dtype}
+    # Packed: sequences of 3, 4 and 1 tokens end to end; megatron's own THD code applies bshd RoPE to each
+    # sequence from position 0, which is the reference here.
+    lengths, head_dim = [3, 4, 1], 16
+    freqs = RotaryEmbedding(kv_channels=head_dim, rotary_percent=1.0, rotary_base=10000,
+                            use_cpu_initialization=True)(max(lengths)).to(device)
+    cu_seqlens = torch.tensor([0, 3, 7, 8], dtype=torch.int32, device=device)
+    x = torch.randn(sum(lengths), 3, head_dim, generator=g).to(device, dtype).requires_grad_(True)
+    grad = torch.randn(sum(lengths), 3, head_dim, generator=g).to(device, dtype)
+    x32 = x.detach().float().requires_grad_(True)
+    ref = torch.cat([_apply_rotary_pos_emb_bshd(part.unsqueeze(1), freqs[:len(part)]).squeeze(1)
+                     for part in x32.split(lengths)])
+    (ref_grad,) = torch.autograd.grad(ref, x32, grad.float())
+    out = fused_rope_thd(x, cu_seqlens, freqs)
+    (out_grad,) = torch.autograd.grad(out, x, grad)
+    results["thd"] = {"value": (out.float() - ref).abs().max().item(),
+                      "grad": (out_grad.float() - ref_grad).abs().max().item(),
+                      "scale": ref.abs().max().item(), "dtype_ok": out.dtype == dtype}
     return results
 
 

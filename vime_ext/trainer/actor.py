@@ -54,6 +54,9 @@ class TrainActor:
 
         self.config, self.shape, self.rank = config, config.shape, rank
         parallel = config.trainer.parallel
+        # Sequence parallelism splits the packed row over TP ranks, so it must divide evenly.
+        self.pack_multiple = (parallel.tensor_model_parallel_size if parallel.sequence_parallel else 1) \
+            if config.trainer.pack_sequences else None
         init_distributed(parallel, seed=config.data.seed)
         self.dtype = torch.bfloat16 if config.trainer.bf16 else torch.float32
         self.model = self._build(build_gpt_model, parallel, recompute=config.trainer.recompute_granularity,
@@ -97,8 +100,11 @@ class TrainActor:
         self.ps = parallel_state
 
     def _build(self, build_gpt_model, parallel, recompute=None, recompute_num_layers=None):
+        from vime_ext.trainer.model_provider import default_attention
+
         model = build_gpt_model(self.shape, parallel, dtype=self.dtype, init_weights=False, recompute=recompute,
-                                recompute_num_layers=recompute_num_layers)
+                                recompute_num_layers=recompute_num_layers,
+                                attention=default_attention(packed=self.config.trainer.pack_sequences))
         # Losses are normalised by the driver over the whole step; megatron must not average them again.
         model.config.calculate_per_token_loss = True
         model.config.variable_seq_lengths = parallel.pipeline_model_parallel_size > 1
@@ -120,9 +126,11 @@ class TrainActor:
         chunk = self.config.trainer.log_probs_chunk_size
         temperature = self.loss_settings.temperature
         for batch in batches:
-            batch.old_log_probs = forward_log_probs(self.model, self.shape, batch.tokens, chunk, temperature)
+            batch.old_log_probs = forward_log_probs(self.model, self.shape, batch.tokens, chunk, temperature,
+                                                    batch.packing)
             if self.ref_model is not None:
-                batch.ref_log_probs = forward_log_probs(self.ref_model, self.shape, batch.tokens, chunk, temperature)
+                batch.ref_log_probs = forward_log_probs(self.ref_model, self.shape, batch.tokens, chunk,
+                                                        temperature, batch.packing)
 
     def _forward_only_passes(self, batches: list[MicroBatch], sequences: list[TrainSequence]) -> None:
         """Old/reference log-probs and critic values for ``batches``, computed in the training micro-batches or,
@@ -131,7 +139,8 @@ class TrainActor:
         budget = self.config.trainer.log_probs_max_tokens_per_gpu
         passes = batches if budget is None else [
             b.to(self._device()) for b in micro_batches(sequences, max_tokens=budget,
-                                                         budget_flag="--log-probs-max-tokens-per-gpu")]
+                                                         budget_flag="--log-probs-max-tokens-per-gpu",
+                                                         pack_multiple=self.pack_multiple)]
         self._fill_log_probs(passes)
         if self.critic is not None:
             self.critic.fill_values(passes)
@@ -182,7 +191,8 @@ class TrainActor:
         mbs = self.config.trainer.micro_batch_size
         max_tokens = self.config.trainer.max_tokens_per_gpu if self.config.trainer.use_dynamic_batch_size else None
         offsets = np.cumsum([0] + [len(seqs) for seqs in steps])
-        step_batches = [[b.to(device) for b in micro_batches(seqs, mbs, max_tokens, first_row=int(first))]
+        step_batches = [[b.to(device) for b in micro_batches(seqs, mbs, max_tokens, first_row=int(first),
+                                                             pack_multiple=self.pack_multiple)]
                         for seqs, first in zip(steps, offsets)]
         every_batch = [b for bs in step_batches for b in bs]
         start = time.perf_counter()

@@ -1,8 +1,10 @@
-"""Training sequences -> data-parallel shards -> padded micro-batches.
+"""Training sequences -> data-parallel shards -> micro-batches.
 
-Sequences are right-padded to the longest one in their micro-batch (causal attention never looks right, so
-padding changes nothing before it). Micro-batches hold ``micro_batch_size`` sequences, or, with a token budget,
-as many length-sorted sequences as fit in ``max_tokens`` padded tokens.
+A micro-batch's per-token data is right-padded to its longest sequence (causal attention never looks right, so
+padding changes nothing before it); packed (``packing.py``), the model itself sees the sequences end to end
+without padding. Micro-batches hold ``micro_batch_size`` sequences, or, with a token budget, as many
+length-sorted sequences as fit in ``max_tokens`` tokens: the sum of their lengths when packed, rows x the longest
+when padded.
 """
 
 from dataclasses import dataclass
@@ -10,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from vime_ext.algorithms.train_data import TrainSequence
+from vime_ext.trainer.packing import Packing, pack
 
 
 @dataclass
@@ -24,17 +27,21 @@ class MicroBatch:
     old_values: torch.Tensor | None = None  # PPO: the critic's values before this rollout's updates
     returns: torch.Tensor | None = None  # PPO: GAE's value targets
     rows: list[int] | None = None  # which sequences (indices into the list given to micro_batches) the rows are
+    packing: Packing | None = None  # set: the model gets the rows packed end to end
 
     @property
     def num_tokens(self) -> int:
-        return self.tokens.numel()
+        """Tokens the model processes."""
+        return self.tokens.numel() if self.packing is None else self.packing.num_tokens
 
     def to(self, device) -> "MicroBatch":
-        moved = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in vars(self).items()}
+        moved = {k: (v.to(device) if isinstance(v, (torch.Tensor, Packing)) else v) for k, v in vars(self).items()}
         return MicroBatch(**moved)
 
 
-def collate(sequences: list[TrainSequence]) -> MicroBatch:
+def collate(sequences: list[TrainSequence], pack_multiple: int | None = None) -> MicroBatch:
+    """Right-padded rows of ``sequences``; with ``pack_multiple``, also their packing, padded to a multiple of
+    that many tokens."""
     width = max(len(s.tokens) for s in sequences)
     batch = len(sequences)
     tokens = torch.zeros(batch, width, dtype=torch.long)
@@ -46,7 +53,8 @@ def collate(sequences: list[TrainSequence]) -> MicroBatch:
         advantages[row, :n - 1] = seq.advantage
         log_probs[row, :n - 1] = torch.tensor(seq.rollout_log_probs, dtype=torch.float32)
     rewards = torch.tensor([float("nan") if s.reward is None else s.reward for s in sequences])
-    return MicroBatch(tokens, mask, advantages * mask, log_probs * mask, rewards)
+    packing = None if pack_multiple is None else pack(tokens, [len(s.tokens) for s in sequences], pack_multiple)
+    return MicroBatch(tokens, mask, advantages * mask, log_probs * mask, rewards, packing=packing)
 
 
 def split_data_parallel(sequences: list[TrainSequence], dp_size: int) -> list[list[TrainSequence]]:
@@ -62,9 +70,11 @@ def split_data_parallel(sequences: list[TrainSequence], dp_size: int) -> list[li
 
 
 def micro_batches(sequences: list[TrainSequence], micro_batch_size: int = 1, max_tokens: int | None = None,
-                  first_row: int = 0, budget_flag: str = "--max-tokens-per-gpu") -> list[MicroBatch]:
-    """Batches of ``micro_batch_size`` sequences, or of length-sorted sequences within ``max_tokens`` padded
-    tokens; each batch's ``rows`` are its sequences' indices in ``sequences``, plus ``first_row``."""
+                  first_row: int = 0, budget_flag: str = "--max-tokens-per-gpu",
+                  pack_multiple: int | None = None) -> list[MicroBatch]:
+    """Batches of ``micro_batch_size`` sequences, or of length-sorted sequences within ``max_tokens`` tokens;
+    each batch's ``rows`` are its sequences' indices in ``sequences``, plus ``first_row``. With
+    ``pack_multiple`` the batches are packed (see ``collate``) and the budget counts packed tokens."""
     if not sequences:
         return []
     order = list(range(len(sequences)))
@@ -74,17 +84,22 @@ def micro_batches(sequences: list[TrainSequence], micro_batch_size: int = 1, max
         longest = max(len(s.tokens) for s in sequences)
         if longest > max_tokens:
             raise ValueError(f"a sequence of {longest} tokens exceeds {budget_flag} {max_tokens}")
-        groups, current, width = [], [], 0
+
+        def cost(lengths: list[int]) -> int:
+            if pack_multiple is None:
+                return max(lengths) * len(lengths)
+            return sum(lengths) + -sum(lengths) % pack_multiple
+
+        groups, current = [], []
         for i in sorted(order, key=lambda i: len(sequences[i].tokens)):
-            if current and max(width, len(sequences[i].tokens)) * (len(current) + 1) > max_tokens:
+            if current and cost([len(sequences[j].tokens) for j in current + [i]]) > max_tokens:
                 groups.append(current)
-                current, width = [], 0
+                current = []
             current.append(i)
-            width = max(width, len(sequences[i].tokens))
         groups.append(current)
     batches = []
     for group in groups:
-        batch = collate([sequences[i] for i in group])
+        batch = collate([sequences[i] for i in group], pack_multiple)
         batch.rows = [first_row + i for i in group]
         batches.append(batch)
     return batches

@@ -14,6 +14,7 @@ from vime_ext.trainer.batching import MicroBatch
 from vime_ext.trainer.forward import forward_backward, run_forward
 from vime_ext.trainer.model_provider import unwrap
 from vime_ext.trainer.optimizer import ActorOptimizer
+from vime_ext.trainer.packing import to_rows
 from vime_ext.trainer.rl_loss import micro_batch_value_loss
 
 CRITIC_DIR = "critic"
@@ -71,15 +72,20 @@ class Critic:
         """``batch.old_values`` (``[b, s-1]``, aligned with the loss mask) on the last stage, forward only."""
         for batch in batches:
             collected: list[torch.Tensor] = []
-            run_forward(self.model, batch.tokens, collected.append)
+            run_forward(self.model, batch.tokens, collected.append, batch.packing)
             if collected:
-                batch.old_values = collected[0][:, :-1, 0].float()
+                batch.old_values = self.values(collected[0], batch)[:, :-1].float()
+
+    @staticmethod
+    def values(output: torch.Tensor, batch: MicroBatch) -> torch.Tensor:
+        """The value head's output (``[b, s, 1]``, or ``[1, T, 1]`` packed) as ``[b, s]`` rows."""
+        return to_rows(output.reshape(-1), batch.tokens, batch.packing)
 
     def train_step(self, batches: list[MicroBatch], total_tokens: float, total_sequences: float) -> dict:
         """One optimizer step on the value loss; returns weighted statistic sums (last stage) and the
         optimizer's ``critic_*`` figures."""
         def loss_fn(output: torch.Tensor, batch: MicroBatch):
-            return micro_batch_value_loss(output[..., 0], batch, self.aggregation, self.value_clip, total_tokens,
+            return micro_batch_value_loss(self.values(output, batch), batch, self.aggregation, self.value_clip, total_tokens,
                                           total_sequences)
 
         stats = forward_backward(self.model, batches, loss_fn)

@@ -6,11 +6,7 @@ from typing import Callable, NamedTuple
 import torch
 
 from vime_ext.trainer.model_config import ModelShape, padded_vocab_size
-
-
-def position_ids(input_ids: torch.Tensor) -> torch.Tensor:
-    """0 .. seq-1 for every row: sequences start at column 0 and are right-padded."""
-    return torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0).expand_as(input_ids)
+from vime_ext.trainer.packing import Packing, model_inputs, next_tokens, to_rows
 
 
 class VocabShard(NamedTuple):
@@ -35,8 +31,7 @@ def vocab_shard(shape: ModelShape) -> VocabShard:
 
 
 def _forward_step(batch_iter, model, on_output: Callable[[torch.Tensor], None]):
-    input_ids = next(batch_iter)
-    output = model(input_ids=input_ids, position_ids=position_ids(input_ids), attention_mask=None)
+    output = model(**next(batch_iter))
 
     def consume(output_tensor):
         on_output(output_tensor)
@@ -45,21 +40,30 @@ def _forward_step(batch_iter, model, on_output: Callable[[torch.Tensor], None]):
     return output, consume
 
 
-def run_forward(model, input_ids: torch.Tensor, on_output: Callable[[torch.Tensor], None]) -> None:
-    """One forward-only pass; ``on_output`` receives the model's output (vocab-sharded logits, or a critic's
-    values) on the last stage."""
+def _device_inputs(tokens: torch.Tensor, packing: Packing | None) -> tuple[torch.Tensor, Packing | None]:
+    if torch.cuda.is_available():
+        device = torch.cuda.current_device()
+        tokens, packing = tokens.to(device), packing if packing is None else packing.to(device)
+    return tokens, packing
+
+
+def run_forward(model, tokens: torch.Tensor, on_output: Callable[[torch.Tensor], None],
+                packing: Packing | None = None) -> None:
+    """One forward-only pass over right-padded rows ``tokens`` (given ``packing``: over their packing);
+    ``on_output`` receives the model's output (vocab-sharded logits, or a critic's values) on the last stage,
+    ``[b, s, ...]``, or ``[1, T, ...]`` packed."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    if torch.cuda.is_available():
-        input_ids = input_ids.to(torch.cuda.current_device())
+    tokens, packing = _device_inputs(tokens, packing)
+    inputs = model_inputs(tokens, packing)
     model.eval()
     get_forward_backward_func()(
         forward_step_func=partial(_forward_step, on_output=on_output),
-        data_iterator=iter([input_ids]),
+        data_iterator=iter([inputs]),
         model=[model],
         num_microbatches=1,
-        seq_length=input_ids.shape[1],
-        micro_batch_size=input_ids.shape[0],
+        seq_length=inputs["input_ids"].shape[1],
+        micro_batch_size=inputs["input_ids"].shape[0],
         forward_only=True,
     )
 
@@ -74,7 +78,7 @@ def forward_backward(model, batches: list, loss_fn: Callable) -> dict[str, float
 
     def step(data_iterator, model):
         batch = next(data_iterator)
-        output = model(input_ids=batch.tokens, position_ids=position_ids(batch.tokens), attention_mask=None)
+        output = model(**model_inputs(batch.tokens, batch.packing))
 
         def loss_func(output_tensor):
             loss, stats = loss_fn(output_tensor, batch)
@@ -85,10 +89,10 @@ def forward_backward(model, batches: list, loss_fn: Callable) -> dict[str, float
 
     if batches:
         model.train()
+        shapes = [model_inputs(b.tokens, b.packing)["input_ids"].shape for b in batches]
         get_forward_backward_func()(
             forward_step_func=step, data_iterator=iter(batches), model=[model], num_microbatches=len(batches),
-            seq_length=max(b.tokens.shape[1] for b in batches),
-            micro_batch_size=max(b.tokens.shape[0] for b in batches), forward_only=False)
+            seq_length=max(s[1] for s in shapes), micro_batch_size=max(s[0] for s in shapes), forward_only=False)
     return {k: sum(float(c[k]) for c in collected) for k in (collected[0] if collected else {})}
 
 
@@ -121,26 +125,33 @@ def vocab_parallel_log_probs(logits: torch.Tensor, targets: torch.Tensor, shape:
     return chunked_log_probs(logits, targets, shard.start, shard.valid, chunk_tokens, shard.group)
 
 
+def position_log_probs(logits: torch.Tensor, tokens: torch.Tensor, packing: Packing | None, shape: ModelShape,
+                       chunk_tokens: int) -> torch.Tensor:
+    """log p(next token) ``[b, s-1]`` from the model's vocab-sharded logits of right-padded rows ``tokens`` (or
+    their ``packing``); differentiable. Positions past a row's end hold meaningless values."""
+    flat = logits.reshape(-1, logits.shape[-1])  # a view: no copy of the [tokens x vocab] block
+    scored = vocab_parallel_log_probs(flat, next_tokens(tokens, packing), shape, chunk_tokens)
+    return to_rows(scored, tokens, packing)[:, :-1]
+
+
 @torch.no_grad()
 def forward_log_probs(model, shape: ModelShape, input_ids: torch.Tensor, chunk_tokens: int = 4096,
-                      temperature: float = 1.0) -> torch.Tensor | None:
+                      temperature: float = 1.0, packing: Packing | None = None) -> torch.Tensor | None:
     """log p(input_ids[:, t+1] | input_ids[:, :t+1]) as ``[batch, seq-1]`` on the last stage (None elsewhere),
-    from vocab-sharded logits divided by ``temperature``, without gathering the vocabulary. Forward only: no
-    activations are kept for a backward pass."""
+    from vocab-sharded logits divided by ``temperature``, without gathering the vocabulary. ``input_ids`` are
+    right-padded rows; given their ``packing`` the model sees that instead. Forward only: no activations are
+    kept for a backward pass."""
     from megatron.core import parallel_state
 
-    if torch.cuda.is_available():
-        input_ids = input_ids.to(torch.cuda.current_device())
+    input_ids, packing = _device_inputs(input_ids, packing)
     results: list[torch.Tensor] = []
 
     def score(logits: torch.Tensor) -> None:
         if temperature != 1.0:
             logits = logits / temperature
-        # Row by row: logits[row, :-1] is contiguous, so no copy of the [seq x vocab] block is made.
-        results.append(torch.stack([vocab_parallel_log_probs(logits[row, :-1], input_ids[row, 1:], shape,
-                                                             chunk_tokens) for row in range(logits.shape[0])]))
+        results.append(position_log_probs(logits, input_ids, packing, shape, chunk_tokens))
 
-    run_forward(model, input_ids, score)
+    run_forward(model, input_ids, score, packing)
     if not parallel_state.is_pipeline_last_stage():
         return None
     return results[0]

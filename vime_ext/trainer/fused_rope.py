@@ -5,8 +5,10 @@ each query and key tensor (split, negate, concatenate, two products, a sum, a fi
 writing the whole tensor, forward and again backward. Here each row of ``head_dim`` values is read once and
 written once, with cos/sin computed in registers from megatron's fp32 angles.
 
-megatron-core calls ``rope_utils.fused_apply_rotary_pos_emb`` when ``config.apply_rope_fusion`` is set, a slot
-Transformer Engine fills when it is installed; ``install()`` fills it with this kernel when TE has not. Only the
+megatron-core calls ``rope_utils.fused_apply_rotary_pos_emb`` (``..._thd`` for packed sequences) when
+``config.apply_rope_fusion`` is set, slots Transformer Engine fills when it is installed; ``install()`` fills them
+with this kernel when TE has not. Packed, each token's angle row is picked by its position within its own
+sequence, on the device (megatron's unfused THD code splits the pack on the host, a GPU sync per call). Only the
 rotate-half layout (every Qwen/Llama model here) is fused; other layouts fall back to megatron's own code.
 """
 
@@ -39,44 +41,69 @@ def _rope_rows(x_ptr, freqs_ptr, out_ptr, rows_per_position, head_dim: tl.conste
     tl.store(out_ptr + row * head_dim + i, out.to(out_ptr.dtype.element_ty), mask=in_row)
 
 
-def _launch(x: torch.Tensor, freqs: torch.Tensor, backward: bool) -> torch.Tensor:
+def _launch(x: torch.Tensor, angles: torch.Tensor, backward: bool) -> torch.Tensor:
+    """``x`` ``[s, b, h, d]``, ``angles`` ``[s, rot_dim]`` fp32 (row i for position i of x)."""
     x = x.contiguous()
     seq, batch, heads, head_dim = x.shape
-    rot_dim = freqs.shape[-1]
-    angles = freqs[:seq].reshape(seq, rot_dim).float().contiguous()
     out = torch.empty_like(x)
-    _rope_rows[(seq * batch * heads,)](x, angles, out, batch * heads, head_dim, rot_dim,
+    _rope_rows[(seq * batch * heads,)](x, angles, out, batch * heads, head_dim, angles.shape[-1],
                                        BLOCK=triton.next_power_of_2(head_dim), BACKWARD=backward)
     return out
 
 
 class _FusedRope(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(freqs)
-        return _launch(x, freqs, backward=False)
+    def forward(ctx, x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(angles)
+        return _launch(x, angles, backward=False)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        (freqs,) = ctx.saved_tensors
-        return _launch(grad, freqs, backward=True), None
+        (angles,) = ctx.saved_tensors
+        return _launch(grad, angles, backward=True), None
+
+
+def _rotate_half_layout(freqs: torch.Tensor, interleaved: bool) -> bool:
+    return not interleaved and freqs.dim() == 4 and freqs.shape[1] == 1 and freqs.shape[2] == 1 and \
+        freqs.shape[-1] % 2 == 0
 
 
 def fused_rope(t: torch.Tensor, freqs: torch.Tensor, interleaved: bool = False, **_) -> torch.Tensor:
     """RoPE on ``t`` ``[s, b, h, d]`` with megatron's angles ``freqs`` ``[>=s, 1, 1, rot_dim]`` (fp32), as
     megatron's ``fused_apply_rotary_pos_emb`` is called."""
-    if interleaved or freqs.dim() != 4 or freqs.shape[1] != 1 or freqs.shape[2] != 1 or freqs.shape[-1] % 2:
+    if not _rotate_half_layout(freqs, interleaved):
         from megatron.core.models.common.embeddings.rope_utils import _apply_rotary_pos_emb_bshd
 
         return _apply_rotary_pos_emb_bshd(t, freqs[: t.shape[0]], rotary_interleaved=interleaved)
-    return _FusedRope.apply(t, freqs)
+    seq = t.shape[0]
+    return _FusedRope.apply(t, freqs[:seq].reshape(seq, -1).float().contiguous())
+
+
+def fused_rope_thd(t: torch.Tensor, cu_seqlens: torch.Tensor, freqs: torch.Tensor, cp_size: int = 1,
+                   cp_rank: int = 0, interleaved: bool = False, **_) -> torch.Tensor:
+    """RoPE on packed ``t`` ``[T, h, d]`` whose sequences start at ``cu_seqlens``, each at position 0, as
+    megatron's ``fused_apply_rotary_pos_emb_thd`` is called."""
+    if cp_size != 1 or not _rotate_half_layout(freqs, interleaved):
+        from megatron.core import parallel_state
+        from megatron.core.models.common.embeddings.rope_utils import _apply_rotary_pos_emb_thd
+
+        return _apply_rotary_pos_emb_thd(t, cu_seqlens, freqs, rotary_interleaved=interleaved,
+                                         cp_group=parallel_state.get_context_parallel_group())
+    tokens = torch.arange(t.shape[0], device=t.device)
+    sequence = torch.searchsorted(cu_seqlens[1:].long(), tokens, right=True)
+    positions = tokens - cu_seqlens.long()[sequence]
+    angles = freqs.reshape(freqs.shape[0], -1).float().index_select(0, positions)
+    return _FusedRope.apply(t.unsqueeze(1), angles).squeeze(1)
 
 
 def install() -> bool:
-    """Fill megatron-core's fused-RoPE slot with ``fused_rope`` unless Transformer Engine already has; returns
-    whether a fused RoPE is now available (set ``apply_rope_fusion`` in the config only then)."""
+    """Fill megatron-core's fused-RoPE slots with ``fused_rope`` / ``fused_rope_thd`` unless Transformer Engine
+    already has; returns whether a fused RoPE is now available (set ``apply_rope_fusion`` in the config only
+    then)."""
     from megatron.core.models.common.embeddings import rope_utils
 
     if rope_utils.fused_apply_rotary_pos_emb is None:
         rope_utils.fused_apply_rotary_pos_emb = fused_rope
+    if rope_utils.fused_apply_rotary_pos_emb_thd is None:
+        rope_utils.fused_apply_rotary_pos_emb_thd = fused_rope_thd
     return rope_utils.fused_apply_rotary_pos_emb is not None

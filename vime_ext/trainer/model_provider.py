@@ -19,12 +19,13 @@ def transformer_engine_available() -> bool:
 ATTENTION_KINDS = ("te", "sdpa", "local")
 
 
-def default_attention() -> str:
+def default_attention(packed: bool = False) -> str:
     """Transformer Engine layers when TE imports on CUDA, SDPA attention on CUDA without TE, megatron-core's
-    local layers on the CPU (where the parity tests pin them)."""
+    local layers on the CPU (where the parity tests pin them) unless sequences are ``packed``, which the local
+    layers cannot attend over (SDPA then, which runs on the CPU too)."""
     if transformer_engine_available():
         return "te"
-    return "sdpa" if torch.cuda.is_available() else "local"
+    return "sdpa" if torch.cuda.is_available() or packed else "local"
 
 
 def layer_spec(shape: ModelShape, attention: str):

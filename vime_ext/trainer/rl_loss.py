@@ -19,8 +19,9 @@ from vime_ext.algorithms.losses import (
     truncated_importance_weights,
 )
 from vime_ext.trainer.batching import MicroBatch
-from vime_ext.trainer.forward import vocab_parallel_log_probs, vocab_shard
+from vime_ext.trainer.forward import position_log_probs, vocab_shard
 from vime_ext.trainer.model_config import ModelShape
+from vime_ext.trainer.packing import to_rows
 
 
 @dataclass(frozen=True)
@@ -37,8 +38,16 @@ class LossSettings:
     temperature: float = 1.0
 
 
-def vocab_parallel_entropy(logits: torch.Tensor, shape: ModelShape) -> torch.Tensor:
-    """Entropy per row of ``[tokens, vocab/TP]`` sharded logits (padding columns excluded), differentiable."""
+def vocab_parallel_entropy(logits: torch.Tensor, shape: ModelShape, chunk_tokens: int = 4096) -> torch.Tensor:
+    """Entropy per row of ``[tokens, vocab/TP]`` sharded logits (padding columns excluded). Differentiable when
+    grad is enabled; otherwise computed ``chunk_tokens`` rows at a time, so fp32 [tokens x vocab/TP] never
+    exists at once."""
+    if not torch.is_grad_enabled() and logits.shape[0] > chunk_tokens:
+        return torch.cat([_entropy(part, shape) for part in logits.split(chunk_tokens)])
+    return _entropy(logits, shape)
+
+
+def _entropy(logits: torch.Tensor, shape: ModelShape) -> torch.Tensor:
     from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
 
     shard = vocab_shard(shape)
@@ -59,17 +68,17 @@ def vocab_parallel_entropy(logits: torch.Tensor, shape: ModelShape) -> torch.Ten
 def micro_batch_loss(logits: torch.Tensor, batch: MicroBatch, shape: ModelShape, settings: LossSettings,
                      total_tokens: float, total_sequences: float,
                      chunk_tokens: int = 4096) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """``logits``: ``[b, s, vocab/TP]`` from the model; returns (loss, weighted statistics)."""
+    """``logits``: ``[b, s, vocab/TP]`` from the model (``[1, T, vocab/TP]`` for a packed batch); returns (loss,
+    weighted statistics)."""
     if settings.temperature != 1.0:
         logits = logits / settings.temperature
     mask = batch.loss_mask
     weights = token_weights(mask, settings.aggregation, total_tokens, total_sequences)
     stats: dict[str, torch.Tensor] = {}
-    # Entropy before log-probs: megatron's log-prob kernel overwrites the logits it is given.
     with torch.set_grad_enabled(torch.is_grad_enabled() and settings.entropy_coef != 0.0):
-        entropy = torch.stack([vocab_parallel_entropy(logits[row, :-1], shape) for row in range(logits.shape[0])])
-    log_probs = torch.stack([vocab_parallel_log_probs(logits[row, :-1], batch.tokens[row, 1:], shape, chunk_tokens)
-                             for row in range(logits.shape[0])])
+        entropy = vocab_parallel_entropy(logits.reshape(-1, logits.shape[-1]), shape, chunk_tokens)
+        entropy = to_rows(entropy, batch.tokens, batch.packing)[:, :-1]
+    log_probs = position_log_probs(logits, batch.tokens, batch.packing, shape, chunk_tokens)
     # Padding positions get ratio 1 and zero KL, so nothing non-finite meets a zero weight there.
     valid = mask > 0
     log_probs = torch.where(valid, log_probs, batch.old_log_probs)
