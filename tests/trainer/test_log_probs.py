@@ -38,3 +38,19 @@ def test_bf16_logits_get_bf16_gradients():
     logits = torch.randn(4, 16, dtype=torch.bfloat16, requires_grad=True)
     chunked_log_probs(logits, torch.tensor([1, 2, 3, 4]), 0, 16).sum().backward()
     assert logits.grad.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_entropy_from_the_same_chunks_matches_the_softmax_and_leaves_the_logits_alone(dtype):
+    torch.manual_seed(2)
+    logits = (3 * torch.randn(7, 12)).to(dtype).requires_grad_(True)
+    before = logits.detach().clone()
+    targets = torch.tensor([0, 3, 5, 8, 1, 2, 4])
+    log_probs, entropy = chunked_log_probs(logits, targets, 0, 9, chunk=3, with_entropy=True)
+    p = torch.softmax(before[:, :9].float(), -1)  # columns 9..11 pad the vocabulary
+    assert torch.allclose(entropy, -(p * p.log()).sum(-1), atol=1e-5)
+    assert torch.allclose(log_probs, chunked_log_probs(before, targets, 0, 9, chunk=3))
+    assert torch.equal(logits.detach(), before)  # fp32 logits are the kernel's own x: not edited in place
+    assert not entropy.requires_grad
+    log_probs.sum().backward()  # the log-probs stay differentiable beside the statistic
+    assert logits.grad is not None

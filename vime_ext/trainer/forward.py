@@ -115,22 +115,26 @@ def forward_logits(model, shape: ModelShape, input_ids: torch.Tensor) -> torch.T
 
 
 def vocab_parallel_log_probs(logits: torch.Tensor, targets: torch.Tensor, shape: ModelShape,
-                             chunk_tokens: int = 4096) -> torch.Tensor:
+                             chunk_tokens: int = 4096, with_entropy: bool = False):
     """log p(target) per position from this TP rank's vocab shard of ``[tokens, vocab/TP]`` logits, in fp32,
     ``chunk_tokens`` rows at a time: fp32 [tokens x vocab/TP] never exists at once, in forward or backward
-    (see ``log_probs.py``). Padding columns of the vocabulary are excluded."""
+    (see ``log_probs.py``). Padding columns of the vocabulary are excluded. ``with_entropy``: also each row's
+    entropy (a statistic, no gradient), as ``(log_probs, entropy)``."""
     from vime_ext.trainer.log_probs import chunked_log_probs
 
     shard = vocab_shard(shape)
-    return chunked_log_probs(logits, targets, shard.start, shard.valid, chunk_tokens, shard.group)
+    return chunked_log_probs(logits, targets, shard.start, shard.valid, chunk_tokens, shard.group, with_entropy)
 
 
 def position_log_probs(logits: torch.Tensor, tokens: torch.Tensor, packing: Packing | None, shape: ModelShape,
-                       chunk_tokens: int) -> torch.Tensor:
+                       chunk_tokens: int, with_entropy: bool = False):
     """log p(next token) ``[b, s-1]`` from the model's vocab-sharded logits of right-padded rows ``tokens`` (or
-    their ``packing``); differentiable. Positions past a row's end hold meaningless values."""
+    their ``packing``); differentiable. Positions past a row's end hold meaningless values. ``with_entropy``:
+    ``(log_probs, entropy)``, the entropy as a statistic (no gradient)."""
     flat = logits.reshape(-1, logits.shape[-1])  # a view: no copy of the [tokens x vocab] block
-    scored = vocab_parallel_log_probs(flat, next_tokens(tokens, packing), shape, chunk_tokens)
+    scored = vocab_parallel_log_probs(flat, next_tokens(tokens, packing), shape, chunk_tokens, with_entropy)
+    if with_entropy:
+        return tuple(to_rows(x, tokens, packing)[:, :-1] for x in scored)
     return to_rows(scored, tokens, packing)[:, :-1]
 
 

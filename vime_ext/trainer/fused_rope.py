@@ -89,11 +89,26 @@ def fused_rope_thd(t: torch.Tensor, cu_seqlens: torch.Tensor, freqs: torch.Tenso
 
         return _apply_rotary_pos_emb_thd(t, cu_seqlens, freqs, rotary_interleaved=interleaved,
                                          cp_group=parallel_state.get_context_parallel_group())
-    tokens = torch.arange(t.shape[0], device=t.device)
-    sequence = torch.searchsorted(cu_seqlens[1:].long(), tokens, right=True)
-    positions = tokens - cu_seqlens.long()[sequence]
+    return _FusedRope.apply(t.unsqueeze(1), _packed_angles(cu_seqlens, freqs, t.shape[0])).squeeze(1)
+
+
+_last_angles: list = []  # [(cu_seqlens, freqs, tokens), angles] of the latest call
+
+
+def _packed_angles(cu_seqlens: torch.Tensor, freqs: torch.Tensor, tokens: int) -> torch.Tensor:
+    """Each packed token's angle row ``[T, rot_dim]``. Every layer's query and key of one forward pass get the
+    same ``cu_seqlens`` and ``freqs`` tensors, so the table is built once per pass, not 2 x layers times (small
+    kernels whose launches a small model's pass is bound by)."""
+    if _last_angles:
+        (last_cu, last_freqs, last_tokens), angles = _last_angles
+        if last_cu is cu_seqlens and last_freqs is freqs and last_tokens == tokens:
+            return angles
+    index = torch.arange(tokens, device=freqs.device)
+    cu = cu_seqlens.long()
+    positions = index - cu[torch.searchsorted(cu[1:], index, right=True)]
     angles = freqs.reshape(freqs.shape[0], -1).float().index_select(0, positions)
-    return _FusedRope.apply(t.unsqueeze(1), angles).squeeze(1)
+    _last_angles[:] = [(cu_seqlens, freqs, tokens), angles]
+    return angles
 
 
 def install() -> bool:

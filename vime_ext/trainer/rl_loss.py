@@ -38,16 +38,9 @@ class LossSettings:
     temperature: float = 1.0
 
 
-def vocab_parallel_entropy(logits: torch.Tensor, shape: ModelShape, chunk_tokens: int = 4096) -> torch.Tensor:
-    """Entropy per row of ``[tokens, vocab/TP]`` sharded logits (padding columns excluded). Differentiable when
-    grad is enabled; otherwise computed ``chunk_tokens`` rows at a time, so fp32 [tokens x vocab/TP] never
-    exists at once."""
-    if not torch.is_grad_enabled() and logits.shape[0] > chunk_tokens:
-        return torch.cat([_entropy(part, shape) for part in logits.split(chunk_tokens)])
-    return _entropy(logits, shape)
-
-
-def _entropy(logits: torch.Tensor, shape: ModelShape) -> torch.Tensor:
+def vocab_parallel_entropy(logits: torch.Tensor, shape: ModelShape) -> torch.Tensor:
+    """Entropy per row of ``[tokens, vocab/TP]`` sharded logits (padding columns excluded), differentiable (for
+    an entropy bonus; as a statistic alone it comes out of the log-prob chunks)."""
     from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
 
     shard = vocab_shard(shape)
@@ -75,10 +68,13 @@ def micro_batch_loss(logits: torch.Tensor, batch: MicroBatch, shape: ModelShape,
     mask = batch.loss_mask
     weights = token_weights(mask, settings.aggregation, total_tokens, total_sequences)
     stats: dict[str, torch.Tensor] = {}
-    with torch.set_grad_enabled(torch.is_grad_enabled() and settings.entropy_coef != 0.0):
-        entropy = vocab_parallel_entropy(logits.reshape(-1, logits.shape[-1]), shape, chunk_tokens)
+    if settings.entropy_coef:
+        entropy = vocab_parallel_entropy(logits.reshape(-1, logits.shape[-1]), shape)
         entropy = to_rows(entropy, batch.tokens, batch.packing)[:, :-1]
-    log_probs = position_log_probs(logits, batch.tokens, batch.packing, shape, chunk_tokens)
+        log_probs = position_log_probs(logits, batch.tokens, batch.packing, shape, chunk_tokens)
+    else:
+        log_probs, entropy = position_log_probs(logits, batch.tokens, batch.packing, shape, chunk_tokens,
+                                                with_entropy=True)
     # Padding positions get ratio 1 and zero KL, so nothing non-finite meets a zero weight there.
     valid = mask > 0
     log_probs = torch.where(valid, log_probs, batch.old_log_probs)

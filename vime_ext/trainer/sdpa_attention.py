@@ -103,11 +103,10 @@ def _varlen_attn():
         elif not math.isclose(scale, q.shape[-1] ** -0.5):
             raise NotImplementedError(f"this torch's varlen_attn has no scale argument; scale {scale} is not the "
                                       "default 1/sqrt(head_dim)")
-        if k.shape[1] != q.shape[1]:
-            if "enable_gqa" in accepted:
-                extra["enable_gqa"] = True
-            else:  # no GQA in this release's wrapper: give every query head its own copy of its group
-                k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
+        if k.shape[1] != q.shape[1] and "enable_gqa" in accepted:
+            # Newer wrappers check head counts unless told; torch 2.11's passes grouped k/v to the flash kernel,
+            # which takes them as they are (on an H100: the same output and gradients as repeated heads).
+            extra["enable_gqa"] = True
         return varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, **extra)
 
     return attend
