@@ -115,9 +115,15 @@ def build_megatron(impl: str, shape: ModelShape):
     from vime_ext.trainer.model_config import ParallelConfig
     from vime_ext.trainer.model_provider import build_gpt_model
 
-    attention, recompute, layers = MEGATRON_IMPLS[impl.removesuffix(UNFUSED_ROPE)]
-    return build_gpt_model(shape, ParallelConfig(), dtype=torch.bfloat16, recompute=recompute, attention=attention,
-                           recompute_num_layers=layers, rope_fusion=False if impl.endswith(UNFUSED_ROPE) else None)
+    base = impl.removesuffix(FP32_NORMS)
+    attention, recompute, layers = MEGATRON_IMPLS[base.removesuffix(UNFUSED_ROPE)]
+    model = build_gpt_model(shape, ParallelConfig(), dtype=torch.bfloat16, recompute=recompute, attention=attention,
+                            recompute_num_layers=layers, rope_fusion=False if base.endswith(UNFUSED_ROPE) else None)
+    if impl.endswith(FP32_NORMS):  # as megatron-core builds them, before build_gpt_model cast them to bf16
+        for module in model.modules():
+            if isinstance(module, (torch.nn.RMSNorm, torch.nn.LayerNorm)):
+                module.float()
+    return model
 
 
 # impl -> (attention, recompute, recomputed layers) for the Megatron model; "hf" is the transformers peer.
@@ -128,6 +134,8 @@ MEGATRON_IMPLS = {"megatron-local": ("local", "full", None), "megatron-local-nor
 # "<sdpa impl>-unfused-rope": the same model with megatron's unfused RoPE (the SDPA spec fuses it by default).
 UNFUSED_ROPE = "-unfused-rope"
 SDPA_UNFUSED = [f"{name}{UNFUSED_ROPE}" for name, (attention, _, _) in MEGATRON_IMPLS.items() if attention == "sdpa"]
+# "<impl>-fp32-norms": the norms' weights left in fp32, which keeps torch.rms_norm off its fused kernel.
+FP32_NORMS = "-fp32-norms"
 
 # Profiler kernel names -> where the time went (by name pattern, first match wins).
 KERNEL_CATEGORIES = [
@@ -237,7 +245,8 @@ def main(argv=None) -> None:
     parser.add_argument("--seq-lens", type=int, nargs="+", default=[4096, 8192])
     parser.add_argument("--micro-batch-size", type=int, default=1)
     parser.add_argument("--impls", nargs="+", default=["megatron-local", "megatron-sdpa", "hf"],
-                        choices=[*MEGATRON_IMPLS, *SDPA_UNFUSED, "hf"])
+                        choices=[*MEGATRON_IMPLS, *SDPA_UNFUSED, *(f"{name}{FP32_NORMS}" for name in MEGATRON_IMPLS),
+                                 "hf"])
     parser.add_argument("--profile", action="store_true", help="also split one step's kernel time by category")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--out", help="write the results as JSON here")

@@ -60,3 +60,16 @@ def test_parallel_layouts_that_cannot_split_are_refused():
         ParallelConfig(sequence_parallel=True)
     with pytest.raises(ValueError, match="sequence_parallel needs Transformer Engine"):
         build_gpt_model(shape, ParallelConfig(2, 1, True), attention="local")
+
+
+def test_norms_take_the_model_dtype_and_nothing_else_changes():
+    from vime_ext.trainer.model_provider import norms_in_model_dtype
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4, dtype=torch.bfloat16), torch.nn.RMSNorm(4),
+                                torch.nn.LayerNorm(4))
+    model.register_buffer("angles", torch.ones(3))  # e.g. RoPE tables: stay fp32
+    norms_in_model_dtype(model, torch.bfloat16)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert model.angles.dtype == torch.float32
+    # bf16 input and bf16 weight: torch's fused RMSNorm (no dtype-mismatch fallback), bf16 out
+    assert model[1](torch.randn(2, 4, dtype=torch.bfloat16)).dtype == torch.bfloat16

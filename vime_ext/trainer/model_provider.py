@@ -87,9 +87,21 @@ def build_gpt_model(
         position_embedding_type="rope",
         rotary_base=int(shape.rope_theta),
     )
+    if dtype != torch.float32:
+        norms_in_model_dtype(model, dtype)
     if torch.cuda.is_available():
         model.cuda(torch.cuda.current_device())
     return model
+
+
+def norms_in_model_dtype(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """megatron-core's local spec builds its torch norms in fp32 whatever ``params_dtype`` says (megatron casts
+    them later, in ``Float16Module``, which vime_ext does not use). A bf16 input with an fp32 weight keeps
+    ``torch.rms_norm`` off its fused kernel (about six elementwise kernels instead of one, each way), so the
+    norms take the model's dtype; the optimizer keeps fp32 master copies, as for every other bf16 weight."""
+    for module in model.modules():
+        if isinstance(module, (torch.nn.RMSNorm, torch.nn.LayerNorm)):
+            module.to(dtype)
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
