@@ -89,7 +89,7 @@ def forward_backward(model, batches: list, loss_fn: Callable) -> dict[str, float
 
     if batches:
         model.train()
-        shapes = [model_inputs(b.tokens, b.packing)["input_ids"].shape for b in batches]
+        shapes = [tuple(b.tokens.shape) if b.packing is None else (1, b.packing.num_tokens) for b in batches]
         get_forward_backward_func()(
             forward_step_func=step, data_iterator=iter(batches), model=[model], num_microbatches=len(batches),
             seq_length=max(s[1] for s in shapes), micro_batch_size=max(s[0] for s in shapes), forward_only=False)

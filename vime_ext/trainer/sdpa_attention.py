@@ -86,9 +86,9 @@ class SDPAAttention(MegatronModule):
 @functools.cache
 def _varlen_attn():
     """Causal variable-length flash attention ``(q, k, v, cu_q, cu_k, max_q, max_k, scale) -> out`` from
-    ``torch.nn.attention.varlen`` (torch >= 2.10, CUDA), or None. Its keywords changed between torch
-    releases (``is_causal`` became ``window_size``; ``enable_gqa`` was added), so they are read off its
-    signature."""
+    ``torch.nn.attention.varlen`` (CUDA), or None where this torch lacks it. Its keywords differ between
+    releases (causality as ``is_causal`` or as ``window_size=(-1, 0)``, the latter in 2.11 and 2.13;
+    ``enable_gqa`` in 2.13, not 2.11), so they are read off its signature."""
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
