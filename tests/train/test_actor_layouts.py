@@ -57,7 +57,9 @@ def run_layout(family_dir: Path, data: Path, out: Path, layout: str, extra: tupl
     return summed, weights
 
 
-@pytest.mark.parametrize("family, algorithm", [("llama", "grpo"), ("qwen3", "grpo"), ("llama", "ppo")])
+# Llama with PPO runs the whole policy loss of the GRPO case (same flags) plus the critic, so Llama needs no GRPO
+# case of its own; Qwen3 brings the q/k layernorms (their gradients are TP partial sums).
+@pytest.mark.parametrize("family, algorithm", [("qwen3", "grpo"), ("llama", "ppo")])
 def test_layouts_agree(family, algorithm, tiny_hf_dirs, tmp_path):
     data = tmp_path / "p.jsonl"
     data.write_text(json.dumps({"prompt": "x", "label": "y"}) + "\n")
