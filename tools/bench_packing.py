@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
-from bench_train import MEGATRON_IMPLS, SHAPES, build_megatron, flops_per_token, hf_config, matmul_ceiling_tflops  # noqa: E402
+from bench_train import (MEGATRON_IMPLS, SHAPES, build_megatron, flops_per_token, hf_config,  # noqa: E402
+                         matmul_ceiling_tflops)
 
 from vime_ext.algorithms.train_data import TrainSequence  # noqa: E402
 from vime_ext.trainer.model_config import ModelShape  # noqa: E402

@@ -113,16 +113,14 @@ def build(impl: str, shape: ModelShape, config: dict):
 
 def build_megatron(impl: str, shape: ModelShape):
     from vime_ext.trainer.model_config import ParallelConfig
-    from vime_ext.trainer.model_provider import build_gpt_model
+    from vime_ext.trainer.model_provider import build_gpt_model, norms_in_model_dtype
 
     base = impl.removesuffix(FP32_NORMS)
     attention, recompute, layers = MEGATRON_IMPLS[base.removesuffix(UNFUSED_ROPE)]
     model = build_gpt_model(shape, ParallelConfig(), dtype=torch.bfloat16, recompute=recompute, attention=attention,
                             recompute_num_layers=layers, rope_fusion=False if base.endswith(UNFUSED_ROPE) else None)
     if impl.endswith(FP32_NORMS):  # as megatron-core builds them, before build_gpt_model cast them to bf16
-        for module in model.modules():
-            if isinstance(module, (torch.nn.RMSNorm, torch.nn.LayerNorm)):
-                module.float()
+        norms_in_model_dtype(model, torch.float32)
     return model
 
 

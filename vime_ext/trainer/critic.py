@@ -85,8 +85,8 @@ class Critic:
         """One optimizer step on the value loss; returns weighted statistic sums (last stage) and the
         optimizer's ``critic_*`` figures."""
         def loss_fn(output: torch.Tensor, batch: MicroBatch):
-            return micro_batch_value_loss(self.values(output, batch), batch, self.aggregation, self.value_clip, total_tokens,
-                                          total_sequences)
+            return micro_batch_value_loss(self.values(output, batch), batch, self.aggregation, self.value_clip,
+                                          total_tokens, total_sequences)
 
         stats = forward_backward(self.model, batches, loss_fn)
         return {**stats, **{f"critic_{k}": v for k, v in self.optimizer.step().items()}}
