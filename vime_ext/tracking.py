@@ -1,5 +1,11 @@
 """Training metrics to TensorBoard and ``metrics.jsonl`` (always; the JSONL also carries each rollout's prompt
-sources) and Weights & Biases (``--use-wandb``)."""
+sources) and Weights & Biases (``--use-wandb``).
+
+W&B (0.31) writes runs from a separate service process. ``run.finish()`` returns once that service has
+acknowledged the run's exit record, but the service flushes the run's transaction log (``run-*.wandb``, what
+``wandb sync`` uploads and offline readers read) only when it closes the run's stream, which ``finish()`` merely
+asks for. ``wandb.teardown()`` shuts the service down and waits for its process to exit, after closing every
+stream; so ``Tracker.close()`` calls both, and when it returns the run is complete on disk."""
 
 import json
 from pathlib import Path
@@ -35,4 +41,8 @@ class Tracker:
         self.writer.close()
         self.jsonl.close()
         if self.wandb is not None:
+            import wandb
+
             self.wandb.finish()
+            wandb.teardown()  # waits until the service has written and closed the run's files (see above)
+            self.wandb = None

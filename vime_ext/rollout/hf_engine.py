@@ -140,6 +140,7 @@ def _as_list(value) -> list:
 def build_app(engine: HFEngine) -> FastAPI:
     queue: asyncio.Queue[_Pending] = asyncio.Queue()
     resumed = asyncio.Event()
+    waiting = 0
 
     async def batcher():
         loop = asyncio.get_running_loop()
@@ -177,7 +178,8 @@ def build_app(engine: HFEngine) -> FastAPI:
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "weight_version": engine.weight_version, "requests_served": engine.requests_served}
+        return {"status": "ok", "weight_version": engine.weight_version, "requests_served": engine.requests_served,
+                "requests_waiting": waiting}
 
     @app.post("/pause")
     async def pause(mode: str = "abort"):
@@ -238,6 +240,14 @@ def build_app(engine: HFEngine) -> FastAPI:
 
     @app.post(GENERATE_ROUTE)
     async def generate(request: Request):
+        nonlocal waiting
+        waiting += 1  # received and not yet answered (a paused engine holds them)
+        try:
+            return await answer(request)
+        finally:
+            waiting -= 1
+
+    async def answer(request: Request):
         while engine.paused or engine.sleeping:
             resumed.clear()
             await resumed.wait()
