@@ -24,6 +24,7 @@ setup(
         "datasets",
         "tensorboard",
         "tqdm",
+        "pyyaml",  # --custom-config-path
         "ray",
         "httpx",  # rollout client
         "vllm-router==0.1.17",  # the Rust router in front of the engines

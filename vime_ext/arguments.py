@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Literal
 
 from vime_ext.flags import add_dataclass_flags, dataclass_from_args, flag_name
+from vime_ext.flags import help_field as _help
 from vime_ext.rollout.config import RolloutConfig
 from vime_ext.rollout.engines import ROUTER_POLICIES, split_vllm_args
 from vime_ext.trainer.model_config import ModelShape, ParallelConfig
@@ -24,10 +25,6 @@ from vime_ext.trainer.model_config import ModelShape, ParallelConfig
 
 class ConfigError(ValueError):
     """Flags that cannot work together (or with the checkpoint they name)."""
-
-
-def _help(text: str, **extra):
-    return field(default=extra.pop("default", None), metadata={"help": text, **extra})
 
 
 @dataclass(frozen=True)
@@ -114,6 +111,9 @@ class AlgorithmConfig:
     tis_cap: float = 2.0
     normalize_advantages: bool = field(default=False, metadata={
         "help": "whiten advantages over each rollout's trained tokens (all data-parallel ranks)"})
+    trajectory_advantage: Literal["shared", "split"] = field(default="shared", metadata={
+        "help": "GRPO, trajectories of several sequences (multi-turn agents): every sequence gets the trajectory's "
+                "advantage (shared) or the advantage divided by the number of sequences (split)"})
     # PPO only (--advantage-estimator ppo): a critic with the policy's architecture and a value head.
     gamma: float = field(default=1.0, metadata={"help": "PPO: discount per generated token"})
     lambd: float = field(default=1.0, metadata={"help": "PPO: GAE lambda"})
@@ -177,6 +177,18 @@ class LoggingConfig:
 
 
 @dataclass(frozen=True)
+class DebugConfig:
+    """slime's debugging hooks: rollouts saved to files and replayed into training, one side run alone."""
+
+    save_debug_rollout_data: str | None = _help("save each rollout's samples to this path; {rollout_id} in it "
+                                                "is replaced (default: rollout_{rollout_id}.json appended)")
+    load_debug_rollout_data: str | None = _help("train on rollouts saved by --save-debug-rollout-data instead "
+                                                "of generating them (same path pattern); starts no engine")
+    debug_rollout_only: bool = _help("generate (and save) rollouts without training: no trainer ranks", default=False)
+    debug_train_only: bool = _help("train without engines: needs --load-debug-rollout-data", default=False)
+
+
+@dataclass(frozen=True)
 class ModelShapeFlags:
     """Megatron's model-shape flags; optional, and each one given must match the HF config."""
 
@@ -222,7 +234,7 @@ class ModelShapeFlags:
 SECTIONS = {
     "checkpoint": CheckpointConfig, "cluster": ClusterConfig, "trainer": TrainerConfig,
     "algorithm": AlgorithmConfig, "optimizer": OptimizerConfig, "data": DataConfig, "eval": EvalConfig,
-    "logging": LoggingConfig, "model shape": ModelShapeFlags, "rollout": RolloutConfig,
+    "logging": LoggingConfig, "model shape": ModelShapeFlags, "rollout": RolloutConfig, "debug": DebugConfig,
 }
 
 
@@ -237,8 +249,18 @@ class TrainConfig:
     eval: EvalConfig
     logging: LoggingConfig
     rollout: RolloutConfig
+    debug: DebugConfig
     shape: ModelShape
     vllm_args: tuple[str, ...] = ()
+    custom: dict = field(default_factory=dict)  # --custom-config-path's settings
+
+    def plugin_args(self):
+        """The ``args`` plug-ins receive: every flag by its slime name, plus the custom settings."""
+        from vime_ext.rollout.plugins import plugin_args
+
+        sections = [self.checkpoint, self.cluster, self.trainer, self.algorithm, self.optimizer, self.data,
+                    self.eval, self.logging, self.rollout, self.debug]
+        return plugin_args(sections, self.custom)
 
     @property
     def data_parallel_size(self) -> int:
@@ -266,8 +288,8 @@ class TrainConfig:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="train.py", allow_abbrev=False,
-        description="GRPO training: Megatron-core actors, vLLM engines behind vllm-router (flags as in slime). "
-                    "Any --vllm-<flag> goes to the vLLM servers.")
+        description="RL training (GRPO, or PPO with a critic): Megatron-core actors, vLLM engines behind "
+                    "vllm-router (flags as in slime). Any --vllm-<flag> goes to the vLLM servers.")
     for title, cls in SECTIONS.items():
         add_dataclass_flags(parser, cls, title)
     return parser
@@ -277,6 +299,22 @@ def _check(config: TrainConfig) -> None:
     c, cl, t, a, o, e = (config.checkpoint, config.cluster, config.trainer, config.algorithm, config.optimizer,
                          config.eval)
     problems = []
+    d, r = config.debug, config.rollout
+    if d.debug_train_only and not d.load_debug_rollout_data:
+        problems.append("--debug-train-only needs --load-debug-rollout-data (there is no engine to generate)")
+    if d.load_debug_rollout_data and not d.debug_train_only:
+        problems.append("--load-debug-rollout-data replays saved rollouts; add --debug-train-only")
+    if d.debug_train_only and d.debug_rollout_only:
+        problems.append("--debug-train-only and --debug-rollout-only exclude each other")
+    if d.debug_rollout_only and cl.colocate:
+        problems.append("--debug-rollout-only has no trainer to share GPUs with; drop --colocate")
+    if a.advantage_estimator == "ppo" and a.trajectory_advantage == "split":
+        problems.append("--trajectory-advantage split divides GRPO advantages; PPO's come from the critic per "
+                        "sequence")
+    if r.dynamic_sampling_filter_path and r.over_sampling_batch_size is not None \
+            and r.over_sampling_batch_size < r.rollout_batch_size:
+        problems.append(f"--over-sampling-batch-size {r.over_sampling_batch_size} is below --rollout-batch-size "
+                        f"{r.rollout_batch_size}")
     if a.advantage_estimator != "ppo":
         defaults = AlgorithmConfig()
         problems += [f"{flag_name(k)} is a PPO setting; it needs --advantage-estimator ppo"
@@ -376,8 +414,18 @@ def parse_train_args(argv: list[str] | None = None) -> TrainConfig:
         raise ConfigError(f"--hf-checkpoint {hf_dir}: no config.json there")
     shape = ModelShape.from_hf_dir(hf_dir)
     shape_flags.check_against(shape, str(Path(hf_dir, "config.json")), given)
+    custom = {}
+    if sections["rollout"].custom_config_path:
+        from vime_ext.rollout.plugins import load_custom_config
+
+        try:
+            custom = load_custom_config(sections["rollout"].custom_config_path,
+                                        {a.dest for a in parser._actions} | {"tokenizer", "rollout_client", "loop",
+                                                                              "weight_version"})
+        except ValueError as err:
+            raise ConfigError(str(err)) from err
     try:
-        config = TrainConfig(**sections, shape=shape, vllm_args=tuple(vllm_args))
+        config = TrainConfig(**sections, shape=shape, vllm_args=tuple(vllm_args), custom=custom)
         config.trainer.parallel  # ParallelConfig's own checks
     except ValueError as err:  # a section's own check (ParallelConfig, RolloutConfig)
         raise ConfigError(str(err)) from err

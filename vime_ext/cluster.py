@@ -3,7 +3,11 @@ this process.
 
 Placement: one bundle per trainer rank (1 GPU each, packed onto as few nodes as possible) and, unless
 ``--colocate``, one bundle with the rollout GPUs. Colocated engines use the trainer ranks' GPUs and sleep while
-they train. Without GPUs the bundles hold CPUs only and the counts mean processes.
+they train. Without GPUs the bundles hold CPUs only and the counts mean processes. ``--debug-train-only`` starts
+no rollout manager (no engines), ``--debug-rollout-only`` no trainer ranks.
+
+Every Ray worker gets the launch directory (the driver's working directory) on its module path, through Ray's
+runtime environment, so plug-ins named by dotted path import there as they do in the driver.
 """
 
 import os
@@ -59,6 +63,9 @@ class Cluster:
     def __init__(self, config: TrainConfig, log_dir: str | None = None):
         self.config = config
         self.use_ray = not config.cluster.no_ray
+        self.has_manager = not config.debug.debug_train_only
+        self.has_actors = not config.debug.debug_rollout_only
+        self._actors, self._manager, self.layouts = [], None, [{"dp_size": 1, "dp_rank": 0}]
         if self.use_ray:
             self._start_ray(log_dir)
         else:
@@ -68,9 +75,11 @@ class Cluster:
         from vime_ext.rollout.manager import RolloutManager, gpu_ids_from_env
         from vime_ext.trainer.actor import TrainActor
 
-        self._actors = [TrainActor(self.config, 0, 1, "127.0.0.1", free_port())]
-        self.layouts = [self._actors[0].layout()]
-        self._manager = RolloutManager(self.config, gpu_ids_from_env(), log_dir)
+        if self.has_actors:
+            self._actors = [TrainActor(self.config, 0, 1, "127.0.0.1", free_port())]
+            self.layouts = [self._actors[0].layout()]
+        if self.has_manager:
+            self._manager = RolloutManager(self.config, gpu_ids_from_env(), log_dir)
 
     def _start_ray(self, log_dir):
         import ray
@@ -78,10 +87,11 @@ class Cluster:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         cl = self.config.cluster
-        world = cl.actor_world_size
+        world = cl.actor_world_size if self.has_actors else 0
         gpus = torch.cuda.is_available()
         if not ray.is_initialized():
             env = {k: os.environ[k] for k in _WORKER_ENV if k in os.environ}
+            env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), *filter(None, [env.get("PYTHONPATH")])])
             # Without GPUs, Ray gets enough logical CPUs for one per process, whatever the core count.
             ray.init(address=os.environ.get("RAY_ADDRESS"), include_dashboard=False,
                      num_cpus=None if os.environ.get("RAY_ADDRESS") else max(os.cpu_count() or 1, world + 2),
@@ -89,7 +99,8 @@ class Cluster:
         actor_bundle = {"CPU": 1, **({"GPU": 1} if gpus else {})}
         bundles = [dict(actor_bundle) for _ in range(world)]
         rollout_gpus = 0 if (cl.colocate or not gpus) else (cl.rollout_num_gpus or 1)
-        bundles.append({"CPU": 1, **({"GPU": rollout_gpus} if rollout_gpus else {})})
+        if self.has_manager:
+            bundles.append({"CPU": 1, **({"GPU": rollout_gpus} if rollout_gpus else {})})
         self.placement_group = placement_group(bundles, strategy="PACK")
         ray.get(self.placement_group.ready(), timeout=600)
 
@@ -99,9 +110,12 @@ class Cluster:
         worker_cls = ray.remote(_TrainWorker)
         self._actors = [worker_cls.options(num_cpus=1, num_gpus=1 if gpus else 0,
                                            scheduling_strategy=in_bundle(i)).remote() for i in range(world)]
-        addr, port = ray.get(self._actors[0].address.remote())
-        self.layouts = ray.get([a.setup.remote(self.config, r, world, addr, port)
-                                for r, a in enumerate(self._actors)])
+        if world:
+            addr, port = ray.get(self._actors[0].address.remote())
+            self.layouts = ray.get([a.setup.remote(self.config, r, world, addr, port)
+                                    for r, a in enumerate(self._actors)])
+        if not self.has_manager:
+            return
         colocated_gpus = None
         if cl.colocate and gpus:
             colocated_gpus = sorted({g for a in self._actors for g in ray.get(a.gpu_ids.remote())})
@@ -127,12 +141,13 @@ class Cluster:
 
     def shutdown(self) -> None:
         try:
-            self.manager("shutdown")
+            if self.has_manager:
+                self.manager("shutdown")
         finally:
             if self.use_ray:
                 import ray
 
                 ray.util.remove_placement_group(self.placement_group)
                 ray.shutdown()
-            else:
+            elif self._actors:
                 self._actors[0].shutdown()

@@ -8,8 +8,13 @@ switches, ``tuple[...]`` fields take several values, ``Literal[...]`` fields bec
 import argparse
 import types
 import typing
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, field, fields
 from typing import Any, Literal
+
+
+def help_field(text: str, default: Any = None, **metadata: Any):
+    """A config field with its flag's help text (and other flag metadata, e.g. ``required=True``)."""
+    return field(default=default, metadata={"help": text, **metadata})
 
 
 def flag_name(field_name: str) -> str:

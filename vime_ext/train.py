@@ -12,16 +12,16 @@ import time
 from dataclasses import asdict
 
 import numpy as np
-import torch
 from tqdm import tqdm
 
-from vime_ext.algorithms.train_data import TrainSequence, compute_advantages
+from vime_ext.algorithms.train_data import TrainSequence
 from vime_ext.arguments import TrainConfig, parse_train_args
 from vime_ext.cluster import Cluster
-from vime_ext.data.prompt_dataset import PromptDataset, read_jsonl
+from vime_ext.rollout.debug_data import load_rollout, save_rollout
 from vime_ext.rollout.plugins import load_function
-from vime_ext.rollout.rollout import rollout_metrics
+from vime_ext.rollout.rollout import RolloutOutput, rollout_metrics
 from vime_ext.rollout.sample import Sample
+from vime_ext.rollout.validate import RolloutError, check_groups
 from vime_ext.trainer.batching import split_data_parallel
 from vime_ext.trainer.checkpoint import has_checkpoint
 
@@ -36,6 +36,9 @@ def plan_steps(config: TrainConfig, samples: list[Sample], sequences: list[Train
     position = {s.index: i for i, s in enumerate(samples)}
     steps: list[list[TrainSequence]] = [[] for _ in range(config.steps_per_rollout)]
     for seq in sequences:
+        if seq.sample_index not in position:
+            raise RolloutError(f"the samples-to-train-data converter made a sequence for sample index "
+                               f"{seq.sample_index}, which is not in this rollout")
         steps[position[seq.sample_index] // config.global_batch_size].append(seq)
     per_rank = [[] for _ in range(dp_size)]
     for step in steps:
@@ -50,13 +53,8 @@ class Trainer:
         from vime_ext.tracking import Tracker
 
         self.config = config
-        d = config.data
-        self.dataset = PromptDataset(read_jsonl(d.prompt_data, d.input_key, d.label_key, d.metadata_key),
-                                     config.rollout.rollout_batch_size, shuffle=d.rollout_shuffle, seed=d.seed)
-        self.eval_sets = {name: read_jsonl(path, d.input_key, d.label_key, d.metadata_key)
-                          for name, path in config.eval.datasets().items()}
-        self.convert = load_function(config.rollout.custom_convert_samples_to_train_data_path or
-                                     "vime_ext.algorithms.train_data.samples_to_train_data",
+        self.args = config.plugin_args()
+        self.convert = load_function(config.rollout.custom_convert_samples_to_train_data_path,
                                      "--custom-convert-samples-to-train-data-path")
         self.tracker = Tracker(config.tensorboard_dir, config.logging.use_wandb, config.logging.wandb_project,
                                config.logging.wandb_group, config=_flat(asdict(config)))
@@ -64,13 +62,15 @@ class Trainer:
         layouts = self.cluster.layouts
         self.dp_size = layouts[0]["dp_size"]
         self.dp_rank = [l["dp_rank"] for l in layouts]
-        self.reporters = [i for i, l in enumerate(layouts) if l["last_stage"] and l["tp_rank"] == 0]
+        self.reporters = [i for i, l in enumerate(layouts) if l.get("last_stage") and l["tp_rank"] == 0]
         self.start_rollout = 0
         self.history: list[dict[str, float]] = []  # every logged metric dict, for tests and the demo's summary
 
     # ---- pieces of one rollout ------------------------------------------------------------------------------
 
     def push_weights(self, version: int) -> float:
+        if not (self.cluster.has_manager and self.cluster.has_actors):  # a debug run with one side only
+            return 0.0
         start = time.perf_counter()
         self.cluster.manager("begin_weight_update")
         try:
@@ -82,44 +82,76 @@ class Trainer:
 
     def save(self, rollout_id: int) -> float:
         start = time.perf_counter()
-        extra = {"next_rollout": rollout_id + 1, "data": self.dataset.state()}
+        data = self.cluster.manager("data_state") if self.cluster.has_manager else None
+        extra = {"next_rollout": rollout_id + 1, "data": data}
         self.cluster.actors("save", [(self.config.checkpoint.save, rollout_id + 1, extra)] * len(self.dp_rank))
         return time.perf_counter() - start
 
     def resume(self) -> None:
         path = self.config.checkpoint.load
+        if not self.cluster.has_actors:
+            return
         if not path or not has_checkpoint(path):
             if path:
                 print(f"--load {path}: no checkpoint there yet; starting from --hf-checkpoint")
             return
         state = self.cluster.actors("load", [(path,)] * len(self.dp_rank))[0]
-        self.dataset.load_state(state["data"])
+        if self.cluster.has_manager and state["data"] is not None:
+            self.cluster.manager("load_data_state", state["data"])
         self.start_rollout = int(state["next_rollout"])
         self.push_weights(self.start_rollout)
         print(f"resumed from {path} at rollout {self.start_rollout}")
 
     def evaluate(self, rollout_id: int) -> dict[str, float]:
         metrics = {}
-        for name, records in self.eval_sets.items():
-            groups = self.cluster.manager("generate", [r.as_rollout_input() for r in records], rollout_id, True)
-            metrics.update(rollout_metrics([s for g in groups for s in g], f"eval/{name}"))
+        if self.cluster.has_manager:
+            for name, output in self.cluster.manager("evaluate", rollout_id).items():
+                metrics.update(rollout_metrics([s for g in output.groups for s in g], f"eval/{name}"))
         if metrics:
             self.tracker.log(metrics, rollout_id)
             self.history.append({"rollout": rollout_id, **metrics})
         return metrics
 
+    def rollout(self, rollout_id: int) -> RolloutOutput:
+        """Generated by the engines, or (``--load-debug-rollout-data``) read back from a saved rollout."""
+        d = self.config.debug
+        if d.load_debug_rollout_data:
+            groups, metrics = load_rollout(d.load_debug_rollout_data, rollout_id)
+            check_groups(groups, self.config.rollout.rollout_batch_size, self.config.rollout.n_samples_per_prompt)
+            return RolloutOutput(groups, metrics)
+        output = self.cluster.manager("rollout", rollout_id)
+        if d.save_debug_rollout_data:
+            save_rollout(d.save_debug_rollout_data, rollout_id, output.groups, output.metrics)
+        return output
+
     def train_one(self, rollout_id: int) -> dict[str, float]:
         config, times = self.config, {}
         start = time.perf_counter()
-        prompts = [r.as_rollout_input() for r in self.dataset.next_batch()]
-        groups = self.cluster.manager("generate", prompts, rollout_id)
-        samples = [s for g in groups for s in g]
+        output = self.rollout(rollout_id)
+        samples = [s for g in output.groups for s in g]
         times["rollout"] = time.perf_counter() - start
-        ppo = config.algorithm.advantage_estimator == "ppo"
-        # PPO's advantages come from the critic on the trainer ranks (GAE over each sequence's tokens).
-        advantages = torch.zeros(len(samples)) if ppo else compute_advantages(
-            samples, config.rollout.n_samples_per_prompt, not config.algorithm.disable_grpo_std_normalization)
-        sequences = self.convert(samples, advantages)
+        metrics = rollout_metrics(samples, "rollout")
+        metrics.update({f"rollout/{k}": float(v) for k, v in output.metrics.items()})
+        metrics["rollout/tokens_per_s"] = sum(s.response_length for s in samples) / max(times["rollout"], 1e-9)
+        prompts = [g[0].metadata.get("source", "") for g in output.groups]
+        if self.cluster.has_actors:
+            metrics.update(self.train_on(rollout_id, samples, times))
+        if config.checkpoint.save and self.cluster.has_actors and (
+                (config.checkpoint.save_interval and (rollout_id + 1) % config.checkpoint.save_interval == 0)
+                or rollout_id + 1 == config.data.num_rollout):
+            times["save"] = self.save(rollout_id)
+        times["total"] = time.perf_counter() - start
+        metrics.update({f"time/{k}": v for k, v in times.items()})
+        self.tracker.log(metrics, rollout_id, {"prompts": prompts})
+        self.history.append({"rollout": rollout_id, **metrics})
+        return metrics
+
+    def train_on(self, rollout_id: int, samples: list[Sample], times: dict[str, float]) -> dict[str, float]:
+        """Advantages, the optimizer steps of one rollout on the trainer ranks, the weight push; train metrics."""
+        config = self.config
+        sequences = self.convert(self.args, samples)
+        if not isinstance(sequences, list) or not all(isinstance(q, TrainSequence) for q in sequences):
+            raise RolloutError("the samples-to-train-data converter must return a list of TrainSequence")
         per_rank, totals = plan_steps(config, samples, sequences, self.dp_size)
         if config.cluster.colocate:
             tick = time.perf_counter()
@@ -136,16 +168,16 @@ class Trainer:
         reported = [results[i] for i in self.reporters]
         times["log_probs"] = max(r["log_prob_time"] for r in results)
         times["train"] = max(r["train_time"] for r in results)
-        metrics = rollout_metrics(samples, "rollout")
-        response_tokens = sum(s.response_length for s in samples)
         train_tokens = sum(r["tokens"] for r in reported)
         mismatch = [r["mismatch"] for r in reported]
         count = sum(m[2] for m in mismatch)
-        if not ppo:
-            metrics["rollout/advantage_abs_mean"] = float(advantages.abs().mean())
+        metrics = {}
+        if config.algorithm.advantage_estimator != "ppo":
+            metrics["rollout/advantage_abs_mean"] = float(np.mean([abs(q.advantage) for q in sequences] or [0.0]))
+        if self.cluster.has_manager:
+            metrics["rollout/engine_restarts"] = float(self.cluster.manager("restart_count"))
         metrics.update({
-            "rollout/engine_restarts": float(self.cluster.manager("restart_count")),
-            "rollout/tokens_per_s": response_tokens / max(times["rollout"], 1e-9),
+            "train/sequences": float(len(sequences)),
             "train/tokens_per_s": train_tokens / max(times["train"], 1e-9),
             "train/logprob_abs_diff_mean": sum(m[0] for m in mismatch) / max(count, 1.0),
             "train/logprob_abs_diff_max": max(m[1] for m in mismatch),
@@ -156,21 +188,13 @@ class Trainer:
             else:  # weighted sums over each rank's share of the step
                 values = [sum(r["steps"][i].get(key, 0.0) for r in reported) for i in range(len(totals))]
             metrics[f"train/{key}"] = float(np.mean(values))
-        if config.checkpoint.save and (
-                (config.checkpoint.save_interval and (rollout_id + 1) % config.checkpoint.save_interval == 0)
-                or rollout_id + 1 == config.data.num_rollout):
-            times["save"] = self.save(rollout_id)
-        times["total"] = time.perf_counter() - start
-        metrics.update({f"time/{k}": v for k, v in times.items()})
-        self.tracker.log(metrics, rollout_id, {"prompts": [p["metadata"]["source"] for p in prompts]})
-        self.history.append({"rollout": rollout_id, **metrics})
         return metrics
 
     def run(self) -> list[dict[str, float]]:
         config = self.config
         try:
             self.resume()
-            if self.eval_sets and not config.eval.skip_eval_before_train:
+            if config.eval.eval_prompt_data and not config.eval.skip_eval_before_train:
                 self.evaluate(self.start_rollout)
             bar = tqdm(range(self.start_rollout, config.data.num_rollout), desc="train", unit="rollout")
             for rollout_id in bar:

@@ -143,6 +143,7 @@ def test_generate_fills_samples_and_records_failures(engines, tiny_hf_dirs):
     from transformers import AutoTokenizer
 
     from vime_ext.rollout.generate import generate
+    from vime_ext.rollout.plugins import PluginArgs
     from vime_ext.rollout.sample import Sample, Status
 
     urls, procs = engines
@@ -152,13 +153,12 @@ def test_generate_fills_samples_and_records_failures(engines, tiny_hf_dirs):
     too_long = Sample(prompt="word " * 400, index=1)
 
     async def run():
-        client = RolloutClient(live)
+        args = PluginArgs(tokenizer=tokenizer, rollout_client=RolloutClient(live))
         try:
-            return await asyncio.gather(
-                generate(client, tokenizer, good, SamplingParams(max_new_tokens=6), weight_version=3),
-                generate(client, tokenizer, too_long, SamplingParams(max_new_tokens=6)))
+            return await asyncio.gather(generate(args, good, SamplingParams(max_new_tokens=6)),
+                                        generate(args, too_long, SamplingParams(max_new_tokens=6)))
         finally:
-            await client.close()
+            await args.rollout_client.close()
 
     good, too_long = asyncio.run(run())
     assert good.status in (Status.COMPLETED, Status.TRUNCATED) and good.error is None
@@ -166,7 +166,6 @@ def test_generate_fills_samples_and_records_failures(engines, tiny_hf_dirs):
     assert good.tokens[: good.prompt_length] == list(tokenizer.apply_chat_template(
         good.prompt, add_generation_prompt=True, tokenize=True, return_dict=False))
     assert good.response == tokenizer.decode(good.tokens[good.prompt_length:], skip_special_tokens=True)
-    assert good.weight_version == 3
     assert too_long.status == Status.FAILED and "exceeds the model's context" in too_long.error
     assert too_long.tokens == []
 
@@ -214,36 +213,35 @@ def test_weight_update_on_the_transformers_backend(tiny_hf_dirs, tmp_path):
 
 
 def test_group_rollout_with_plugins(engines, tiny_hf_dirs):
+    """The default rollout function through run_rollout: groups numbered by position, the custom reward on
+    every finished sample, failures kept as failures, the weight version stamped."""
     from transformers import AutoTokenizer
 
+    from vime_ext.data.prompt_dataset import PromptRecord
     from vime_ext.rollout.config import RolloutConfig
-    from vime_ext.rollout.rollout import generate_rollout
+    from vime_ext.rollout.data_source import DataSource
+    from vime_ext.rollout.plugins import plugin_args
+    from vime_ext.rollout.rollout import run_rollout
     from vime_ext.rollout.sample import Status
 
     urls, procs = engines
     live = [u for u, p in zip(urls, procs) if p.poll() is None]
-    tokenizer = AutoTokenizer.from_pretrained(tiny_hf_dirs["llama"])
-    config = RolloutConfig(n_samples_per_prompt=4, rollout_max_response_len=6,
+    config = RolloutConfig(rollout_batch_size=2, n_samples_per_prompt=4, rollout_max_response_len=6,
                            custom_rm_path="tests.rollout.test_client.reward_by_length")
-    prompts = [{"prompt": [{"role": "user", "content": "2+2?"}], "label": "4"},
-               {"prompt": "word " * 300, "label": "x"}]  # too long for the tiny model's 128-token context
-
-    async def run():
-        client = RolloutClient(live)
-        try:
-            return await generate_rollout(config, client, tokenizer, prompts, weight_version=2)
-        finally:
-            await client.close()
-
-    good, bad = asyncio.run(run())
+    args = plugin_args([config])
+    args.tokenizer, args.weight_version = AutoTokenizer.from_pretrained(tiny_hf_dirs["llama"]), 2
+    records = [PromptRecord([{"role": "user", "content": "2+2?"}], "4", {}, "a:1"),
+               PromptRecord("word " * 300, "x", {}, "a:2")]  # too long for the tiny model's 128-token context
+    output = run_rollout(args, live[0], 0, DataSource(records, 4, 2))
+    good, bad = output.groups
     assert [s.index for s in good + bad] == list(range(8))
     assert {s.group_index for s in good} == {0} and {s.group_index for s in bad} == {1}
     for sample in good:
         assert sample.status in (Status.COMPLETED, Status.TRUNCATED) and sample.weight_version == 2
-        assert sample.reward == float(sample.response_length)
+        assert sample.reward == float(sample.response_length) and sample.metadata["source"] == "a:1"
     assert all(s.status == Status.FAILED and s.reward is None and "context" in s.error for s in bad)
 
 
-def reward_by_length(sample) -> float:
-    """A custom reward for the plug-in test: the response length."""
+async def reward_by_length(args, sample) -> float:
+    """A custom reward for the plug-in test (async, as slime's are): the response length."""
     return float(sample.response_length)

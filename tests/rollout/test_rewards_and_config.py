@@ -2,7 +2,7 @@ import argparse
 
 import pytest
 
-from vime_ext.rollout.config import RolloutConfig
+from vime_ext.rollout.config import RolloutConfig, sampling_params
 from vime_ext.rollout.plugins import load_function
 from vime_ext.rollout.rewards import boxed_exact_match, last_boxed
 from vime_ext.rollout.sample import Sample
@@ -22,12 +22,12 @@ def test_last_boxed_handles_nesting_and_absence():
 ])
 def test_boxed_exact_match(response, label, reward):
     sample = Sample(prompt="q", response=response, label=label)
-    assert boxed_exact_match(sample) == reward and sample.metadata["no_boxed"] is False
+    assert boxed_exact_match(None, sample) == reward and sample.metadata["no_boxed"] is False
 
 
 def test_missing_boxed_scores_zero_and_is_flagged():
     sample = Sample(prompt="q", response="Paris", label="Paris")
-    assert boxed_exact_match(sample) == 0.0 and sample.metadata["no_boxed"] is True
+    assert boxed_exact_match(None, sample) == 0.0 and sample.metadata["no_boxed"] is True
 
 
 def test_config_from_flags_and_refusals():
@@ -36,7 +36,7 @@ def test_config_from_flags_and_refusals():
     config = RolloutConfig.from_args(parser.parse_args(
         ["--n-samples-per-prompt", "8", "--rollout-temperature", "0.7", "--rollout-stop", "</answer>"]))
     assert config.n_samples_per_prompt == 8 and config.rollout_stop == ("</answer>",)
-    assert config.sampling_params().temperature == 0.7
+    assert sampling_params(config).temperature == 0.7
     with pytest.raises(ValueError, match="--n-samples-per-prompt must be at least 1"):
         RolloutConfig(n_samples_per_prompt=0)
     with pytest.raises(ValueError, match="top_p=1.5"):

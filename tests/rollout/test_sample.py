@@ -12,10 +12,14 @@ def test_fail_keeps_the_reason_and_refuses_success_states():
         sample.fail(Status.COMPLETED, "nope")
 
 
-def test_turn_masks_cover_the_same_tokens():
+def test_a_turn_is_checked_where_it_is_built():
     Turn(tokens=[1, 2, 3], loss_mask=[1, 0], rollout_log_probs=[-0.1, -0.2])
-    with pytest.raises(ValueError, match="loss_mask has 2 entries, rollout_log_probs 1"):
+    with pytest.raises(ValueError, match="Turn: rollout_log_probs has 1 entries but the response has 2 tokens"):
         Turn(tokens=[1, 2, 3], loss_mask=[1, 0], rollout_log_probs=[-0.1])
+    with pytest.raises(ValueError, match="Turn: loss_mask is all 0: the sequence has no trainable token"):
+        Turn(tokens=[1, 2, 3], loss_mask=[0, 0], rollout_log_probs=[0.0, 0.0])
+    with pytest.raises(ValueError, match="Turn: tokens has 2 entries, not more than the 2 response tokens"):
+        Turn(tokens=[1, 2], loss_mask=[1, 1], rollout_log_probs=[-0.1, -0.2])
 
 
 def test_request_and_response_shapes():

@@ -23,13 +23,24 @@ def test_sequences_align_masks_with_targets_and_share_the_trajectory_advantage()
     advantages = compute_advantages(samples, group_size=2)
     # Group (0, 1): rewards 1, 0; group (2, 3): the failed sample counts as reward 0.
     assert advantages.tolist() == pytest.approx([0.7071, -0.7071, -0.7071, 0.7071], abs=1e-3)
-    sequences = samples_to_train_data(samples, advantages)
+    sequences = samples_to_train_data(grpo_args(2), samples)
     assert [s.sample_index for s in sequences] == [0, 0, 1, 3]  # the failed sample trains on nothing
     main, extra = sequences[0], sequences[1]
     # tokens [1, 2, 3, 20, 21]: targets [2, 3, 20, 21]; only the response targets are trained.
     assert main.loss_mask == [0, 0, 1, 1] and main.rollout_log_probs == [0.0, 0.0, -0.5, -0.5]
     assert extra.tokens == [7, 8, 9, 10] and extra.loss_mask == [0, 1, 0]
-    assert extra.advantage == main.advantage
+    assert [s.advantage for s in sequences] == pytest.approx(advantages[[0, 0, 1, 3]].tolist())
+    # split: the two sequences of trajectory 0 carry half its advantage each; one-sequence trajectories all of it.
+    split = samples_to_train_data(grpo_args(2, "split"), samples)
+    a = advantages.tolist()
+    assert [s.advantage for s in split] == pytest.approx([a[0] / 2, a[0] / 2, a[1], a[3]])
+
+
+def grpo_args(group_size: int, trajectory_advantage: str = "shared"):
+    from vime_ext.rollout.plugins import PluginArgs
+
+    return PluginArgs(advantage_estimator="grpo", n_samples_per_prompt=group_size,
+                      disable_grpo_std_normalization=False, trajectory_advantage=trajectory_advantage)
 
 
 def test_completed_sample_without_reward_is_an_error():

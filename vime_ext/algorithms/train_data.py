@@ -2,9 +2,15 @@
 
 A sequence's ``loss_mask`` and ``rollout_log_probs`` are aligned with its targets ``tokens[1:]`` (position t
 scores token t+1), so prompt tokens carry mask 0. A Sample trains as its main sequence plus one sequence per
-``Turn``; all of them share the trajectory's advantage (GRPO) or reward (PPO: each sequence's last generated token
-gets it, and GAE runs within the sequence). Failed or aborted samples train on nothing, but their
+``Turn``. With GRPO every sequence of a trajectory of n sequences gets the trajectory's advantage A
+(``--trajectory-advantage shared``) or A / n (``split``); with PPO each sequence's last generated token gets the
+trajectory's reward and GAE runs within the sequence. Failed or aborted samples train on nothing, but their
 groups still count them with reward 0 (an engine error must not look like a good answer).
+
+Per-sequence weight in the loss: with the default ``--loss-aggregation token_mean`` a sequence weighs by its
+trained tokens times its advantage, so under ``shared`` a trajectory of n sequences pulls about n times as hard
+as a one-sequence trajectory with the same advantage; ``split`` makes every trajectory pull the same in total
+(each of its sequences 1/n), as vime's MemAgent and Flow-GRPO do.
 """
 
 from dataclasses import dataclass
@@ -12,9 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from vime_ext.algorithms.advantages import grpo_advantages
-from vime_ext.rollout.sample import Sample, Status
-
-TRAINABLE = (Status.COMPLETED, Status.TRUNCATED)
+from vime_ext.rollout.sample import TRAINABLE, Sample
 
 
 @dataclass
@@ -67,17 +71,33 @@ def _response_sequence(tokens: list[int], loss_mask: list[int], log_probs: list[
                          index, reward)
 
 
-def samples_to_train_data(samples: list[Sample], advantages: torch.Tensor) -> list[TrainSequence]:
-    """The default converter (``--custom-convert-samples-to-train-data-path`` replaces it)."""
+def trajectory_sequences(sample: Sample, advantage: float, reward: float) -> list[TrainSequence]:
+    """The training sequences of one trajectory: the main response (if any), then each turn."""
+    sequences = []
+    if sample.response_length:
+        sequences.append(_response_sequence(sample.tokens, sample.loss_mask, sample.rollout_log_probs,
+                                            advantage, sample.index, reward))
+    for turn in sample.turns:
+        sequences.append(_response_sequence(turn.tokens, turn.loss_mask, turn.rollout_log_probs, advantage,
+                                            sample.index, reward))
+    return sequences
+
+
+def samples_to_train_data(args, samples: list[Sample]) -> list[TrainSequence]:
+    """The default converter (``--custom-convert-samples-to-train-data-path`` replaces it): GRPO advantages
+    over each group (PPO: 0, the critic's GAE replaces them), shared or split over a trajectory's sequences."""
+    if args.advantage_estimator == "ppo":
+        advantages = torch.zeros(len(samples))
+    else:
+        advantages = compute_advantages(samples, args.n_samples_per_prompt,
+                                        not args.disable_grpo_std_normalization)
     sequences = []
     for sample, advantage in zip(samples, advantages.tolist()):
         if sample.status not in TRAINABLE:
             continue
-        reward = scalar_reward(sample)
-        if sample.response_length:
-            sequences.append(_response_sequence(sample.tokens, sample.loss_mask, sample.rollout_log_probs,
-                                                advantage, sample.index, reward))
-        for turn in sample.turns:
-            sequences.append(_response_sequence(turn.tokens, turn.loss_mask, turn.rollout_log_probs, advantage,
-                                                sample.index, reward))
+        mine = trajectory_sequences(sample, advantage, scalar_reward(sample))
+        if args.trajectory_advantage == "split":
+            for seq in mine:
+                seq.advantage = advantage / len(mine)
+        sequences.extend(mine)
     return sequences

@@ -4,33 +4,47 @@ import argparse
 from dataclasses import dataclass
 
 from vime_ext.flags import add_dataclass_flags, dataclass_from_args
+from vime_ext.flags import help_field as _help
 from vime_ext.rollout.protocol import SamplingParams
 
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    rollout_batch_size: int = 8  # prompts per rollout
-    n_samples_per_prompt: int = 4  # group size (GRPO)
-    rollout_max_response_len: int = 1024
+    rollout_batch_size: int = _help("prompts (groups) per rollout", 8)
+    n_samples_per_prompt: int = _help("samples per prompt: the group size of GRPO", 4)
+    rollout_max_response_len: int = _help("new tokens per generate call", 1024)
     rollout_temperature: float = 1.0
     rollout_top_p: float = 1.0
-    rollout_stop: tuple[str, ...] = ()
-    rollout_seed: int | None = None
-    custom_generate_function_path: str = "vime_ext.rollout.generate.generate"
-    custom_rm_path: str = "vime_ext.rollout.rewards.boxed_exact_match"
-    rollout_function_path: str = "vime_ext.rollout.rollout.generate_rollout"
-    custom_convert_samples_to_train_data_path: str | None = None
+    rollout_stop: tuple[str, ...] = _help("stop strings", ())
+    rollout_seed: int | None = _help("base sampling seed; every sample gets its own seed derived from it")
+    custom_generate_function_path: str = _help(
+        "generate(args, sample, sampling_params, evaluation=False) -> Sample | list[Sample]",
+        "vime_ext.rollout.generate.generate")
+    custom_rm_path: str = _help("rm(args, sample) -> float | dict (with --group-rm: rm(args, samples) -> list)",
+                                "vime_ext.rollout.rewards.boxed_exact_match")
+    group_rm: bool = _help("call the reward function once per group with all its samples", False)
+    rollout_function_path: str = _help("rollout_function(args, rollout_id, data_source, evaluation=False)",
+                                       "vime_ext.rollout.rollout.generate_rollout")
+    custom_convert_samples_to_train_data_path: str = _help(
+        "convert_samples_to_train_data(args, samples) -> list[TrainSequence]",
+        "vime_ext.algorithms.train_data.samples_to_train_data")
+    custom_config_path: str | None = _help("YAML or JSON file of plug-in settings; each key becomes args.<key>")
+    dynamic_sampling_filter_path: str | None = _help(
+        "filter(args, group) -> bool: keep a group? e.g. vime_ext.rollout.filters.check_reward_nonzero_std; "
+        "sampling goes on until --rollout-batch-size groups pass")
+    over_sampling_batch_size: int | None = _help("with --dynamic-sampling-filter-path: prompts drawn per round "
+                                                 "(default --rollout-batch-size)")
 
     def __post_init__(self):
         for name in ("rollout_batch_size", "n_samples_per_prompt", "rollout_max_response_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-        self.sampling_params().validate()
-
-    def sampling_params(self) -> SamplingParams:
-        return SamplingParams(temperature=self.rollout_temperature, top_p=self.rollout_top_p,
-                              max_new_tokens=self.rollout_max_response_len, stop=self.rollout_stop,
-                              seed=self.rollout_seed)
+        if self.over_sampling_batch_size is not None:
+            if self.dynamic_sampling_filter_path is None:
+                raise ValueError("--over-sampling-batch-size needs --dynamic-sampling-filter-path")
+            if self.over_sampling_batch_size < 1:
+                raise ValueError(f"--over-sampling-batch-size must be at least 1, got {self.over_sampling_batch_size}")
+        sampling_params(self).validate()
 
     @classmethod
     def add_args(cls, parser: argparse.ArgumentParser) -> None:
@@ -39,3 +53,15 @@ class RolloutConfig:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "RolloutConfig":
         return dataclass_from_args(cls, args)
+
+
+def sampling_params(args, evaluation: bool = False) -> SamplingParams:
+    """The sampling settings of training rollouts, or of evaluation (``--eval-*`` where given), from ``args``
+    (a ``PluginArgs``, or a ``RolloutConfig`` for training settings)."""
+    if evaluation:
+        return SamplingParams(temperature=args.eval_temperature, top_p=args.rollout_top_p,
+                              max_new_tokens=args.eval_max_response_len or args.rollout_max_response_len,
+                              stop=tuple(args.rollout_stop), seed=args.rollout_seed)
+    return SamplingParams(temperature=args.rollout_temperature, top_p=args.rollout_top_p,
+                          max_new_tokens=args.rollout_max_response_len, stop=tuple(args.rollout_stop),
+                          seed=args.rollout_seed)

@@ -6,6 +6,7 @@ of argv unchanged (no per-flag forwarding to maintain). Servers bind 127.0.0.1 u
 """
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -121,6 +122,19 @@ def launch_engine(config: EngineConfig) -> ServerProcess:
                   server_env(config), config.log_dir)
 
 
+def installed_program(name: str) -> str:
+    """A console script of this environment: the one beside the running Python first (a venv's python run
+    without activating the venv has no venv on PATH), then PATH."""
+    beside = Path(sys.executable).parent / name
+    if beside.is_file():
+        return str(beside)
+    found = shutil.which(name)
+    if found is None:
+        raise FileNotFoundError(f"{name}: not in {beside.parent} (beside {sys.executable}) nor on PATH; it comes "
+                                f"with vime_ext's dependencies (pip install vllm-router==0.1.17)")
+    return found
+
+
 def launch_router(worker_urls: list[str], policy: str = "consistent_hash", host: str = "127.0.0.1",
                   port: int = 0, extra_args: list[str] | None = None, log_dir: str | None = None) -> ServerProcess:
     """vllm-router over ``worker_urls``. ``consistent_hash`` keys on the X-Session-ID header, so every turn of
@@ -128,7 +142,7 @@ def launch_router(worker_urls: list[str], policy: str = "consistent_hash", host:
     if policy not in ROUTER_POLICIES:
         raise ValueError(f"router policy {policy!r} is not one of {ROUTER_POLICIES}")
     port = port or free_port()
-    command = ["vllm-router", "--host", host, "--port", str(port), "--worker-urls", *worker_urls,
+    command = [installed_program("vllm-router"), "--host", host, "--port", str(port), "--worker-urls", *worker_urls,
                "--policy", policy, "--log-level", "warning", *(extra_args or [])]
     return _start("router", command, host, port, {}, log_dir)
 

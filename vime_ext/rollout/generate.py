@@ -1,9 +1,9 @@
 """The default single-turn generate function: chat-template the prompt, generate, fill the Sample.
 
-Custom generate functions (``--custom-generate-function-path``) have the same signature.
+Custom generate functions (``--custom-generate-function-path``) have the same signature (see ``plugins``).
 """
 
-from vime_ext.rollout.client import EngineUnavailable, RolloutClient
+from vime_ext.rollout.client import EngineUnavailable
 from vime_ext.rollout.protocol import InvalidRequest, SamplingParams
 from vime_ext.rollout.sample import Sample, Status
 
@@ -16,12 +16,14 @@ def prompt_token_ids(tokenizer, prompt: str | list[dict]) -> list[int]:
                                               return_dict=False))
 
 
-async def generate(client: RolloutClient, tokenizer, sample: Sample, params: SamplingParams,
-                   weight_version: int | None = None) -> Sample:
-    """Fill ``sample`` in place; failures land on the sample (status + reason) instead of raising."""
+async def generate(args, sample: Sample, sampling_params: SamplingParams, evaluation: bool = False) -> Sample:
+    """Fill ``sample`` in place through ``args.rollout_client``; failures land on the sample (status + reason)
+    instead of raising."""
+    tokenizer = args.tokenizer
     try:
         prompt_ids = prompt_token_ids(tokenizer, sample.prompt)
-        result = await client.generate(prompt_ids, params, session_id=f"{sample.group_index}-{sample.index}")
+        result = await args.rollout_client.generate(prompt_ids, sampling_params,
+                                                    session_id=f"{sample.group_index}-{sample.index}")
     except InvalidRequest as err:
         return sample.fail(Status.FAILED, str(err))
     except EngineUnavailable as err:
@@ -32,5 +34,4 @@ async def generate(client: RolloutClient, tokenizer, sample: Sample, params: Sam
     sample.loss_mask = [1] * len(result.token_ids)
     sample.rollout_log_probs = result.log_probs
     sample.status = Status.COMPLETED if result.finish_reason == "stop" else Status.TRUNCATED
-    sample.weight_version = weight_version
     return sample

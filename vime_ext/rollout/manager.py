@@ -1,16 +1,19 @@
-"""The rollout side of training: engines, the router in front of them, rollouts, weight updates, sleep/wake.
+"""The rollout side of training: engines, the router in front of them, the prompt data, rollouts, weight
+updates, sleep/wake.
 
 The driver owns one ``RolloutManager`` (a Ray actor, or a plain object with ``--no-ray``). Engines are
-subprocesses of the manager's host; on GPUs each gets its own ``CUDA_VISIBLE_DEVICES`` slice.
+subprocesses of the manager's host; on GPUs each gets its own ``CUDA_VISIBLE_DEVICES`` slice. The manager owns
+the training data source (its position goes into checkpoints through ``data_state``) and one per evaluation
+set, and runs the rollout function with the plug-in ``args`` (tokenizer and router client attached).
 """
 
 import os
-from dataclasses import replace
 
 from vime_ext.arguments import TrainConfig
+from vime_ext.data.prompt_dataset import read_jsonl
+from vime_ext.rollout.data_source import DataSource
 from vime_ext.rollout.engines import EngineConfig, ServerProcess, launch_engine, launch_router, wait_until_serving
-from vime_ext.rollout.rollout import run_rollout
-from vime_ext.rollout.sample import Sample
+from vime_ext.rollout.rollout import RolloutOutput, run_rollout
 from vime_ext.rollout.weight_sync import SharedMemoryWeightSync
 from vime_ext.trainer.launch import free_port
 
@@ -23,9 +26,18 @@ class RolloutManager:
         from transformers import AutoTokenizer
 
         self.config = config
-        cl = config.cluster
+        cl, d, e = config.cluster, config.data, config.eval
         model = hf_checkpoint or config.checkpoint.hf_checkpoint
         self.tokenizer = AutoTokenizer.from_pretrained(model)
+        self.args = config.plugin_args()
+        self.args.tokenizer = self.tokenizer
+        read = lambda path: read_jsonl(path, d.input_key, d.label_key, d.metadata_key)  # noqa: E731
+        self.data_source = DataSource(read(d.prompt_data), config.rollout.n_samples_per_prompt,
+                                      config.rollout.rollout_batch_size, shuffle=d.rollout_shuffle, seed=d.seed)
+        self.eval_sources = {}
+        for name, path in e.datasets().items():
+            records = read(path)
+            self.eval_sources[name] = DataSource(records, e.n_samples_per_eval_prompt, len(records))
         extra = list(config.vllm_args)
         if cl.engine_backend == "vllm" and gpu_ids:
             extra += ["--tensor-parallel-size", str(cl.rollout_num_gpus_per_engine)]
@@ -59,17 +71,24 @@ class RolloutManager:
     def engine_urls(self) -> list[str]:
         return [e.url for e in self.engines]
 
-    def generate(self, prompts: list[dict], rollout_id: int, evaluation: bool = False) -> list[list[Sample]]:
-        """Groups of Samples for ``prompts`` (training settings, or the eval settings with ``evaluation``)."""
-        config = self.config.rollout
-        if evaluation:
-            e = self.config.eval
-            config = replace(config, n_samples_per_prompt=e.n_samples_per_eval_prompt,
-                             rollout_max_response_len=e.eval_max_response_len or config.rollout_max_response_len,
-                             rollout_temperature=e.eval_temperature)
+    def rollout(self, rollout_id: int) -> RolloutOutput:
+        """One training rollout: ``--rollout-batch-size`` checked groups from the training data."""
+        return self._run(rollout_id, self.data_source, evaluation=False)
+
+    def evaluate(self, rollout_id: int) -> dict[str, RolloutOutput]:
+        """Every evaluation set, whole, with the ``--eval-*`` sampling settings."""
+        return {name: self._run(rollout_id, source, evaluation=True) for name, source in self.eval_sources.items()}
+
+    def _run(self, rollout_id: int, source: DataSource, evaluation: bool) -> RolloutOutput:
         self._check_engines()
-        return run_rollout(config, self.router.url, self.tokenizer, prompts, weight_version=self.weight_version,
-                           rollout_id=rollout_id)
+        self.args.weight_version = self.weight_version
+        return run_rollout(self.args, self.router.url, rollout_id, source, evaluation=evaluation)
+
+    def data_state(self) -> dict:
+        return self.data_source.state()
+
+    def load_data_state(self, state: dict) -> None:
+        self.data_source.load_state(state)
 
     def _check_engines(self) -> None:
         dead = [e for e in self.engines if not e.alive()]

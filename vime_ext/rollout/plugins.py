@@ -1,19 +1,145 @@
-"""Extension points named by dotted path (``package.module.function``), slime-style."""
+"""Plug-ins named by dotted path (``package.module.function``, slime-style), the ``args`` they receive, and
+their own settings (``--custom-config-path``).
+
+Plug-in signatures (slime/vime-compatible; ``async def`` or plain ``def``, both are awaited as needed):
+
+    generate(args, sample, sampling_params, evaluation=False) -> Sample | list[Sample]
+    rm(args, sample) -> float | dict                       (--custom-rm-path)
+    rm(args, samples) -> list[float | dict]                 (--custom-rm-path with --group-rm: one group)
+    rollout_function(args, rollout_id, data_source, evaluation=False) -> list[list[Sample]] | RolloutOutput
+    convert_samples_to_train_data(args, samples) -> list[TrainSequence]
+    dynamic_sampling_filter(args, group) -> bool            (keep the group?)
+
+``args`` is a ``PluginArgs``: every flag of ``train.py`` as an attribute under its slime name
+(``args.rollout_max_response_len``, ``args.n_samples_per_prompt``, ...), every key of ``--custom-config-path``,
+and, in the process that runs rollouts, ``args.tokenizer`` (the served model's tokenizer), ``args.rollout_client``
+(a ``RolloutClient`` for the router, valid while a rollout runs) and ``args.weight_version``.
+"""
 
 import importlib
-from typing import Callable
+import json
+import os
+import re
+import sys
+import types
+from dataclasses import fields, is_dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+
+class PluginArgs(types.SimpleNamespace):
+    """Attribute access to every flag and custom setting; a missing name says which names exist."""
+
+    def __getattr__(self, name: str) -> Any:  # only called when the attribute is missing
+        if name.startswith("__"):
+            raise AttributeError(name)
+        known = sorted(k for k in vars(self) if not k.startswith("_"))
+        raise AttributeError(f"args has no setting {name!r}: not a train.py flag and not a key of "
+                             f"--custom-config-path; settings start with {known[:12]} ...")
+
+    def __getstate__(self) -> dict:  # the tokenizer and the client stay in their process
+        return {k: v for k, v in vars(self).items() if k not in _PROCESS_LOCAL}
+
+    def __setstate__(self, state: dict) -> None:
+        vars(self).update(state)
+
+
+_PROCESS_LOCAL = ("tokenizer", "rollout_client", "loop")
+
+
+def plugin_args(sections: list[Any], custom: dict[str, Any] | None = None) -> PluginArgs:
+    """One flat namespace from config dataclasses (their field names are the flags' names) and custom settings."""
+    values: dict[str, Any] = {}
+    for section in sections:
+        if is_dataclass(section):
+            values.update({f.name: getattr(section, f.name) for f in fields(section)})
+    values.update(custom or {})
+    return PluginArgs(tokenizer=None, rollout_client=None, loop=None, weight_version=None, **values)
+
+
+_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def _expand_env(value: Any, where: str) -> Any:
+    """``${NAME}`` and ``${NAME:-default}`` in string values come from the environment (launch scripts fill
+    plug-in settings this way); a whole-string reference that looks like a number becomes that number."""
+    if isinstance(value, dict):
+        return {k: _expand_env(v, f"{where}.{k}") for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expand_env(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if not isinstance(value, str):
+        return value
+
+    def lookup(match: re.Match) -> str:
+        name, default = match.group(1), match.group(2)
+        if name in os.environ:
+            return os.environ[name]
+        if default is None:
+            raise ValueError(f"{where}: environment variable {name} is not set (write ${{{name}:-default}} to "
+                             "give a default)")
+        return default
+
+    expanded = _ENV.sub(lookup, value)
+    if _ENV.fullmatch(value.strip()):
+        for kind in (int, float):
+            try:
+                return kind(expanded)
+            except ValueError:
+                pass
+    return expanded
+
+
+def load_custom_config(path: str, framework_names: set[str]) -> dict[str, Any]:
+    """The settings in a YAML or JSON file (a mapping); keys that are framework flags are refused."""
+    file = Path(path)
+    if not file.is_file():
+        raise ValueError(f"--custom-config-path {path}: no such file")
+    text = file.read_text(encoding="utf-8")
+    try:
+        if file.suffix == ".json":
+            data = json.loads(text)
+        else:
+            import yaml
+
+            data = yaml.safe_load(text)
+    except Exception as err:  # the parsers' own errors carry line and column
+        raise ValueError(f"--custom-config-path {path}: cannot parse: {err}") from err
+    if data is None:
+        return {}
+    if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
+        raise ValueError(f"--custom-config-path {path}: expected a mapping of setting names to values, got "
+                         f"{type(data).__name__}")
+    clashes = sorted(k for k in data if k.replace("-", "_") in framework_names)
+    if clashes:
+        raise ValueError("; ".join(f"--custom-config-path {path}: key {k!r} is the framework flag "
+                                   f"--{k.replace('_', '-')}; give it on the command line or rename the key"
+                                   for k in clashes))
+    bad = [k for k in data if not k.isidentifier()]
+    if bad:
+        raise ValueError(f"--custom-config-path {path}: keys {bad} are not Python names (args.<key> must work)")
+    return {k: _expand_env(v, f"{path}:{k}") for k, v in data.items()}
 
 
 def load_function(path: str, flag: str) -> Callable:
-    """Import ``path``; errors name the flag that asked for it."""
+    """Import ``path``; errors name the flag that asked for it and where Python looked."""
     module_name, _, attr = path.rpartition(".")
     if not module_name:
         raise ValueError(f"{flag}={path!r}: expected a dotted path like 'my_pkg.rollout.generate'")
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:
-        raise ValueError(f"{flag}={path!r}: cannot import module {module_name!r}: {err}") from err
+        raise ValueError(f"{flag}={path!r}: cannot import module {module_name!r}: {err}. Python looked in "
+                         f"{[p or '.' for p in sys.path]} (the launch directory is put on every Ray worker's "
+                         "path; elsewhere set PYTHONPATH)") from err
     function = getattr(module, attr, None)
     if not callable(function):
         raise ValueError(f"{flag}={path!r}: module {module_name!r} has no callable {attr!r}")
     return function
+
+
+async def call_plugin(function: Callable, *args, **kwargs) -> Any:
+    """Call a plug-in that may be ``async def`` or plain ``def``."""
+    result = function(*args, **kwargs)
+    if hasattr(result, "__await__"):
+        result = await result
+    return result

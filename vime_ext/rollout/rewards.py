@@ -1,4 +1,5 @@
-"""The default rule-based reward: the last ``\\boxed{...}`` in the response against the label."""
+"""Rule-based rewards (``--custom-rm-path``, signature ``rm(args, sample)``): the default compares the last
+``\\boxed{...}`` in the response with the label."""
 
 import re
 
@@ -30,7 +31,7 @@ def normalize_answer(text: str) -> str:
     return text
 
 
-def boxed_exact_match(sample: Sample) -> float:
+def boxed_exact_match(args, sample: Sample) -> float:
     """1.0 when the last boxed answer equals the label after normalisation, else 0.0.
 
     A response without ``\\boxed{}`` scores 0 and is flagged in ``sample.metadata["no_boxed"]`` so it can be
@@ -44,7 +45,7 @@ def boxed_exact_match(sample: Sample) -> float:
     return float(any(normalize_answer(answer) == normalize_answer(str(label)) for label in labels))
 
 
-def first_word_match(sample: Sample) -> float:
+def first_word_match(args, sample: Sample) -> float:
     """1.0 when the response's first word (case and punctuation ignored) is the label: "answer with a given
     word". A dense enough signal for a small model to learn in a few GRPO steps."""
     words = re.findall(r"[a-z0-9]+", sample.response.lower())

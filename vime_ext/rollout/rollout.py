@@ -1,20 +1,36 @@
-"""The default rollout function: ``n_samples_per_prompt`` samples per prompt, generated concurrently, rewarded.
+"""The default rollout function and the machinery around every rollout function.
 
-A custom one (``--rollout-function-path``) takes the same arguments and returns groups of Samples.
+``generate_rollout(args, rollout_id, data_source, evaluation=False)`` (slime's signature) takes groups from the
+data source, runs ``--custom-generate-function-path`` on every sample concurrently, folds a multi-sequence
+answer into one trajectory, rewards it (``--custom-rm-path``, per sample or per group with ``--group-rm``),
+and with ``--dynamic-sampling-filter-path`` keeps drawing ``--over-sampling-batch-size`` prompts at a time until
+``--rollout-batch-size`` groups pass the filter. ``run_rollout`` runs any rollout function against a router and
+checks what it returns (``validate.check_groups``) before anything trains on it.
 """
 
 import asyncio
 import inspect
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from tqdm import tqdm
 
-from vime_ext.algorithms.train_data import TRAINABLE, scalar_reward
+from vime_ext.algorithms.train_data import scalar_reward
 from vime_ext.rollout.client import RolloutClient
-from vime_ext.rollout.config import RolloutConfig
-from vime_ext.rollout.plugins import load_function
-from vime_ext.rollout.sample import Sample, Status
+from vime_ext.rollout.config import sampling_params
+from vime_ext.rollout.data_source import DataSource
+from vime_ext.rollout.plugins import PluginArgs, call_plugin, load_function
+from vime_ext.rollout.sample import TRAINABLE, Sample, Status
+from vime_ext.rollout.validate import RolloutError, check_groups, check_number, fold_trajectory, where
+
+
+@dataclass
+class RolloutOutput:
+    """What a rollout function may return instead of bare groups: the groups plus rollout-level metrics
+    (logged as ``rollout/<name>``)."""
+
+    groups: list[list[Sample]]
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 def sample_seed(base: int, rollout_id: int, index: int) -> int:
@@ -23,55 +39,117 @@ def sample_seed(base: int, rollout_id: int, index: int) -> int:
     return (base * 1_000_003 + rollout_id * 10_007 + index) % 2**31
 
 
-async def generate_rollout(config: RolloutConfig, client: RolloutClient, tokenizer, prompts: list[dict],
-                           weight_version: int | None = None, rollout_id: int = 0) -> list[list[Sample]]:
-    """``prompts``: dicts with ``prompt`` (text or chat messages), optional ``label`` and ``metadata``.
-    With ``--rollout-seed`` every sample gets its own seed (see ``sample_seed``)."""
-    generate = load_function(config.custom_generate_function_path, "--custom-generate-function-path")
-    reward = load_function(config.custom_rm_path, "--custom-rm-path")
-    params = config.sampling_params()
-    groups = [[Sample(prompt=p["prompt"], label=p.get("label"), metadata=dict(p.get("metadata") or {}),
-                      group_index=g, index=g * config.n_samples_per_prompt + i)
-               for i in range(config.n_samples_per_prompt)] for g, p in enumerate(prompts)]
-    progress = tqdm(total=sum(map(len, groups)), desc="rollout", unit="sample", leave=False)
+def apply_reward(sample: Sample, value) -> None:
+    """A reward function's answer onto the sample: a number, or a dict whose "reward" entry is the reward and
+    whose other entries are metrics."""
+    if isinstance(value, dict):
+        if "reward" not in value:
+            raise RolloutError(f"{where(sample)}: the reward function returned a dict without a 'reward' entry: "
+                               f"{sorted(value)}")
+        metrics = {k: v for k, v in value.items() if k != "reward"}
+        for name, metric in metrics.items():
+            check_number(metric, f"{where(sample)}: reward entry {name!r}")
+        sample.metrics.update(metrics)
+        value = value["reward"]
+    sample.reward = check_number(value, f"{where(sample)}: the reward") if value is not None else None
 
-    async def one(sample: Sample) -> None:
+
+async def generate_rollout(args: PluginArgs, rollout_id: int, data_source: DataSource,
+                           evaluation: bool = False) -> RolloutOutput:
+    generate = load_function(args.custom_generate_function_path, "--custom-generate-function-path")
+    reward = load_function(args.custom_rm_path, "--custom-rm-path")
+    keep = None
+    if args.dynamic_sampling_filter_path and not evaluation:
+        keep = load_function(args.dynamic_sampling_filter_path, "--dynamic-sampling-filter-path")
+    params = sampling_params(args, evaluation)
+    target = len(data_source) if evaluation else args.rollout_batch_size
+    progress = tqdm(total=target * data_source.group_size, desc="eval" if evaluation else "rollout",
+                    unit="sample", leave=False)
+
+    async def one(sample: Sample) -> Sample:
         own = params if params.seed is None else replace(params, seed=sample_seed(params.seed, rollout_id,
                                                                                    sample.index))
-        await generate(client, tokenizer, sample, own, weight_version=weight_version)
-        if sample.status in (Status.COMPLETED, Status.TRUNCATED):
-            value = reward(sample)
-            sample.reward = await value if inspect.isawaitable(value) else value
+        done = fold_trajectory(sample, await call_plugin(generate, args, sample, own, evaluation=evaluation))
+        done.weight_version = args.weight_version
+        if done.status in TRAINABLE and not args.group_rm:
+            apply_reward(done, await call_plugin(reward, args, done))
         progress.update(1)
+        return done
+
+    async def one_group(group: list[Sample]) -> list[Sample]:
+        group = list(await asyncio.gather(*(one(s) for s in group)))
+        if args.group_rm:
+            values = await call_plugin(reward, args, group)
+            if not isinstance(values, (list, tuple)) or len(values) != len(group):
+                raise RolloutError(f"--group-rm: the reward function must return one reward per sample of group "
+                                   f"{group[0].group_index} ({len(group)}), got {values!r:.200}")
+            for sample, value in zip(group, values):
+                if sample.status in TRAINABLE:
+                    apply_reward(sample, value)
+        return group
 
     try:
-        await asyncio.gather(*(one(s) for group in groups for s in group))
+        if keep is None:
+            groups = await asyncio.gather(*(one_group(g) for g in data_source.get_samples(target)))
+            return RolloutOutput(list(groups))
+        groups, drawn = [], 0
+        while len(groups) < target:
+            if drawn >= len(data_source) + target * 10:
+                raise RolloutError(f"--dynamic-sampling-filter-path {args.dynamic_sampling_filter_path} kept "
+                                   f"{len(groups)} of {drawn} groups, fewer than --rollout-batch-size {target} "
+                                   f"after more than a pass over the {len(data_source)} prompts")
+            batch = data_source.get_samples(args.over_sampling_batch_size or target)
+            drawn += len(batch)
+            for group in await asyncio.gather(*(one_group(g) for g in batch)):
+                if len(groups) < target and await call_plugin(keep, args, group):
+                    groups.append(group)
+        for g, group in enumerate(groups):  # numbered as the trainer expects: by position
+            for i, sample in enumerate(group):
+                sample.group_index, sample.index = g, g * len(group) + i
+        return RolloutOutput(groups, {"dynamic_sampling_kept": target / drawn, "dynamic_sampling_drawn": drawn})
     finally:
         progress.close()
-    return groups
 
 
-def run_rollout(config: RolloutConfig, url: str, tokenizer, prompts: list[dict], **kwargs) -> list[list[Sample]]:
-    """Run ``--rollout-function-path`` against the engine or router at ``url`` to completion (a fresh client
-    and event loop per call); ``kwargs`` go to the rollout function."""
-    rollout = load_function(config.rollout_function_path, "--rollout-function-path")
+def run_rollout(args: PluginArgs, url: str, rollout_id: int, data_source: DataSource,
+                evaluation: bool = False) -> RolloutOutput:
+    """Run ``--rollout-function-path`` against the engine or router at ``url`` to completion (a fresh client and
+    event loop per call, reachable as ``args.rollout_client`` and ``args.loop``) and check its groups."""
+    rollout = load_function(args.rollout_function_path, "--rollout-function-path")
 
     async def run():
-        client = RolloutClient(url, max_concurrency=256, timeout_s=max(300.0, config.rollout_max_response_len / 5.0))
+        client = RolloutClient(url, max_concurrency=256, timeout_s=max(300.0, args.rollout_max_response_len / 5.0))
+        args.rollout_client, args.loop = client, asyncio.get_running_loop()
         try:
-            return await rollout(config, client, tokenizer, prompts, **kwargs)
+            if inspect.iscoroutinefunction(rollout):
+                return await rollout(args, rollout_id, data_source, evaluation=evaluation)
+            # A plain function runs on a worker thread; it reaches the client through
+            # asyncio.run_coroutine_threadsafe(coro, args.loop).
+            return await asyncio.to_thread(rollout, args, rollout_id, data_source, evaluation=evaluation)
         finally:
+            args.rollout_client = args.loop = None
             await client.close()
 
-    return asyncio.run(run())
+    output = asyncio.run(run())
+    if not isinstance(output, RolloutOutput):
+        output = RolloutOutput(output)
+    check_groups(output.groups, None if evaluation else args.rollout_batch_size, data_source.group_size)
+    return output
 
 
 def rollout_metrics(samples: list[Sample], prefix: str) -> dict[str, float]:
-    """Reward, length and outcome statistics of a rollout, named ``<prefix>/...``."""
+    """Reward, length and outcome statistics of a rollout, named ``<prefix>/...``; plug-in metrics
+    (``Sample.metrics``) averaged over the samples that report them."""
     rewards = np.array([scalar_reward(s) for s in samples], dtype=np.float64)
     lengths = np.array([s.response_length for s in samples], dtype=np.float64)
-    return {f"{prefix}/reward_mean": float(rewards.mean()), f"{prefix}/reward_std": float(rewards.std()),
-            f"{prefix}/response_length": float(lengths.mean()),
-            f"{prefix}/truncated": float(np.mean([s.status == Status.TRUNCATED for s in samples])),
-            f"{prefix}/failed": float(np.mean([s.status not in TRAINABLE for s in samples])),
-            f"{prefix}/weight_version": float(min(s.weight_version or 0 for s in samples))}
+    metrics = {f"{prefix}/reward_mean": float(rewards.mean()), f"{prefix}/reward_std": float(rewards.std()),
+               f"{prefix}/response_length": float(lengths.mean()),
+               f"{prefix}/truncated": float(np.mean([s.status == Status.TRUNCATED for s in samples])),
+               f"{prefix}/failed": float(np.mean([s.status not in TRAINABLE for s in samples])),
+               f"{prefix}/weight_version": float(min(s.weight_version or 0 for s in samples)),
+               f"{prefix}/sequences_per_sample": float(np.mean([(s.response_length > 0) + len(s.turns)
+                                                                for s in samples]))}
+    names = sorted({name for s in samples for name in s.metrics})
+    for name in names:
+        metrics[f"{prefix}/{name}"] = float(np.mean([s.metrics[name] for s in samples if name in s.metrics]))
+    return metrics

@@ -5,12 +5,33 @@ from enum import Enum
 from typing import Any
 
 
+def sequence_problem(tokens: list[int], response_length: int, loss_mask: list[int],
+                     log_probs: list[float]) -> str | None:
+    """What is wrong with one training sequence (prompt + response tokens, mask and log-probs over the
+    response), naming the field; None when it can train."""
+    if len(loss_mask) != response_length:
+        return f"loss_mask has {len(loss_mask)} entries but the response has {response_length} tokens"
+    if len(log_probs) != response_length:
+        return f"rollout_log_probs has {len(log_probs)} entries but the response has {response_length} tokens"
+    if response_length >= len(tokens):
+        return (f"tokens has {len(tokens)} entries, not more than the {response_length} response tokens (the "
+                "prompt needs at least one)")
+    if any(m not in (0, 1) for m in loss_mask):
+        return "loss_mask holds values other than 0 and 1"
+    if not any(loss_mask):
+        return "loss_mask is all 0: the sequence has no trainable token"
+    return None
+
+
 class Status(str, Enum):
     PENDING = "pending"
     COMPLETED = "completed"  # the model stopped by itself (EOS or a stop string)
     TRUNCATED = "truncated"  # hit the response-length limit
     ABORTED = "aborted"  # cancelled by the framework (e.g. a weight update or a dead engine); may be retried
     FAILED = "failed"  # cannot succeed as asked (bad input); ``error`` says why
+
+
+TRAINABLE = (Status.COMPLETED, Status.TRUNCATED)  # the statuses a sample trains with
 
 
 @dataclass
@@ -22,9 +43,10 @@ class Turn:
     rollout_log_probs: list[float]
 
     def __post_init__(self):
-        if len(self.loss_mask) != len(self.rollout_log_probs):
-            raise ValueError(f"turn: loss_mask has {len(self.loss_mask)} entries, rollout_log_probs "
-                             f"{len(self.rollout_log_probs)}; both cover the response tokens")
+        # Checked here, where a plug-in builds it, rather than when the trainer meets it.
+        problem = sequence_problem(self.tokens, len(self.loss_mask), self.loss_mask, self.rollout_log_probs)
+        if problem:
+            raise ValueError(f"Turn: {problem}")
 
 
 @dataclass
@@ -51,6 +73,9 @@ class Sample:
     weight_version: int | None = None
     turns: list[Turn] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
+    # Scalars a plug-in reports per sample (turns, tool errors, memory size, ...): averaged per rollout and
+    # logged as rollout/<name>. A dict reward's entries other than "reward" land here too.
+    metrics: dict[str, float] = field(default_factory=dict)
 
     @property
     def prompt_length(self) -> int:
