@@ -406,7 +406,10 @@ def parse_train_args(argv: list[str] | None = None) -> TrainConfig:
     own, vllm_args = split_vllm_args(list(sys.argv[1:] if argv is None else argv))
     parser = build_parser()
     args = parser.parse_args(own)
-    sections = {name.replace(" ", "_"): dataclass_from_args(cls, args) for name, cls in SECTIONS.items()}
+    try:  # a section's own checks (RolloutConfig's) raise ValueError
+        sections = {name.replace(" ", "_"): dataclass_from_args(cls, args) for name, cls in SECTIONS.items()}
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
     shape_flags: ModelShapeFlags = sections.pop("model_shape")
     given = {a.dest for a in parser._actions if any(s in own for s in a.option_strings)}
     hf_dir = sections["checkpoint"].hf_checkpoint

@@ -47,7 +47,20 @@ def test_dotted_paths_fail_with_the_flag_name():
     assert load_function("vime_ext.rollout.rewards.boxed_exact_match", "--custom-rm-path") is boxed_exact_match
     with pytest.raises(ValueError, match="--custom-rm-path='nodots': expected a dotted path"):
         load_function("nodots", "--custom-rm-path")
-    with pytest.raises(ValueError, match="cannot import module 'no_such_pkg'"):
+    with pytest.raises(ValueError, match=r"cannot import module 'no_such_pkg'.*Python looked in \["):
         load_function("no_such_pkg.f", "--custom-rm-path")
     with pytest.raises(ValueError, match="has no callable 'nope'"):
         load_function("vime_ext.rollout.rewards.nope", "--custom-rm-path")
+
+
+def test_console_scripts_are_found_beside_the_running_python(monkeypatch):
+    """A venv's python run without activating the venv still finds the venv's vllm-router."""
+    import sys
+    from pathlib import Path
+
+    from vime_ext.rollout.engines import installed_program
+
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert installed_program("vllm-router") == str(Path(sys.executable).parent / "vllm-router")
+    with pytest.raises(FileNotFoundError, match="no-such-program: not in .* nor on PATH"):
+        installed_program("no-such-program")

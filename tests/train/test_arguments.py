@@ -61,6 +61,12 @@ def test_typed_sections_and_vllm_pass_through(base):
     (["--recompute-num-layers", "2"], "needs --recompute-granularity full"),
     (["--actor-num-gpus-per-node", "2", "--tensor-model-parallel-size", "2", "--sequence-parallel"],
      "needs Transformer Engine"),
+    (["--debug-train-only"], "--debug-train-only needs --load-debug-rollout-data"),
+    (["--load-debug-rollout-data", "x"], "add --debug-train-only"),
+    (["--advantage-estimator", "ppo", "--trajectory-advantage", "split"], "divides GRPO advantages"),
+    (["--over-sampling-batch-size", "4"], "needs --dynamic-sampling-filter-path"),
+    (["--rollout-batch-size", "4", "--dynamic-sampling-filter-path", "a.b", "--over-sampling-batch-size", "2"],
+     "--over-sampling-batch-size 2 is below --rollout-batch-size 4"),
 ])
 def test_contradictions_fail_fast(base, flags, message):
     with pytest.raises(ConfigError, match=message.replace("+", r"\+")):
@@ -123,3 +129,35 @@ def test_qwen3_scripts_match_the_benchmark_shapes(script, shape, tmp_path):
     data.write_text(json.dumps({"prompt": "hi", "label": "x"}) + "\n")
     config = parse_train_args(["--hf-checkpoint", str(hf), "--prompt-data", str(data)] + model_args(script))
     assert config.shape.num_layers in (28, 36)
+
+
+def test_custom_config_becomes_args(base, tmp_path, monkeypatch):
+    config_file = tmp_path / "agent.yaml"
+    config_file.write_text("chunk_size: ${VIME_TEST_CHUNK:-5000}\nmemory_budget: 1024\nname: ${VIME_TEST_NAME}-x\n"
+                           "nested: {a: [1, 2]}\n")
+    monkeypatch.setenv("VIME_TEST_NAME", "mem")
+    args = parse_train_args(base + ["--custom-config-path", str(config_file), "--rollout-batch-size", "2"]
+                            ).plugin_args()
+    assert (args.chunk_size, args.memory_budget, args.name, args.nested) == (5000, 1024, "mem-x", {"a": [1, 2]})
+    assert args.rollout_batch_size == 2 and args.hf_checkpoint == base[1]  # every flag, by its slime name
+    monkeypatch.setenv("VIME_TEST_CHUNK", "800")
+    assert parse_train_args(base + ["--custom-config-path", str(config_file)]).plugin_args().chunk_size == 800
+    with pytest.raises(AttributeError, match="args has no setting 'chunk_sise'"):
+        args.chunk_sise
+    json_file = tmp_path / "agent.json"
+    json_file.write_text(json.dumps({"top_k": 3}))
+    assert parse_train_args(base + ["--custom-config-path", str(json_file)]).plugin_args().top_k == 3
+
+
+@pytest.mark.parametrize("text, message", [
+    ("lr: 1e-5\n", "key 'lr' is the framework flag --lr"),
+    ("rollout-batch-size: 3\n", "key 'rollout-batch-size' is the framework flag --rollout-batch-size"),
+    ("size: ${VIME_TEST_UNSET_VARIABLE}\n", "environment variable VIME_TEST_UNSET_VARIABLE is not set"),
+    ("- 1\n- 2\n", "expected a mapping"),
+    ("a: [1,\n", "cannot parse"),
+])
+def test_custom_config_mistakes_are_named(base, tmp_path, text, message):
+    config_file = tmp_path / "bad.yaml"
+    config_file.write_text(text)
+    with pytest.raises(ConfigError, match=rf"--custom-config-path {config_file}.*{message}"):
+        parse_train_args(base + ["--custom-config-path", str(config_file)])

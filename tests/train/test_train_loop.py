@@ -43,15 +43,18 @@ def metrics(tensorboard_dir: Path) -> dict[int, dict]:
     return {row["step"]: row for row in rows if "train/loss" in row}
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
+def tiny_model_dir(root: Path) -> Path:
     """Tiny random Llama with SmolLM2's tokenizer; head_dim 32, a size vLLM's CPU attention supports."""
     from tests.conftest import make_tiny_hf_dir
 
-    root = tmp_path_factory.mktemp("loop_model")
     cache = Path(os.environ["VIME_EXT_CACHE"]) if "VIME_EXT_CACHE" in os.environ else root
     return make_tiny_hf_dir("llama", root / "tiny", seed=3, cache_dir=cache, hidden_size=128,
                             max_position_embeddings=512)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    return tiny_model_dir(tmp_path_factory.mktemp("loop_model"))
 
 
 def common_flags(model: Path, data: Path) -> list[str]:

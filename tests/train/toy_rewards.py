@@ -45,3 +45,11 @@ def even_token_share_killing_an_engine(args, sample) -> float:
         marker.write_text(f"killed {engines[0].pid} of {[p.pid for p in engines]}")
         engines[0].kill()
     return even_token_share(args, sample)
+
+
+def label_decides_the_group(args, samples) -> list[float]:
+    """A group reward (--group-rm): groups labelled "same" get 1.0 everywhere (all equal: nothing to learn),
+    the others alternate 0/1 by position."""
+    if samples[0].label == "same":
+        return [1.0] * len(samples)
+    return [float(i % 2) for i in range(len(samples))]

@@ -117,7 +117,7 @@ def load_custom_config(path: str, framework_names: set[str]) -> dict[str, Any]:
     bad = [k for k in data if not k.isidentifier()]
     if bad:
         raise ValueError(f"--custom-config-path {path}: keys {bad} are not Python names (args.<key> must work)")
-    return {k: _expand_env(v, f"{path}:{k}") for k, v in data.items()}
+    return {k: _expand_env(v, f"--custom-config-path {path}, key {k}") for k, v in data.items()}
 
 
 def load_function(path: str, flag: str) -> Callable:
