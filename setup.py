@@ -25,6 +25,7 @@ setup(
         "tensorboard",
         "tqdm",
         "pyyaml",  # --custom-config-path
+        "matplotlib",  # plots (examples' accuracy-vs-length)
         "ray",
         "httpx",  # rollout client
         "vllm-router==0.1.17",  # the Rust router in front of the engines

@@ -1,0 +1,202 @@
+"""MemAgent's data formats: its HotpotQA training rows, RULER-HQA eval files, the training JSONL vime_ext reads,
+and a generator of HotpotQA-style multi-hop data for offline use and tests.
+
+- Training rows (MemAgent's parquet, or the same rows as JSONL): ``data_source``, ``prompt`` (a list with one user
+  message holding the question), ``context`` (documents), ``ability``, ``reward_model.ground_truth`` (list of
+  answers), ``extra_info`` (``index``, ``question``, ``num_docs``).
+- RULER-HQA ``eval_{N}.json`` (N documents): a JSON array of ``{"index", "input", "answers", "context",
+  "num_docs"}``. Documents are ``"Document {i}:\\n{title}\\n{text}"`` blocks joined by blank lines. Some very long
+  files hold the context as a list of document indices instead of text; those items are refused.
+- The training JSONL (``--prompt-data``): ``{"prompt": question, "label": [answers], "metadata": {"context",
+  "num_docs", "index", "data_source"}}``.
+"""
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+class DataError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class QAItem:
+    index: Any
+    question: str
+    answers: list[str]
+    context: str
+    num_docs: int
+    data_source: str = "hotpotqa"
+
+    def training_row(self) -> dict:
+        return {"prompt": self.question, "label": self.answers,
+                "metadata": {"context": self.context, "num_docs": self.num_docs, "index": self.index,
+                             "data_source": self.data_source}}
+
+
+def format_documents(docs: list[tuple[str, str]]) -> str:
+    return "\n\n".join(f"Document {i}:\n{title}\n{text}" for i, (title, text) in enumerate(docs, start=1))
+
+
+def _answers(value: Any, where: str) -> list[str]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple)) or not value or not all(isinstance(a, str) and a.strip() for a in value):
+        raise DataError(f"{where}: answers must be a non-empty list of non-empty strings, got {str(value)[:80]!r}")
+    return list(value)
+
+
+def _context(value: Any, where: str) -> str:
+    if isinstance(value, list):
+        raise DataError(f"{where}: field 'context' is a list of document indices ({len(value)} entries), not text; "
+                        "this loader needs the documents themselves (rebuild the file with its text)")
+    if not isinstance(value, str) or not value.strip():
+        raise DataError(f"{where}: field 'context' must be non-empty text")
+    return value
+
+
+def item_from_training_row(row: Any, where: str) -> QAItem:
+    """One of MemAgent's HotpotQA training rows; errors name the row and the field."""
+    if not isinstance(row, dict):
+        raise DataError(f"{where}: expected an object, got {type(row).__name__}")
+    for key in ("prompt", "context", "reward_model", "extra_info"):
+        if key not in row:
+            raise DataError(f"{where}: missing field {key!r}; fields: {sorted(row)}")
+    prompt, extra, model = row["prompt"], row["extra_info"], row["reward_model"]
+    if hasattr(prompt, "tolist"):  # parquet gives numpy arrays
+        prompt = prompt.tolist()
+    if not isinstance(extra, dict) or not isinstance(model, dict):
+        raise DataError(f"{where}: fields 'extra_info' and 'reward_model' must be objects")
+    question = extra.get("question")
+    if not question and isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
+        question = prompt[0].get("content")
+    if not isinstance(question, str) or not question.strip():
+        raise DataError(f"{where}: no question in 'extra_info.question' or 'prompt[0].content'")
+    truth = model.get("ground_truth")
+    if hasattr(truth, "tolist"):
+        truth = truth.tolist()
+    context = _context(row["context"], where)
+    num_docs = extra.get("num_docs") or context.count("Document ")
+    return QAItem(extra.get("index", where), question.strip(), _answers(truth, f"{where}: reward_model.ground_truth"),
+                  context, int(num_docs), str(row.get("data_source") or "hotpotqa"))
+
+
+def item_from_eval_entry(entry: Any, where: str) -> QAItem:
+    """One RULER-HQA eval item."""
+    if not isinstance(entry, dict):
+        raise DataError(f"{where}: expected an object, got {type(entry).__name__}")
+    for key in ("input", "answers", "context"):
+        if key not in entry:
+            raise DataError(f"{where}: missing field {key!r}; fields: {sorted(entry)}")
+    if not isinstance(entry["input"], str) or not entry["input"].strip():
+        raise DataError(f"{where}: field 'input' (the question) must be non-empty text")
+    context = _context(entry["context"], where)
+    return QAItem(entry.get("index", where), entry["input"].strip(), _answers(entry["answers"], f"{where}: answers"),
+                  context, int(entry.get("num_docs") or context.count("Document ")), "ruler_hqa")
+
+
+def read_eval_file(path: str | Path) -> tuple[list[tuple[QAItem, dict]], list[str]]:
+    """(item, raw entry) pairs of an ``eval_{N}.json``, and a message per refused entry."""
+    path = Path(path)
+    try:
+        entries = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise DataError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from err
+    if not isinstance(entries, list):
+        raise DataError(f"{path}: expected a JSON array of items")
+    items, refused = [], []
+    for i, entry in enumerate(entries):
+        try:
+            items.append((item_from_eval_entry(entry, f"{path}[{i}]"), entry))
+        except DataError as err:
+            refused.append(str(err))
+    return items, refused
+
+
+# ---- a generator of HotpotQA-style multi-hop data ---------------------------------------------------------------
+
+_FIRST = ["Alma", "Boris", "Clara", "Dmitri", "Elena", "Farid", "Greta", "Hugo", "Ines", "Jonas", "Kira", "Lars",
+          "Mira", "Nils", "Olga", "Pavel", "Rosa", "Sven", "Tara", "Umar", "Vera", "Wim", "Yara", "Zeno"]
+_LAST = ["Adler", "Brandt", "Costa", "Dorn", "Engel", "Falk", "Gruber", "Hale", "Ivers", "Jansen", "Kern", "Lind",
+         "Moreau", "Novak", "Ortiz", "Pike", "Quist", "Rahn", "Stein", "Torres", "Ueda", "Voss", "Wolff", "Zorn"]
+_CITIES = ["Arden", "Belmont", "Corvale", "Dunmore", "Eastwick", "Fairholt", "Glenrock", "Harrow", "Ironbridge",
+           "Juniper", "Kelso", "Lowfield", "Marsden", "Northam", "Oakridge", "Penrith", "Queensby", "Ravenna",
+           "Stanmore", "Thornby", "Upton", "Valmont", "Westport", "Yarrow"]
+_WORKS = ["The Silent Harbor", "Winter Lanterns", "A House of Glass", "The Last Orchard", "Paper Moons",
+          "The Iron Garden", "Salt and Ember", "The Long Meridian", "Northern Letters", "The Quiet Engine",
+          "Glass Rivers", "The Copper Bell", "Hollow Crowns", "The Tenth Summer", "Blue Cartography",
+          "The Amber Road", "Distant Signals", "The Clockmaker's Son", "Fields of Chalk", "The Ninth Wave"]
+_FILLER = ["It received mixed reviews on release and later gained a small following.",
+           "Critics noted its unusual structure and careful pacing.",
+           "The production was delayed twice because of funding problems.",
+           "A restored edition was published many years afterwards.",
+           "Several scenes were rewritten shortly before the premiere.",
+           "The work is sometimes taught in introductory courses.",
+           "Its title was changed late in development.",
+           "The first print run sold out within a month."]
+
+
+def _person(rng: random.Random, used: set[str]) -> str:
+    while True:
+        name = f"{rng.choice(_FIRST)} {rng.choice(_LAST)}"
+        if name not in used:
+            used.add(name)
+            return name
+
+
+def _work_doc(rng, work: str, person: str) -> tuple[str, str]:
+    return work, (f"{work} is a novel written by {person}. " + " ".join(rng.sample(_FILLER, 2)))
+
+
+def _person_doc(rng, person: str, city: str) -> tuple[str, str]:
+    return person, (f"{person} is a writer who was born in {city}. " + " ".join(rng.sample(_FILLER, 1)))
+
+
+def generate_item(rng: random.Random, num_docs: int, index: Any, hops: int = 2) -> QAItem:
+    """A question whose answer needs ``hops`` documents (2: work -> author -> birthplace; 1: work -> author),
+    hidden at random places among distractors of the same kind; ``num_docs`` documents in all."""
+    if hops not in (1, 2) or num_docs < hops:
+        raise ValueError(f"hops must be 1 or 2 and num_docs at least hops, got hops={hops}, num_docs={num_docs}")
+    used: set[str] = set()
+    works = rng.sample(_WORKS, len(_WORKS))
+    work, author, city = works[0], _person(rng, used), rng.choice(_CITIES)
+    gold = [_work_doc(rng, work, author)] + ([_person_doc(rng, author, city)] if hops == 2 else [])
+    distractors = []
+    for k in range(num_docs - len(gold)):
+        other = _person(rng, used) if len(used) < len(_FIRST) * len(_LAST) else rng.choice(sorted(used))
+        if k % 2 == 0:
+            distractors.append(_work_doc(rng, f"{works[1 + (k // 2) % (len(works) - 1)]} (vol. {k // 2 + 1})", other))
+        else:
+            distractors.append(_person_doc(rng, other, rng.choice([c for c in _CITIES if c != city])))
+    docs = distractors
+    for doc in gold:
+        docs.insert(rng.randint(0, len(docs)), doc)
+    if hops == 2:
+        question, answer = f"In which city was the author of the novel {work} born?", city
+    else:
+        question, answer = f"Who wrote the novel {work}?", author
+    return QAItem(index, question, [answer], format_documents(docs), num_docs)
+
+
+def write_training_jsonl(path: str | Path, num: int, num_docs: int, seed: int = 0, hops: int = 2) -> Path:
+    rng = random.Random(seed)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for i in range(num):
+            f.write(json.dumps(generate_item(rng, num_docs, f"gen-{seed}-{i}", hops).training_row()) + "\n")
+    return path
+
+
+def write_eval_file(folder: str | Path, num_docs: int, num: int, seed: int = 1, hops: int = 2) -> Path:
+    """``eval_{num_docs}.json`` in RULER-HQA's format."""
+    rng = random.Random(seed * 100_003 + num_docs)
+    items = [generate_item(rng, num_docs, i, hops) for i in range(num)]
+    path = Path(folder) / f"eval_{num_docs}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps([{"index": it.index, "input": it.question, "answers": it.answers,
+                                 "context": it.context, "num_docs": it.num_docs} for it in items], indent=1))
+    return path

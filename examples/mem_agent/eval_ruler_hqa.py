@@ -1,0 +1,212 @@
+"""RULER-HQA evaluation of a served model with the MemAgent loop, one length at a time.
+
+    python -m examples.mem_agent.eval_ruler_hqa --model-path HF_DIR --data-root DIR --length 50 200 800 \
+        --save-dir results --save-file my_model [--n-proc 16] [--temperature 0.7] [--top-p 0.95] [--force]
+        [--custom-config-path mem.yaml] [--engine-backend vllm|hf] [--tp 1] [--max-model-len N] [--model-url URL]
+
+For each N it reads ``DATA_ROOT/eval_{N}.json`` and writes ``SAVE_DIR/ruler_hqa_{N}/{SAVE_FILE}.jsonl`` (one line
+per item: ``_id``, ``answer`` (gold), ``pred``, ``judge_f1``, ``judge_em``, ``judge_sub_em``, ``response`` and the
+item's other keys except ``context``) and ``{SAVE_FILE}.summary.json`` (f1/em/sub_em x100 over the scored items,
+and the counts of failed and refused items). Resumable: items already in the output are skipped; a line cut by
+a kill is dropped and its item run again. Items the engine failed on are listed in ``{SAVE_FILE}.failed.jsonl``
+and retried by the next run, never scored as 0. At the end, ``SAVE_DIR/ruler_hqa_sub_em.png`` plots sub-EM
+against the number of documents for every ``SAVE_FILE`` found in ``SAVE_DIR``.
+
+The engine is started for ``--model-path`` (and stopped at the end) unless ``--model-url`` names a running one.
+The document is read whole unless ``mem_eval_max_chunks`` is set; every cut is logged with its size.
+"""
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+from tqdm import tqdm
+
+from examples.mem_agent.data import read_eval_file
+from examples.mem_agent.rollout import MemSettings, generate
+from examples.mem_agent.scoring import exact_match, extract_answer, f1, substring_match
+from vime_ext.rollout.client import RolloutClient
+from vime_ext.rollout.plugins import load_custom_config, plugin_args
+from vime_ext.rollout.protocol import SamplingParams
+from vime_ext.rollout.sample import TRAINABLE, Sample
+from vime_ext.rollout.validate import fold_trajectory
+
+JUDGES = ("judge_f1", "judge_em", "judge_sub_em")
+
+
+def read_done(path: Path) -> dict[str, dict]:
+    """Items already scored in ``path`` by ``_id``; a torn last line (a kill mid-write) is dropped from the file."""
+    if not path.is_file():
+        return {}
+    done, keep = {}, []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and "_id" in row and str(row["_id"]) not in done:
+            done[str(row["_id"])] = row
+            keep.append(line)
+    path.write_text("".join(line + "\n" for line in keep), encoding="utf-8")
+    return done
+
+
+def score_row(item, entry: dict, response: str, answer_format: str) -> dict:
+    gold = item.answers[0]
+    pred = extract_answer(response, answer_format) or ""
+    row = {k: v for k, v in entry.items() if k != "context"}
+    row.update(_id=str(item.index), answer=gold, pred=pred, response=response,
+               judge_f1=f1(pred, gold), judge_em=exact_match(pred, gold), judge_sub_em=substring_match(pred, gold))
+    return row
+
+
+def summarize(rows: list[dict], failed: int, refused: int, num_docs: int, save_file: str) -> dict:
+    n = len(rows)
+    summary = {"save_file": save_file, "num_docs": num_docs, "scored": n, "failed": failed, "refused": refused}
+    for judge in JUDGES:
+        summary[judge.removeprefix("judge_")] = round(100 * sum(r[judge] for r in rows) / n, 2) if n else None
+    return summary
+
+
+async def evaluate_length(args, url: str, data_file: Path, out_dir: Path, save_file: str, n_proc: int,
+                          params: SamplingParams, force: bool) -> dict:
+    items, refused = read_eval_file(data_file)
+    for message in refused:
+        print(f"refused: {message}", file=sys.stderr)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out, failed_file = out_dir / f"{save_file}.jsonl", out_dir / f"{save_file}.failed.jsonl"
+    if force:
+        out.unlink(missing_ok=True)
+    done = read_done(out)
+    todo = [(item, entry) for item, entry in items if str(item.index) not in done]
+    settings = MemSettings.from_args(args)
+    failures = []
+    semaphore = asyncio.Semaphore(n_proc)
+    progress = tqdm(total=len(todo), desc=f"{data_file.name} ({len(done)} done before)", unit="item")
+    client = RolloutClient(url, max_concurrency=max(n_proc, 1) * 2, timeout_s=1800)
+    args.rollout_client = client
+    try:
+        with out.open("a", encoding="utf-8") as sink:
+            async def one(index: int, item, entry: dict) -> None:
+                async with semaphore:
+                    slot = Sample(prompt=item.question, label=item.answers, index=index,
+                                  metadata={"context": item.context, "source": f"{data_file}:{item.index}"})
+                    sample = fold_trajectory(slot, await generate(args, slot, params, evaluation=True))
+                if sample.status in TRAINABLE:
+                    row = score_row(item, entry, sample.response, settings.answer_format)
+                    row["tokens_cut"] = sample.metadata.get("tokens_cut", 0)
+                    sink.write(json.dumps(row) + "\n")
+                    sink.flush()  # one whole line per item: a kill loses at most the line being written
+                    done[row["_id"]] = row
+                else:
+                    failures.append({"_id": str(item.index), "status": sample.status.value, "error": sample.error})
+                progress.update(1)
+
+            await asyncio.gather(*(one(i, item, entry) for i, (item, entry) in enumerate(todo)))
+    finally:
+        progress.close()
+        args.rollout_client = None
+        await client.close()
+    failed_file.write_text("".join(json.dumps(f) + "\n" for f in failures), encoding="utf-8")
+    num_docs = items[0][0].num_docs if items else 0
+    summary = summarize(list(done.values()), len(failures), len(refused), num_docs, save_file)
+    (out_dir / f"{save_file}.summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def plot(save_dir: Path) -> Path | None:
+    """sub-EM against the number of documents, one line per SAVE_FILE found under ``save_dir``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves: dict[str, list[tuple[int, float]]] = {}
+    for path in sorted(save_dir.glob("ruler_hqa_*/*.summary.json")):
+        s = json.loads(path.read_text())
+        if s.get("sub_em") is not None:
+            curves.setdefault(s["save_file"], []).append((int(s["num_docs"]), float(s["sub_em"])))
+    if not curves:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, points in sorted(curves.items()):
+        points.sort()
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("documents per question (RULER-HQA length)")
+    ax.set_ylabel("sub-EM (%)")
+    ax.set_ylim(0, 100)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = save_dir / "ruler_hqa_sub_em.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def main(argv=None) -> list[dict]:
+    parser = argparse.ArgumentParser(description="RULER-HQA evaluation with the MemAgent loop (sub-EM, EM, F1)")
+    parser.add_argument("--model-path", required=True, help="HF directory of the model (its tokenizer chunks the text)")
+    parser.add_argument("--model-url", default=None, help="a running engine or router; default: start one")
+    parser.add_argument("--data-root", required=True, help="folder with eval_{N}.json files")
+    parser.add_argument("--length", nargs="+", type=int, required=True, help="numbers of documents N to run")
+    parser.add_argument("--save-dir", required=True)
+    parser.add_argument("--save-file", default=None, help="output name (default: the model folder's name)")
+    parser.add_argument("--n-proc", type=int, default=16, help="items in flight at once")
+    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--top-p", type=float, default=0.95)
+    parser.add_argument("--force", action="store_true", help="score every item again")
+    parser.add_argument("--custom-config-path", default=None, help="mem_* settings (YAML or JSON)")
+    parser.add_argument("--engine-backend", choices=["vllm", "hf"], default="vllm")
+    parser.add_argument("--engine-dtype", default="auto")
+    parser.add_argument("--tp", type=int, default=1, help="tensor parallel size of the vLLM engine")
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=None, help="sampling seed (transformers engine or GPU vLLM)")
+    options = parser.parse_args(argv)
+    from transformers import AutoTokenizer
+
+    from vime_ext.rollout.engines import EngineConfig, launch_engine, wait_until_serving
+
+    custom = load_custom_config(options.custom_config_path, set()) if options.custom_config_path else {}
+    args = plugin_args([], custom)
+    args.tokenizer = AutoTokenizer.from_pretrained(options.model_path)
+    MemSettings.from_args(args)  # settings errors before any engine starts
+    data_root, save_dir = Path(options.data_root), Path(options.save_dir)
+    missing = [n for n in options.length if not (data_root / f"eval_{n}.json").is_file()]
+    if missing:
+        parser.error(f"no eval files for lengths {missing} in {data_root} (see prepare-eval-data.sh)")
+    save_file = options.save_file or Path(options.model_path).resolve().name
+    params = SamplingParams(temperature=options.temperature, top_p=options.top_p, max_new_tokens=1,
+                            seed=options.seed)
+    engine = None
+    url = options.model_url
+    if url is None:
+        extra = ["--tensor-parallel-size", str(options.tp)] if options.engine_backend == "vllm" and options.tp > 1 \
+            else []
+        engine = launch_engine(EngineConfig(options.model_path, backend=options.engine_backend,
+                                            dtype=options.engine_dtype, max_model_len=options.max_model_len,
+                                            extra_args=extra, rl_routes=False))
+        wait_until_serving([engine], timeout_s=1800)
+        url = engine.url
+    summaries = []
+    try:
+        for n in options.length:
+            summary = asyncio.run(evaluate_length(args, url, data_root / f"eval_{n}.json",
+                                                  save_dir / f"ruler_hqa_{n}", save_file, options.n_proc, params,
+                                                  options.force))
+            print(json.dumps(summary))
+            summaries.append(summary)
+    finally:
+        if engine is not None:
+            engine.stop()
+    figure = plot(save_dir)
+    if figure:
+        print(f"plot: {figure}")
+    return summaries
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""MemAgent's generate plug-in (``--custom-generate-function-path examples.mem_agent.rollout.generate``).
+
+The document (``sample.metadata["context"]``) is cut into chunks of ``mem_chunk_tokens`` tokens. The memory
+starts as "No previous memory"; for each chunk the policy sees the question, its memory and the chunk in a fresh
+chat and writes the new memory (at most ``mem_max_memory`` tokens; an empty reply keeps the old one). A last
+chat asks for the answer from the memory alone (at most ``mem_max_final`` tokens). Every chat is one training
+sequence, so ``generate`` returns one Sample per chat; the reward judges the last.
+
+Settings (``--custom-config-path``; the launch scripts fill them from ``MEM_*`` variables): see ``MemSettings``.
+"""
+
+import logging
+from dataclasses import dataclass, replace
+
+from vime_ext.rollout.trajectory import Trajectory
+
+from examples.mem_agent.prompts import NO_MEMORY, final_prompt, memory_prompt
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MemSettings:
+    chunk_tokens: int = 2048
+    max_memory: int = 1024  # new tokens per memory update
+    max_final: int = 256  # new tokens of the answer
+    max_chunks: int | None = 64  # training cap; longer documents lose their tail (logged)
+    eval_max_chunks: int | None = None  # evaluation reads the whole document unless this is set
+    answer_format: str = "boxed"  # "boxed" (as trained) or "answer_is"
+
+    @classmethod
+    def from_args(cls, args) -> "MemSettings":
+        values = {name: getattr(args, f"mem_{name}") for name in cls.__dataclass_fields__
+                  if f"mem_{name}" in vars(args)}
+        settings = cls(**values)
+        if settings.chunk_tokens < 1 or settings.max_memory < 1 or settings.max_final < 1:
+            raise ValueError(f"mem_chunk_tokens, mem_max_memory and mem_max_final must be positive: {settings}")
+        if settings.answer_format not in ("boxed", "answer_is"):
+            raise ValueError(f"mem_answer_format {settings.answer_format!r}: choose boxed or answer_is")
+        return settings
+
+
+def split_chunks(tokenizer, text: str, chunk_tokens: int, max_chunks: int | None) -> tuple[list[str], int]:
+    """The text in chunks of ``chunk_tokens`` tokens (the last one shorter), at most ``max_chunks`` of them;
+    also how many tokens the cap cut off."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    pieces = [ids[i:i + chunk_tokens] for i in range(0, len(ids), chunk_tokens)]
+    cut = 0
+    if max_chunks is not None and len(pieces) > max_chunks:
+        cut = sum(len(p) for p in pieces[max_chunks:])
+        pieces = pieces[:max_chunks]
+    return [tokenizer.decode(p) for p in pieces], cut
+
+
+async def generate(args, sample, sampling_params, evaluation: bool = False):
+    settings = MemSettings.from_args(args)
+    context = sample.metadata.get("context")
+    if not isinstance(context, str):
+        raise ValueError(f"sample {sample.index}: metadata['context'] must hold the document text "
+                         f"(prepare the data with examples/mem_agent/prepare_data.py)")
+    cap = settings.eval_max_chunks if evaluation else settings.max_chunks
+    chunks, cut = split_chunks(args.tokenizer, context, settings.chunk_tokens, cap)
+    if cut:
+        log.warning("sample %s: document cut after %d chunks of %d tokens; %d tokens unread", sample.index,
+                    len(chunks), settings.chunk_tokens, cut)
+    question, memory, out = str(sample.prompt), NO_MEMORY, []
+    memory_params = replace(sampling_params, max_new_tokens=settings.max_memory)
+    for k, chunk in enumerate(chunks):
+        chat = Trajectory(args.tokenizer, [{"role": "user", "content": memory_prompt(question, memory, chunk)}])
+        reply = await chat.generate(args.rollout_client, memory_params, session_id=f"{sample.index}")
+        out.append(chat.to_sample(sample))
+        if reply is None:  # the engine failed: the trajectory is marked failed or aborted
+            return out
+        memory = reply.strip() or memory
+    chat = Trajectory(args.tokenizer, [{"role": "user",
+                                        "content": final_prompt(question, memory, settings.answer_format)}])
+    await chat.generate(args.rollout_client, replace(sampling_params, max_new_tokens=settings.max_final),
+                        session_id=f"{sample.index}")
+    final = chat.to_sample(sample)
+    final.metadata.update(memory=memory, chunks=len(chunks), tokens_cut=cut)
+    final.metrics.update(chunks=float(len(chunks)), tokens_cut=float(cut),
+                         memory_tokens=float(len(args.tokenizer(memory, add_special_tokens=False)["input_ids"])))
+    return out + [final]

