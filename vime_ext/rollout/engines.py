@@ -142,8 +142,13 @@ def launch_router(worker_urls: list[str], policy: str = "consistent_hash", host:
     if policy not in ROUTER_POLICIES:
         raise ValueError(f"router policy {policy!r} is not one of {ROUTER_POLICIES}")
     port = port or free_port()
+    extra_args = list(extra_args or [])
+    if not any(a.startswith("--prometheus-port") for a in extra_args):
+        # Its metrics exporter binds port 29000 by default, so a second router on the machine (another run, or
+        # a test beside it) would die at start: give each its own.
+        extra_args += ["--prometheus-port", str(free_port())]
     command = [installed_program("vllm-router"), "--host", host, "--port", str(port), "--worker-urls", *worker_urls,
-               "--policy", policy, "--log-level", "warning", *(extra_args or [])]
+               "--policy", policy, "--log-level", "warning", *extra_args]
     return _start("router", command, host, port, {}, log_dir)
 
 
