@@ -6,8 +6,9 @@ documents; this measures it on generated RULER-HQA-format files and fits a line.
         [--engine-backend hf|vllm] [--chunk-tokens 256] [--max-memory 32] [--max-final 16] [--out bench.json]
 
 Prints, per length: documents, document tokens, chunks, seconds per item; then the linear fit of seconds per
-item on the number of documents (slope, intercept, R^2) and the ratio (time per document) of the longest to
-the shortest length, which is about 1 when the growth is linear.
+item on the number of documents (slope, intercept, R^2) and the marginal cost per added document between the
+two longest lengths over that between the two shortest, which is about 1 when the growth is linear (above 1:
+faster than linear).
 """
 
 import argparse
@@ -66,9 +67,9 @@ def main(argv=None) -> dict:
     y = np.array([r["seconds_per_item"] for r in rows])
     slope, intercept = np.polyfit(x, y, 1)
     r2 = 1 - ((y - (slope * x + intercept)) ** 2).sum() / max(((y - y.mean()) ** 2).sum(), 1e-12)
-    per_doc = y / x
+    marginal = float(((y[-1] - y[-2]) / (x[-1] - x[-2])) / ((y[1] - y[0]) / (x[1] - x[0]))) if len(x) > 2 else None
     result = {"rows": rows, "fit_seconds_per_document": slope, "fit_intercept_s": intercept, "fit_r2": r2,
-              "per_document_ratio_longest_to_shortest": float(per_doc[-1] / per_doc[0]),
+              "marginal_cost_ratio_long_to_short": marginal,
               "engine": args.engine_backend, "model": args.model_path}
     print(json.dumps({k: v for k, v in result.items() if k != "rows"}))
     if args.out:
