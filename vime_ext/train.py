@@ -17,6 +17,7 @@ from tqdm import tqdm
 from vime_ext.algorithms.train_data import TrainSequence
 from vime_ext.arguments import TrainConfig, parse_train_args
 from vime_ext.cluster import Cluster
+from vime_ext.data.prompt_dataset import read_jsonl
 from vime_ext.rollout.debug_data import load_rollout, save_rollout
 from vime_ext.rollout.plugins import load_function
 from vime_ext.rollout.rollout import RolloutOutput, rollout_metrics
@@ -53,6 +54,11 @@ class Trainer:
         from vime_ext.tracking import Tracker
 
         self.config = config
+        d = config.data
+        # The rollout manager reads the prompt data; reading it here first stops a malformed line (named by file,
+        # line and field) before any process or model starts.
+        for path in [d.prompt_data, *config.eval.datasets().values()]:
+            read_jsonl(path, d.input_key, d.label_key, d.metadata_key)
         self.args = config.plugin_args()
         self.convert = load_function(config.rollout.custom_convert_samples_to_train_data_path,
                                      "--custom-convert-samples-to-train-data-path")
@@ -225,13 +231,14 @@ def _flat(tree: dict, prefix: str = "") -> dict:
 
 def main(argv: list[str] | None = None) -> list[dict[str, float]]:
     from vime_ext.arguments import ConfigError
+    from vime_ext.data.prompt_dataset import DataError
 
     try:
-        config = parse_train_args(argv)
-    except ConfigError as err:
+        trainer = Trainer(parse_train_args(argv))
+    except (ConfigError, DataError) as err:  # the user's flags or data: one message, no traceback
         print(f"train.py: {err}", file=sys.stderr)
         raise SystemExit(2) from err
-    return Trainer(config).run()
+    return trainer.run()
 
 
 if __name__ == "__main__":

@@ -161,3 +161,14 @@ def test_custom_config_mistakes_are_named(base, tmp_path, text, message):
     config_file.write_text(text)
     with pytest.raises(ConfigError, match=rf"--custom-config-path {config_file}.*{message}"):
         parse_train_args(base + ["--custom-config-path", str(config_file)])
+
+
+def test_a_malformed_prompt_line_stops_the_run_before_anything_starts(base, tmp_path):
+    import sys
+
+    data = tmp_path / "bad.jsonl"
+    data.write_text(json.dumps({"prompt": "1 + 1 =", "label": "2"}) + "\n" + json.dumps({"label": "3"}) + "\n")
+    done = subprocess.run([sys.executable, "-m", "vime_ext.train", base[0], base[1], "--prompt-data", str(data)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert f"train.py: {data}:2: missing field 'prompt' (--input-key)" in done.stderr
