@@ -19,6 +19,7 @@ rendering a marker reply.
 """
 
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 from vime_ext.rollout.client import EngineUnavailable, RolloutClient
@@ -65,8 +66,10 @@ class Trajectory:
     def _ids(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
+    @cached_property
     def _reply_close(self) -> str:
-        """What the template writes after an assistant reply's content (e.g. "<|im_end|>\\n")."""
+        """What the template writes after an assistant reply's content (e.g. "<|im_end|>\\n"); the same for every
+        turn, so rendered once per trajectory."""
         text = self._render([_SYSTEM, {"role": "user", "content": "U"}, {"role": "assistant", "content": _MARK}])
         return text[text.rindex(_MARK) + len(_MARK):]
 
@@ -105,7 +108,7 @@ class Trajectory:
         """Environment or tool output as chat messages (masked), after the policy's last reply: first whatever
         the template would have closed that reply with and the reply did not emit (its end-of-turn text when the
         reply was cut at the length limit), then the messages and the opening of the next reply."""
-        close = self._reply_close()
+        close = self._reply_close
         if self.turns:
             said = self.tokenizer.decode(self.tokens[-self.turns[-1].num_tokens:], skip_special_tokens=False)
             done = next((k for k in range(len(close), 0, -1) if said.endswith(close[:k])), 0)
