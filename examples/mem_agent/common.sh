@@ -7,7 +7,7 @@ cd "${VIME_EXT_ROOT}"  # plug-ins are named examples.mem_agent.*: the launch dir
 
 export MEM_CHUNK_TOKENS=${MEM_CHUNK_TOKENS:-2048} MEM_MAX_MEMORY=${MEM_MAX_MEMORY:-1024}
 export MEM_MAX_FINAL=${MEM_MAX_FINAL:-256} MEM_MAX_CHUNKS=${MEM_MAX_CHUNKS:-64}
-export MEM_ANSWER_FORMAT=${MEM_ANSWER_FORMAT:-boxed}
+export MEM_ANSWER_FORMAT=${MEM_ANSWER_FORMAT:-boxed} MEM_ANSWER_PREFIX=${MEM_ANSWER_PREFIX:-}
 MEM_CONFIG=${MEM_CONFIG:-${MEM_AGENT_DIR}/mem_agent.yaml}
 
 # GRPO advantage of a trajectory: vime's (reward minus group mean, over the group std, split over the chats)

@@ -3,7 +3,8 @@
 The document (``sample.metadata["context"]``) is cut into chunks of ``mem_chunk_tokens`` tokens. The memory
 starts as "No previous memory"; for each chunk the policy sees the question, its memory and the chunk in a fresh
 chat and writes the new memory (at most ``mem_max_memory`` tokens; an empty reply keeps the old one). A last
-chat asks for the answer from the memory alone (at most ``mem_max_final`` tokens). Every chat is one training
+chat asks for the answer from the memory alone (at most ``mem_max_final`` tokens), optionally starting the reply
+with ``mem_answer_prefix`` for the policy (a small model that ignores the format instruction still answers in it). Every chat is one training
 sequence, so ``generate`` returns one Sample per chat; the reward judges the last.
 
 Settings (``--custom-config-path``; the launch scripts fill them from ``MEM_*`` variables): see ``MemSettings``.
@@ -26,7 +27,8 @@ class MemSettings:
     max_final: int = 256  # new tokens of the answer
     max_chunks: int | None = 64  # training cap; longer documents lose their tail (logged)
     eval_max_chunks: int | None = None  # evaluation reads the whole document unless this is set
-    answer_format: str = "boxed"  # "boxed" (as trained) or "answer_is"
+    answer_format: str = "boxed"  # "boxed" (MemAgent's training reward) or "answer_is"; the reward reads the same
+    answer_prefix: str = ""  # text the final answer starts with, written for the policy (e.g. "The answer is")
 
     @classmethod
     def from_args(cls, args) -> "MemSettings":
@@ -74,6 +76,8 @@ async def generate(args, sample, sampling_params, evaluation: bool = False):
         memory = reply.strip() or memory
     chat = Trajectory(args.tokenizer, [{"role": "user",
                                         "content": final_prompt(question, memory, settings.answer_format)}])
+    if settings.answer_prefix:
+        chat.prefill(settings.answer_prefix)
     await chat.generate(args.rollout_client, replace(sampling_params, max_new_tokens=settings.max_final),
                         session_id=f"{sample.index}")
     final = chat.to_sample(sample)

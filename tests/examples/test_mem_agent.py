@@ -63,12 +63,25 @@ def test_normaliser_and_judges_against_hand_computed_cases():
 
 
 def test_training_reward_uses_the_last_box_in_the_tail():
+    from vime_ext.rollout.plugins import PluginArgs
+
+    args = PluginArgs(mem_answer_format="boxed")
     sample = Sample(prompt="q", label=["New York", "NYC"], response=r"I think \boxed{new york}")
-    assert reward(None, sample) == {"reward": 1.0, "no_boxed": 0.0}
+    assert reward(args, sample) == {"reward": 1.0, "no_answer": 0.0}
     sample.response = r"\boxed{New York}" + " " * 301
-    assert reward(None, sample) == {"reward": 0.0, "no_boxed": 1.0}
+    assert reward(args, sample) == {"reward": 0.0, "no_answer": 1.0}
     sample.response = r"\boxed{ N Y C }"
-    assert reward(None, sample)["reward"] == 1.0
+    assert reward(args, sample)["reward"] == 1.0
+
+
+def test_training_reward_follows_the_answer_format():
+    from vime_ext.rollout.plugins import PluginArgs
+
+    args = PluginArgs(mem_answer_format="answer_is")
+    sample = Sample(prompt="q", label=["Alma Zorn"], response="The answer is: Alma Zorn.")
+    assert reward(args, sample) == {"reward": 1.0, "no_answer": 0.0}
+    sample.response = r"\boxed{Alma Zorn}"  # not the asked format
+    assert reward(args, sample) == {"reward": 0.0, "no_answer": 1.0}
 
 
 def test_prepare_data_keeps_good_rows_and_names_bad_ones(tmp_path):
@@ -177,6 +190,31 @@ def test_one_sequence_per_chat_with_masks_and_advantages(engine, tmp_path):
     for (tokens, reply), seq in zip(chats, first):
         assert seq.tokens == tokens
         assert seq.loss_mask == [0] * (len(tokens) - reply - 1) + [1] * reply
+
+
+def test_the_answer_prefix_starts_the_final_reply_and_is_not_trained(engine, tmp_path):
+    from vime_ext.rollout.config import RolloutConfig
+    from vime_ext.rollout.data_source import DataSource
+    from vime_ext.data.prompt_dataset import read_jsonl
+    from vime_ext.rollout.plugins import plugin_args
+    from vime_ext.rollout.rollout import run_rollout
+    from examples.mem_agent.data import write_training_jsonl
+
+    model, url = engine
+    data = write_training_jsonl(tmp_path / "train.jsonl", 1, num_docs=2, seed=0)
+    config = RolloutConfig(rollout_batch_size=1, n_samples_per_prompt=2, rollout_max_response_len=6,
+                           custom_generate_function_path="examples.mem_agent.rollout.generate",
+                           custom_rm_path="examples.mem_agent.reward.reward")
+    args = plugin_args([config], {"mem_chunk_tokens": 400, "mem_max_memory": 6, "mem_max_final": 5,
+                                  "mem_answer_format": "answer_is", "mem_answer_prefix": "The answer is"})
+    args.tokenizer = mem_args(model).tokenizer
+    prefix = args.tokenizer("The answer is", add_special_tokens=False)["input_ids"]
+    for sample in run_rollout(args, url, 0, DataSource(read_jsonl(data), 1, 2)).groups[0]:
+        reply = sample.tokens[-sample.response_length:]
+        assert sample.response.startswith("The answer is")
+        assert reply[:len(prefix)] == prefix and sample.loss_mask[:len(prefix)] == [0] * len(prefix)
+        assert sample.loss_mask[len(prefix):] == [1] * (sample.response_length - len(prefix))
+        assert sample.rollout_log_probs[:len(prefix)] == [0.0] * len(prefix)
 
 
 def test_a_resumed_eval_scores_every_item_once(engine, tmp_path):

@@ -5,6 +5,7 @@ then grows turn by turn:
 
 - ``await traj.generate(client, params)``: the policy's reply, appended as the engine returned it (token ids and
   log-probs, trained; never re-tokenised, so the trainer sees exactly what was sampled);
+- ``traj.prefill(text)``: the start of the next reply, written for the policy (masked), e.g. an answer format;
 - ``traj.append_messages([...])``: environment or tool output as chat messages, rendered by the same template and
   appended as masked tokens, closing the policy's turn the way the template would and opening the next one.
 
@@ -103,6 +104,11 @@ class Trajectory:
         self.tokens += list(token_ids)
         self.loss_mask += [0] * len(token_ids)
         self.log_probs += [0.0] * len(token_ids)
+
+    def prefill(self, text: str) -> None:
+        """Text the policy's next reply starts with (masked: written for the policy, not trained). It is part of
+        the sample's ``response``, so a reward reads it together with what the policy went on to write."""
+        self.append_tokens(self._ids(text))
 
     def append_messages(self, messages: list[dict[str, Any]]) -> None:
         """Environment or tool output as chat messages (masked), after the policy's last reply: first whatever
