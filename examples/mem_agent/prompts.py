@@ -2,19 +2,16 @@
 
 NO_MEMORY = "No previous memory"
 
-_MEMORY = """You are answering a question about a long text that you can only read one section at a time.
-After each section you keep notes; the notes are all you will have when you answer.
+# Short and direct on purpose: SmolLM2-135M (the CPU preset) wrote unrelated text for a longer version of this
+# instruction; with this one its notes quote the documents.
+_MEMORY = """You read a long text one part at a time and keep notes. Your notes are all you will have at the end.
 
-Question: {question}
+Your notes so far: {memory}
 
-Your notes so far:
-{memory}
-
-Next section of the text:
+Next part of the text:
 {chunk}
 
-Write your updated notes: keep what still matters for the question, add anything useful from this section,
-and drop what is irrelevant. Reply with the notes only."""
+Which sentences of your notes and of this part help answer the question "{question}"? Write them as your new notes."""
 
 _FINAL = {
     "boxed": """Question: {question}
@@ -23,12 +20,11 @@ Your notes from reading the whole text:
 {memory}
 
 Answer the question from your notes. Reason briefly, then give the final answer as \\boxed{{answer}}.""",
-    "answer_is": """Question: {question}
-
-Your notes from reading the whole text:
+    "answer_is": """Your notes from reading the whole text:
 {memory}
 
-Answer the question from your notes. Reason briefly, then finish with "The answer is <answer>".""",
+Question: {question}
+Answer from your notes. Reason briefly, then finish with "The answer is <answer>".""",
 }
 
 

@@ -37,7 +37,7 @@ python train.py "${MEM_PLUGIN_ARGS[@]}" "${ADVANTAGE_ARGS[@]}" \
   --hf-checkpoint "${HF_CKPT}" --prompt-data "${DATA_ROOT}/train.jsonl" --rollout-shuffle --seed "${SEED}" \
   --num-rollout "${NUM_ROLLOUT}" --rollout-batch-size "${ROLLOUT_BATCH_SIZE}" \
   --n-samples-per-prompt "${N_SAMPLES_PER_PROMPT}" --rollout-max-response-len "${MEM_MAX_MEMORY}" \
-  --micro-batch-size 8 --lr "${LR:-2e-5}" --eps-clip 0.2 --eps-clip-high 0.3 --save "${SAVE_PATH}" "${ENGINE_ARGS[@]}" "$@"
+  --rollout-temperature "${TEMPERATURE:-0.7}" --micro-batch-size 8 --lr "${LR:-2e-5}" --eps-clip 0.2 --eps-clip-high 0.3 --save "${SAVE_PATH}" "${ENGINE_ARGS[@]}" "$@"
 
 # The base model and the last iteration, converted back to HF, on the same generated eval files.
 export N_PROC=${N_PROC:-8} SAVE_DIR=${SAVE_DIR:-${OUT}/eval}

@@ -25,8 +25,10 @@ def extract_answer(response: str, answer_format: str = "boxed") -> str | None:
         matches = list(re.finditer(r"the answer is[:\s]*", response, flags=re.IGNORECASE))
         if not matches:
             return None
-        answer = response[matches[-1].end():].strip().splitlines()[0] if response[matches[-1].end():].strip() else ""
-        return answer.strip().rstrip(".").strip() or None
+        rest = response[matches[-1].end():].strip()
+        answer = rest.splitlines()[0] if rest else ""
+        # 'The answer is "Elena Pike".' names Elena Pike: the closing period and quotes are not part of it.
+        return answer.strip(" \"'.") or None
     raise ValueError(f"answer format {answer_format!r} is not one of {ANSWER_FORMATS}")
 
 

@@ -48,6 +48,8 @@ def test_the_answer_is_format():
     assert extract_answer("Reasoning... The answer is: Marsden.\n", "answer_is") == "Marsden"
     assert extract_answer("the answer is x. Then the answer is Kelso", "answer_is") == "Kelso"
     assert extract_answer("I do not know", "answer_is") is None
+    assert extract_answer('The answer is "Elena Pike".', "answer_is") == "Elena Pike"
+    assert extract_answer("The answer is: '.'", "answer_is") is None
 
 
 def test_normaliser_and_judges_against_hand_computed_cases():

