@@ -156,7 +156,7 @@ def perturb_push_and_score(out_dir: str, hf_dir: str, engine_url: str, prompts: 
     from convert.live import iter_hf_weights, load_hf_weights
     from vime_ext.rollout.client import RolloutClient
     from vime_ext.rollout.protocol import SamplingParams
-    from vime_ext.rollout.weight_sync import SharedMemoryWeightSync
+    from vime_ext.rollout.weight_sync import WeightSync
     from vime_ext.trainer.forward import token_log_probs
     from vime_ext.trainer.model_provider import build_gpt_model
     from vime_ext.trainer.parallel import destroy_distributed, init_distributed
@@ -170,7 +170,7 @@ def perturb_push_and_score(out_dir: str, hf_dir: str, engine_url: str, prompts: 
     with torch.no_grad():
         for param in model.parameters():
             param.add_(0.02 * torch.randn(param.shape, generator=generator))
-    sync = SharedMemoryWeightSync([engine_url], bucket_bytes=32 * 2**20)  # several buckets
+    sync = WeightSync([engine_url], bucket_bytes=32 * 2**20)  # several buckets
     sync.init()
     sent = sync.push(iter_hf_weights(model, shape), version=1)
     versions = sync.versions()

@@ -20,24 +20,26 @@ SAVE_PATH=${SAVE_PATH:-${OUT}/ckpt}
 NUM_ROLLOUT=${NUM_ROLLOUT:-12} ROLLOUT_BATCH_SIZE=${ROLLOUT_BATCH_SIZE:-4} N_SAMPLES_PER_PROMPT=${N_SAMPLES_PER_PROMPT:-4}
 TRAIN_DOCS=${TRAIN_DOCS:-2} LENGTH=${LENGTH:-"2 4"} HOPS=${HOPS:-1} EVAL_NUM=${EVAL_NUM:-32}
 ENGINE_BACKEND=${ENGINE_BACKEND:-vllm} SEED=${SEED:-0} MAX_MODEL_LEN=${MAX_MODEL_LEN:-2048}
+ENGINE_DTYPE=${ENGINE_DTYPE:-float32}  # on a GPU: ENGINE_DTYPE=bfloat16 ... run-cpu.sh --colocate --bf16
 if [ -z "${HF_CKPT:-}" ]; then
   HF_CKPT=$(python -c "from vime_ext.models.packaged import smollm2_hf_dir; print(smollm2_hf_dir())" | tail -1)
 fi
 need "${HF_CKPT}/config.json" HF_CKPT
-export HF_CKPT SAVE_PATH DATA_ROOT LENGTH ENGINE_BACKEND MAX_MODEL_LEN
+export HF_CKPT SAVE_PATH DATA_ROOT LENGTH ENGINE_BACKEND ENGINE_DTYPE MAX_MODEL_LEN
 
 python -m examples.mem_agent.prepare_data --generate --num 256 --num-docs "${TRAIN_DOCS}" --hops "${HOPS}" \
   --seed "${SEED}" --out "${DATA_ROOT}/train.jsonl" --eval-dir "${DATA_ROOT}" --eval-lengths ${LENGTH} \
   --eval-num "${EVAL_NUM}"
 # No KL term (the GPU recipe's is 0.001): on 2 cores the reference model's forward pass costs a fifth of a step.
-ENGINE_ARGS=(--engine-backend "${ENGINE_BACKEND}" --engine-dtype float32)
+ENGINE_ARGS=(--engine-backend "${ENGINE_BACKEND}" --engine-dtype "${ENGINE_DTYPE}")
 [ "${ENGINE_BACKEND}" = "vllm" ] && ENGINE_ARGS+=(--engine-max-model-len "${MAX_MODEL_LEN}" --vllm-enforce-eager)
 
 python train.py "${MEM_PLUGIN_ARGS[@]}" "${ADVANTAGE_ARGS[@]}" \
   --hf-checkpoint "${HF_CKPT}" --prompt-data "${DATA_ROOT}/train.jsonl" --rollout-shuffle --seed "${SEED}" \
   --num-rollout "${NUM_ROLLOUT}" --rollout-batch-size "${ROLLOUT_BATCH_SIZE}" \
   --n-samples-per-prompt "${N_SAMPLES_PER_PROMPT}" --rollout-max-response-len "${MEM_MAX_MEMORY}" \
-  --rollout-temperature "${TEMPERATURE:-0.7}" --micro-batch-size 8 --lr "${LR:-2e-5}" --eps-clip 0.2 --eps-clip-high 0.3 --save "${SAVE_PATH}" "${ENGINE_ARGS[@]}" "$@"
+  --rollout-temperature "${TEMPERATURE:-0.7}" --micro-batch-size 8 --lr "${LR:-2e-5}" --eps-clip 0.2 \
+  --eps-clip-high 0.3 --save "${SAVE_PATH}" "${ENGINE_ARGS[@]}" "$@"
 
 # The base model and the last iteration, converted back to HF, on the same generated eval files.
 export N_PROC=${N_PROC:-8} SAVE_DIR=${SAVE_DIR:-${OUT}/eval}

@@ -176,7 +176,7 @@ def test_weight_update_on_the_transformers_backend(tiny_hf_dirs, tmp_path):
     from transformers import AutoModelForCausalLM
 
     from convert.hf_checkpoint import HFCheckpointReader
-    from vime_ext.rollout.weight_sync import SharedMemoryWeightSync
+    from vime_ext.rollout.weight_sync import WeightSync
 
     engine = launch_engine(EngineConfig(str(tiny_hf_dirs["llama"]), backend="hf", log_dir=str(tmp_path)))
     reader = HFCheckpointReader(tiny_hf_dirs["llama"])
@@ -195,7 +195,7 @@ def test_weight_update_on_the_transformers_backend(tiny_hf_dirs, tmp_path):
     try:
         wait_until_serving([engine], timeout_s=120)
         before = asyncio.run(sample())
-        sync = SharedMemoryWeightSync([engine.url], bucket_bytes=2 * 2**20)
+        sync = WeightSync([engine.url], bucket_bytes=2 * 2**20)
         sync.init()
         assert sync.push(iter(new_weights.items()), version=7) == len(new_weights)
         assert sync.versions() == {engine.url: "7"}

@@ -5,6 +5,7 @@ Any vLLM flag is reachable as ``--vllm-<flag>`` on vime_ext's command line: ``sp
 of argv unchanged (no per-flag forwarding to maintain). Servers bind 127.0.0.1 unless told otherwise.
 """
 
+import json
 import os
 import shutil
 import subprocess
@@ -29,7 +30,8 @@ class EngineConfig:
     extra_args: list[str] = field(default_factory=list)  # passed to the server verbatim
     env: dict[str, str] = field(default_factory=dict)
     log_dir: str | None = None
-    rl_routes: bool = True  # vLLM: serve /pause, /update_weights, ... and load the vime_shm transfer engine
+    rl_routes: bool = True  # vLLM: serve /pause, /update_weights, ... with a weight-transfer engine
+    weight_transport: str = "vime_shm"  # that engine: vime_shm (files in shared memory) or ipc (CUDA IPC)
 
 
 ROUTER_POLICIES = ("round_robin", "consistent_hash", "random", "power_of_two", "cache_aware")
@@ -91,7 +93,7 @@ def server_command(config: EngineConfig, port: int) -> list[str]:
     if config.max_model_len:
         command += ["--max-model-len", str(config.max_model_len)]
     if config.rl_routes and not any(a.startswith("--weight-transfer-config") for a in config.extra_args):
-        command += ["--weight-transfer-config", '{"backend": "vime_shm"}']
+        command += ["--weight-transfer-config", json.dumps({"backend": config.weight_transport})]
     return command + config.extra_args
 
 
@@ -102,6 +104,8 @@ def server_env(config: EngineConfig) -> dict[str, str]:
     if config.backend == "vllm":
         if config.rl_routes:
             env["VLLM_SERVER_DEV_MODE"] = "1"
+            if config.weight_transport == "ipc":  # its update info carries pickled IPC handles
+                env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
     return {**env, **config.env}
 

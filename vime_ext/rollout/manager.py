@@ -14,8 +14,10 @@ from vime_ext.data.prompt_dataset import read_jsonl
 from vime_ext.rollout.data_source import DataSource
 from vime_ext.rollout.engines import EngineConfig, ServerProcess, launch_engine, launch_router, wait_until_serving
 from vime_ext.rollout.rollout import RolloutOutput, run_rollout
-from vime_ext.rollout.weight_sync import SharedMemoryWeightSync
+from vime_ext.rollout.weight_sync import WeightSync
 from vime_ext.trainer.launch import free_port
+
+COLOCATED_GPU_MEMORY = 0.4  # a colocated vLLM engine's default --gpu-memory-utilization
 
 
 class RolloutManager:
@@ -39,10 +41,16 @@ class RolloutManager:
             records = read(path)
             self.eval_sources[name] = DataSource(records, e.n_samples_per_eval_prompt, len(records))
         extra = list(config.vllm_args)
+        # Colocated vLLM on GPUs: weights arrive over CUDA IPC from the trainer on the same GPU, the engine sleeps
+        # while the trainer trains, and it takes a share of the GPU the trainer leaves free (vLLM's default,
+        # 0.9, would not fit beside the trainer; --vllm-gpu-memory-utilization overrides).
+        self.transport = "ipc" if cl.engine_backend == "vllm" and gpu_ids and cl.colocate else "vime_shm"
         if cl.engine_backend == "vllm" and gpu_ids:
             extra += ["--tensor-parallel-size", str(cl.rollout_num_gpus_per_engine)]
             if cl.colocate:
                 extra += ["--enable-sleep-mode"]
+                if not any(a.startswith("--gpu-memory-utilization") for a in extra):
+                    extra += ["--gpu-memory-utilization", str(COLOCATED_GPU_MEMORY)]
         # Fixed ports: a crashed engine is restarted at the same address, which the router already knows.
         self.engine_configs: list[EngineConfig] = []
         for i in range(cl.num_engines):
@@ -52,7 +60,8 @@ class RolloutManager:
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpu_ids[i * per:(i + 1) * per]))
             self.engine_configs.append(EngineConfig(
                 model, backend=cl.engine_backend, host=cl.engine_host, port=free_port(), dtype=cl.engine_dtype,
-                max_model_len=cl.engine_max_model_len, extra_args=extra, env=env, log_dir=log_dir))
+                max_model_len=cl.engine_max_model_len, extra_args=extra, env=env, log_dir=log_dir,
+                weight_transport=self.transport))
         self.engines: list[ServerProcess] = []
         self.router: ServerProcess | None = None
         self.restarts = 0
@@ -64,12 +73,16 @@ class RolloutManager:
         except BaseException:
             self.shutdown()
             raise
-        self.sync = SharedMemoryWeightSync(self.engine_urls())
+        self.sync = WeightSync(self.engine_urls(), transport=self.transport)
         self.sync.init()
         self.weight_version = 0
 
     def engine_urls(self) -> list[str]:
         return [e.url for e in self.engines]
+
+    def weight_target(self) -> tuple[list[str], str]:
+        """Where the trainer sends weights, and over which transport."""
+        return self.engine_urls(), self.transport
 
     def rollout(self, rollout_id: int) -> RolloutOutput:
         """One training rollout: ``--rollout-batch-size`` checked groups from the training data."""

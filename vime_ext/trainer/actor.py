@@ -226,11 +226,12 @@ class TrainActor:
 
     # ---- weights out: engines and checkpoints --------------------------------------------------------------
 
-    def push_weights(self, engine_urls: list[str], bucket_bytes: int) -> int:
-        """Send this stage's weights to the engines (data-parallel rank 0's TP rank 0 sends; every TP rank of
-        that stage joins the gathers). The driver opens and closes the update around all stages."""
+    def push_weights(self, engine_urls: list[str], bucket_bytes: int, transport: str = "vime_shm") -> int:
+        """Send this stage's weights to the engines over ``transport`` (data-parallel rank 0's TP rank 0 sends;
+        every TP rank of that stage joins the gathers). The driver opens and closes the update around all
+        stages."""
         from convert.live import iter_hf_weights
-        from vime_ext.rollout.weight_sync import SharedMemoryWeightSync
+        from vime_ext.rollout.weight_sync import WeightSync
 
         if self.ps.get_data_parallel_rank() != 0:
             return 0
@@ -239,7 +240,7 @@ class TrainActor:
             for _ in weights:  # take part in the TP gathers
                 pass
             return 0
-        sync = SharedMemoryWeightSync(engine_urls, bucket_bytes=bucket_bytes)
+        sync = WeightSync(engine_urls, bucket_bytes=bucket_bytes, transport=transport)
         try:
             return sync.send(weights)
         finally:

@@ -1,0 +1,71 @@
+"""The trainer side of the weight push apart from the engines (those run in test_client.py and
+test_vllm_engine.py): the release adapter, the IPC transport's payload, and how engines are configured for it.
+The IPC transport itself needs a GPU and vLLM on CUDA; it runs on the device (docs/performance.md)."""
+
+import base64
+import pickle
+
+import httpx
+import pytest
+import torch
+
+from vime_ext.rollout.engines import EngineConfig, server_command, server_env
+from vime_ext.rollout.weight_sync import WeightSync, buckets, ipc_update_info
+
+
+def routes_of(release: str, calls: list) -> httpx.MockTransport:
+    """An engine's RL routes as vLLM ``release`` serves them (0.26: no /weight_info)."""
+    def handle(request: httpx.Request) -> httpx.Response:
+        calls.append((request.method, request.url.path))
+        if request.url.path == "/weight_info":
+            return httpx.Response(404) if release == "0.26" else httpx.Response(200, json={"weight_version": "3"})
+        return httpx.Response(200, json={})
+    return httpx.MockTransport(handle)
+
+
+@pytest.mark.parametrize("release, expected", [("0.26", "3"), ("0.32", "3")])
+def test_versions_come_from_the_engine_or_from_what_was_sent(release, expected):
+    calls = []
+    sync = WeightSync(["http://engine"])
+    sync._http = httpx.Client(transport=routes_of(release, calls))
+    sync.routes._http = sync._http
+    sync.push(iter([("w", torch.ones(2))]), version=3)
+    assert sync.versions() == {"http://engine": expected}
+    sync.versions()
+    assert calls.count(("GET", "/weight_info")) == (1 if release == "0.26" else 3)  # probed once, then read
+    assert [c for c in calls if c[0] == "POST"] == [("POST", p) for p in (
+        "/pause", "/start_weight_update", "/update_weights", "/finish_weight_update", "/resume")]
+
+
+def test_buckets_keep_tensors_where_they_are_for_ipc():
+    weights = [("a", torch.ones(4, dtype=torch.bfloat16)), ("b", torch.ones(2, 3).t())]
+    kept = list(buckets(iter(weights), max_bytes=1 << 20, device=None))
+    assert len(kept) == 1 and kept[0]["b"].is_contiguous() and kept[0]["a"].dtype == torch.bfloat16
+    split = list(buckets(iter(weights), max_bytes=8))
+    assert [list(b) for b in split] == [["a"], ["b"]]
+
+
+def test_ipc_payload_refuses_host_tensors():
+    with pytest.raises(ValueError, match="w is on cpu; CUDA IPC shares GPU memory only"):
+        ipc_update_info({"w": torch.ones(2)})
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA IPC handles need a GPU")
+def test_ipc_payload_names_each_tensor_by_gpu():
+    bucket = {"w": torch.ones(2, 3, device="cuda", dtype=torch.bfloat16), "b": torch.zeros(3, device="cuda")}
+    info = ipc_update_info(bucket)
+    assert info["names"] == ["w", "b"] and info["dtype_names"] == ["bfloat16", "float32"]
+    assert info["shapes"] == [[2, 3], [3]]
+    handles = pickle.loads(base64.b64decode(info["ipc_handles_pickled"]))
+    gpu = str(torch.cuda.get_device_properties(0).uuid)
+    assert [list(h) for h in handles] == [[gpu], [gpu]]
+
+
+def test_engines_are_started_for_their_transport():
+    shm = EngineConfig("/m", weight_transport="vime_shm")
+    ipc = EngineConfig("/m", weight_transport="ipc")
+    assert '{"backend": "vime_shm"}' in server_command(shm, 1) and '{"backend": "ipc"}' in server_command(ipc, 1)
+    assert "VLLM_ALLOW_INSECURE_SERIALIZATION" not in server_env(shm)
+    assert server_env(ipc)["VLLM_ALLOW_INSECURE_SERIALIZATION"] == "1"
+    with pytest.raises(ValueError, match="weight transport 'nccl' is not one of"):
+        WeightSync(["http://e"], transport="nccl")
