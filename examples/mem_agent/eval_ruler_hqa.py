@@ -3,6 +3,7 @@
     python -m examples.mem_agent.eval_ruler_hqa --model-path HF_DIR --data-root DIR --length 50 200 800 \
         --save-dir results --save-file my_model [--n-proc 16] [--temperature 0.7] [--top-p 0.95] [--force]
         [--custom-config-path mem.yaml] [--engine-backend vllm|hf] [--tp 1] [--max-model-len N] [--model-url URL]
+        [--vllm-X ...: any vLLM server flag --X, for the engine this starts]
 
 For each N it reads ``DATA_ROOT/eval_{N}.json`` and writes ``SAVE_DIR/ruler_hqa_{N}/{SAVE_FILE}.jsonl`` (one line
 per item: ``_id``, ``answer`` (gold), ``pred``, ``judge_f1``, ``judge_em``, ``judge_sub_em``, ``response`` and the
@@ -165,10 +166,11 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--tp", type=int, default=1, help="tensor parallel size of the vLLM engine")
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--seed", type=int, default=None, help="sampling seed (transformers engine or GPU vLLM)")
-    options = parser.parse_args(argv)
-    from transformers import AutoTokenizer
+    from vime_ext.rollout.engines import EngineConfig, launch_engine, split_vllm_args, wait_until_serving
 
-    from vime_ext.rollout.engines import EngineConfig, launch_engine, wait_until_serving
+    own, vllm_args = split_vllm_args(sys.argv[1:] if argv is None else list(argv))  # --vllm-X: the engine's --X
+    options = parser.parse_args(own)
+    from transformers import AutoTokenizer
 
     custom = load_custom_config(options.custom_config_path, set()) if options.custom_config_path else {}
     args = plugin_args([], custom)
@@ -188,7 +190,7 @@ def main(argv=None) -> list[dict]:
             else []
         engine = launch_engine(EngineConfig(options.model_path, backend=options.engine_backend,
                                             dtype=options.engine_dtype, max_model_len=options.max_model_len,
-                                            extra_args=extra, rl_routes=False))
+                                            extra_args=extra + vllm_args, rl_routes=False))
         wait_until_serving([engine], timeout_s=1800)
         url = engine.url
     summaries = []

@@ -43,5 +43,7 @@ python train.py "${MEM_PLUGIN_ARGS[@]}" "${ADVANTAGE_ARGS[@]}" \
 
 # The base model and the last iteration, converted back to HF, on the same generated eval files.
 export N_PROC=${N_PROC:-8} SAVE_DIR=${SAVE_DIR:-${OUT}/eval}
-MODEL_PATH="${HF_CKPT}" SAVE_FILE=base bash "${MEM_AGENT_DIR}/run-eval.sh"
-CONVERT=1 SAVE_FILE=trained bash "${MEM_AGENT_DIR}/run-eval.sh"
+EVAL_ARGS=()
+[ "${ENGINE_BACKEND}" = "vllm" ] && EVAL_ARGS+=(--vllm-enforce-eager)  # no graph capture: a short evaluation
+MODEL_PATH="${HF_CKPT}" SAVE_FILE=base bash "${MEM_AGENT_DIR}/run-eval.sh" "${EVAL_ARGS[@]}"
+CONVERT=1 SAVE_FILE=trained bash "${MEM_AGENT_DIR}/run-eval.sh" "${EVAL_ARGS[@]}"

