@@ -157,8 +157,8 @@ def mem_args(model, chunk_tokens=40, **extra):
                       mem_max_memory=6, mem_max_final=5, mem_max_chunks=3, weight_version=None, **extra)
 
 
-def test_one_sequence_per_chat_with_masks_and_advantages(engine, tmp_path):
-    from vime_ext.algorithms.train_data import samples_to_train_data
+def mem_rollout(engine, tmp_path, prompts: int, num_docs: int, settings: dict):
+    """One rollout of the MemAgent plug-ins on generated data: (plug-in args, groups)."""
     from vime_ext.data.prompt_dataset import read_jsonl
     from vime_ext.rollout.config import RolloutConfig
     from vime_ext.rollout.data_source import DataSource
@@ -167,14 +167,19 @@ def test_one_sequence_per_chat_with_masks_and_advantages(engine, tmp_path):
     from examples.mem_agent.data import write_training_jsonl
 
     model, url = engine
-    data = write_training_jsonl(tmp_path / "train.jsonl", 2, num_docs=3, seed=0)
-    config = RolloutConfig(rollout_batch_size=2, n_samples_per_prompt=2, rollout_max_response_len=6,
+    data = write_training_jsonl(tmp_path / "train.jsonl", prompts, num_docs=num_docs, seed=0)
+    config = RolloutConfig(rollout_batch_size=prompts, n_samples_per_prompt=2, rollout_max_response_len=6,
                            custom_generate_function_path="examples.mem_agent.rollout.generate",
                            custom_rm_path="examples.mem_agent.reward.reward")
-    args = plugin_args([config], {"mem_chunk_tokens": 40, "mem_max_memory": 6, "mem_max_final": 5,
-                                  "mem_max_chunks": 3})
+    args = plugin_args([config], {"mem_max_memory": 6, "mem_max_final": 5, **settings})
     args.tokenizer = mem_args(model).tokenizer
-    groups = run_rollout(args, url, 0, DataSource(read_jsonl(data), 2, 2)).groups
+    return args, run_rollout(args, url, 0, DataSource(read_jsonl(data), 2, prompts)).groups
+
+
+def test_one_sequence_per_chat_with_masks_and_advantages(engine, tmp_path):
+    from vime_ext.algorithms.train_data import samples_to_train_data
+
+    args, groups = mem_rollout(engine, tmp_path, 2, 3, {"mem_chunk_tokens": 40, "mem_max_chunks": 3})
     samples = [s for g in groups for s in g]
     for s in samples:  # 3 documents of ~40 tokens: more than 3 chunks, capped at 3, + the final chat
         assert s.metadata["chunks"] == 3 and s.metadata["tokens_cut"] > 0 and len(s.turns) == 3
@@ -195,23 +200,10 @@ def test_one_sequence_per_chat_with_masks_and_advantages(engine, tmp_path):
 
 
 def test_the_answer_prefix_starts_the_final_reply_and_is_not_trained(engine, tmp_path):
-    from vime_ext.rollout.config import RolloutConfig
-    from vime_ext.rollout.data_source import DataSource
-    from vime_ext.data.prompt_dataset import read_jsonl
-    from vime_ext.rollout.plugins import plugin_args
-    from vime_ext.rollout.rollout import run_rollout
-    from examples.mem_agent.data import write_training_jsonl
-
-    model, url = engine
-    data = write_training_jsonl(tmp_path / "train.jsonl", 1, num_docs=2, seed=0)
-    config = RolloutConfig(rollout_batch_size=1, n_samples_per_prompt=2, rollout_max_response_len=6,
-                           custom_generate_function_path="examples.mem_agent.rollout.generate",
-                           custom_rm_path="examples.mem_agent.reward.reward")
-    args = plugin_args([config], {"mem_chunk_tokens": 400, "mem_max_memory": 6, "mem_max_final": 5,
-                                  "mem_answer_format": "answer_is", "mem_answer_prefix": "The answer is"})
-    args.tokenizer = mem_args(model).tokenizer
+    args, groups = mem_rollout(engine, tmp_path, 1, 2, {"mem_chunk_tokens": 400, "mem_answer_format": "answer_is",
+                                                        "mem_answer_prefix": "The answer is"})
     prefix = args.tokenizer("The answer is", add_special_tokens=False)["input_ids"]
-    for sample in run_rollout(args, url, 0, DataSource(read_jsonl(data), 1, 2)).groups[0]:
+    for sample in groups[0]:
         reply = sample.tokens[-sample.response_length:]
         assert sample.response.startswith("The answer is")
         assert reply[:len(prefix)] == prefix and sample.loss_mask[:len(prefix)] == [0] * len(prefix)

@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,9 @@ def test_cpu_preset_trains_converts_and_evaluates(tmp_path):
     env = {**os.environ, "HF_CKPT": str(model), "OUT": str(out), "NUM_ROLLOUT": "2", "ROLLOUT_BATCH_SIZE": "2",
            "N_SAMPLES_PER_PROMPT": "2", "TRAIN_DOCS": "2", "LENGTH": "2 4", "EVAL_NUM": "4", "N_PROC": "4",
            "MEM_CHUNK_TOKENS": "64", "MEM_MAX_MEMORY": "8", "MEM_MAX_FINAL": "8", "LR": "1e-4",
-           "VIME_EXT_LOG_DIR": str(tmp_path / "engines")}
+           "VIME_EXT_LOG_DIR": str(tmp_path / "engines"),
+           # The scripts call `python` as a user would, in the environment running these tests.
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     env.pop("PYTHONPATH", None)
     done = subprocess.run(["bash", str(ROOT / "examples/mem_agent/run-cpu.sh")], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=1800)
