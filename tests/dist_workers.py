@@ -129,8 +129,10 @@ def greedy_continuations(out_dir: str, hf_dir: str, ckpt_dir: str, prompts: list
     destroy_distributed()
 
 
-def sequence_log_probs(out_dir: str, hf_dir: str, sequences: list[tuple[list[int], int]]) -> None:
-    """Megatron log-probs of each (tokens, response start), weights loaded from the HF checkpoint."""
+def sequence_log_probs(out_dir: str, hf_dir: str, sequences: list[tuple[list[int], int]],
+                       temperature: float = 1.0) -> None:
+    """Megatron log-probs of each (tokens, response start) at ``temperature``, weights loaded from the HF
+    checkpoint."""
     from convert.hf_checkpoint import HFCheckpointReader
     from convert.live import load_hf_weights
     from vime_ext.trainer.forward import token_log_probs
@@ -142,7 +144,7 @@ def sequence_log_probs(out_dir: str, hf_dir: str, sequences: list[tuple[list[int
     shape = ModelShape.from_hf_dir(hf_dir)
     model = build_gpt_model(shape, parallel, init_weights=False)
     load_hf_weights(model, shape, HFCheckpointReader(hf_dir).get)
-    results = [token_log_probs(model, shape, tokens, start).tolist() for tokens, start in sequences]
+    results = [token_log_probs(model, shape, tokens, start, temperature).tolist() for tokens, start in sequences]
     Path(out_dir, "log_probs.json").write_text(json.dumps(results))
     destroy_distributed()
 

@@ -41,7 +41,7 @@ def test_concurrent_requests_return_tokens_and_matching_log_probs(engines, tiny_
     from transformers import AutoModelForCausalLM
 
     urls, _ = engines
-    params = SamplingParams(temperature=1.0, max_new_tokens=12, seed=None)
+    params = SamplingParams(temperature=0.7, max_new_tokens=12, seed=None)
 
     async def run():
         client = RolloutClient(urls, max_concurrency=16)
@@ -59,7 +59,8 @@ def test_concurrent_requests_return_tokens_and_matching_log_probs(engines, tiny_
         assert result.prompt_length == len(prompt)
         tokens = torch.tensor([prompt + result.token_ids])
         with torch.no_grad():
-            log_probs = torch.log_softmax(model(tokens).logits[0, len(prompt) - 1:-1].float(), dim=-1)
+            logits = model(tokens).logits[0, len(prompt) - 1:-1].float() / params.temperature
+            log_probs = torch.log_softmax(logits, dim=-1)  # the sampling distribution's
         recomputed = log_probs.gather(-1, torch.tensor(result.token_ids).unsqueeze(-1)).squeeze(-1)
         diffs.append((recomputed - torch.tensor(result.log_probs)).abs().max().item())
     # Batched (left-padded) generation vs one unpadded forward: only float rounding may differ.

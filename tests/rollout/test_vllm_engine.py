@@ -38,7 +38,8 @@ def test_multi_turn_conversations_and_log_prob_parity(vllm_engine, smollm2_dir, 
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
-    params = SamplingParams(temperature=1.0, max_new_tokens=16, seed=None)
+    # Below 1, so that the log-probs must be the sampling distribution's (logits / T) on both sides.
+    params = SamplingParams(temperature=0.7, max_new_tokens=16, seed=None)
     topics = ["the sea", "a cat", "winter", "bread", "a river", "music", "stars", "a city",
               "rain", "a forest", "coffee", "a train", "snow", "a garden", "the moon", "a book"]
 
@@ -80,7 +81,7 @@ def test_multi_turn_conversations_and_log_prob_parity(vllm_engine, smollm2_dir, 
     assert first_answer in tokenizer.decode(conversations[0][1][0])
 
     megatron = run_workers(dist_workers.sequence_log_probs, ParallelConfig(), tmp_path, "log_probs.json",
-                           str(smollm2_dir), sequences)
+                           str(smollm2_dir), sequences, params.temperature)
     engine = [r.log_probs for turns in conversations for _, r in turns]
     diffs = torch.cat([(torch.tensor(m) - torch.tensor(e)).abs() for m, e in zip(megatron, engine)])
     print(f"trainer/engine log-prob |diff| over {diffs.numel()} tokens: mean {diffs.mean():.2e}, "

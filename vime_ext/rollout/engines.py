@@ -93,6 +93,11 @@ def server_command(config: EngineConfig, port: int) -> list[str]:
                config.host, "--port", str(port), "--dtype", config.dtype, *server_flags()]
     if config.max_model_len:
         command += ["--max-model-len", str(config.max_model_len)]
+    if not any(a.startswith("--logprobs-mode") for a in config.extra_args):
+        # Log-probs of the distribution sampled from (temperature applied; top-k/top-p too when they are set),
+        # which is what the trainer computes (logits / --rollout-temperature). vLLM's default is the raw
+        # distribution, which disagrees with it at any temperature other than 1.
+        command += ["--logprobs-mode", "processed_logprobs"]
     if config.rl_routes and not any(a.startswith("--weight-transfer-config") for a in config.extra_args):
         command += ["--weight-transfer-config", json.dumps({"backend": config.weight_transport})]
     return command + config.extra_args

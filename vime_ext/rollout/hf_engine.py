@@ -1,8 +1,9 @@
 """A small engine that serves vLLM's token-in/token-out route from a ``transformers`` model.
 
 For machines without vLLM (the GPU machine here has none) and for fast tests. Requests that arrive together and
-share sampling params are generated as one left-padded batch. Log-probs are those of the raw model distribution
-(before temperature/top-p), as vLLM reports them by default. Weight updates use vLLM's RL routes with the
+share sampling params are generated as one left-padded batch. Log-probs are those of the distribution sampled
+from at the request's temperature (logits / T; before top-p), as the vLLM engines are asked to report them, and
+as the trainer computes them. Weight updates use vLLM's RL routes with the
 ``vime_shm`` payload (see ``weight_sync.py``), so the trainer cannot tell the two backends apart.
 
     python -m vime_ext.rollout.hf_engine --model DIR --port 8000 [--max-batch-size 16] [--dtype float32]
@@ -83,7 +84,8 @@ class HFEngine:
             out = self.model.generate(input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device),
                                       **kwargs)
         new_tokens = out.sequences[:, width:].cpu()
-        log_probs = torch.stack([torch.log_softmax(step.float(), dim=-1) for step in out.logits], dim=1).cpu()
+        scale = params.temperature if params.temperature > 0.0 else 1.0  # greedy: the raw distribution
+        log_probs = torch.stack([torch.log_softmax(step.float() / scale, dim=-1) for step in out.logits], dim=1).cpu()
         results = []
         for row in range(len(prompts)):
             tokens, lps, finish = [], [], "length"

@@ -161,12 +161,13 @@ def forward_log_probs(model, shape: ModelShape, input_ids: torch.Tensor, chunk_t
     return results[0]
 
 
-def token_log_probs(model, shape: ModelShape, tokens: list[int], start: int) -> torch.Tensor | None:
-    """log p(tokens[i] | tokens[:i]) for i in [start, len(tokens)) of one sequence, on the last pipeline stage
-    (None elsewhere)."""
+def token_log_probs(model, shape: ModelShape, tokens: list[int], start: int,
+                    temperature: float = 1.0) -> torch.Tensor | None:
+    """log p(tokens[i] | tokens[:i]) for i in [start, len(tokens)) of one sequence, with the logits divided by
+    ``temperature``, on the last pipeline stage (None elsewhere)."""
     if not 0 < start < len(tokens):
         raise ValueError(f"start={start} must leave at least one prompt and one scored token of {len(tokens)}")
-    log_probs = forward_log_probs(model, shape, torch.tensor([tokens]))
+    log_probs = forward_log_probs(model, shape, torch.tensor([tokens]), temperature=temperature)
     return None if log_probs is None else log_probs[0, start - 1:].cpu()
 
 
