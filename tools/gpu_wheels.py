@@ -158,8 +158,8 @@ def fetch(folder: Path) -> None:
 
 
 def pack(folder: Path, out: Path) -> None:
-    """One tar of the locked wheels, split into out/p00/part, out/p01/part, ... (a folder per `run` call) and a
-    manifest with the whole tar's SHA-256 in the first."""
+    """One tar of the locked wheels, split into out/p00/part00, out/p01/part01, ... (a folder per `run` call),
+    with a manifest of the whole tar's SHA-256 in the first."""
     names = [r["url"].rsplit("/", 1)[1] for r in read_lock()]
     if out.exists():
         shutil.rmtree(out)

@@ -30,10 +30,10 @@ export HF_CKPT SAVE_PATH DATA_ROOT LENGTH ENGINE_BACKEND ENGINE_DTYPE MAX_MODEL_
 python -m examples.mem_agent.prepare_data --generate --num 256 --num-docs "${TRAIN_DOCS}" --hops "${HOPS}" \
   --seed "${SEED}" --out "${DATA_ROOT}/train.jsonl" --eval-dir "${DATA_ROOT}" --eval-lengths ${LENGTH} \
   --eval-num "${EVAL_NUM}"
-# No KL term (the GPU recipe's is 0.001): on 2 cores the reference model's forward pass costs a fifth of a step.
 ENGINE_ARGS=(--engine-backend "${ENGINE_BACKEND}" --engine-dtype "${ENGINE_DTYPE}")
 [ "${ENGINE_BACKEND}" = "vllm" ] && ENGINE_ARGS+=(--engine-max-model-len "${MAX_MODEL_LEN}" --vllm-enforce-eager)
 
+# No KL term (the GPU recipe's is 0.001): on 2 cores the reference model's forward pass costs a fifth of a step.
 python train.py "${MEM_PLUGIN_ARGS[@]}" "${ADVANTAGE_ARGS[@]}" \
   --hf-checkpoint "${HF_CKPT}" --prompt-data "${DATA_ROOT}/train.jsonl" --rollout-shuffle --seed "${SEED}" \
   --num-rollout "${NUM_ROLLOUT}" --rollout-batch-size "${ROLLOUT_BATCH_SIZE}" \

@@ -28,11 +28,10 @@ def test_versions_come_from_the_engine_or_from_what_was_sent(release, expected):
     calls = []
     sync = WeightSync(["http://engine"])
     sync._http = httpx.Client(transport=routes_of(release, calls))
-    sync.routes._http = sync._http
     sync.push(iter([("w", torch.ones(2))]), version=3)
     assert sync.versions() == {"http://engine": expected}
     sync.versions()
-    assert calls.count(("GET", "/weight_info")) == (1 if release == "0.26" else 3)  # probed once, then read
+    assert calls.count(("GET", "/weight_info")) == 2  # one read per engine per call
     assert [c for c in calls if c[0] == "POST"] == [("POST", p) for p in (
         "/pause", "/start_weight_update", "/update_weights", "/finish_weight_update", "/resume")]
 
@@ -67,6 +66,9 @@ def test_engines_are_started_for_their_transport():
     assert '{"backend": "vime_shm"}' in server_command(shm, 1) and '{"backend": "ipc"}' in server_command(ipc, 1)
     assert "VLLM_ALLOW_INSECURE_SERIALIZATION" not in server_env(shm)
     assert server_env(ipc)["VLLM_ALLOW_INSECURE_SERIALIZATION"] == "1"
+    assert server_command(shm, 1)[server_command(shm, 1).index("--logprobs-mode") + 1] == "processed_logprobs"
+    own = server_command(EngineConfig("/m", extra_args=["--logprobs-mode=raw_logprobs"]), 1)
+    assert [a for a in own if a.startswith("--logprobs-mode")] == ["--logprobs-mode=raw_logprobs"]
     with pytest.raises(ValueError, match="weight transport 'nccl' is not one of"):
         WeightSync(["http://e"], transport="nccl")
 

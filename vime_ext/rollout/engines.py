@@ -81,6 +81,12 @@ def split_vllm_args(argv: list[str]) -> tuple[list[str], list[str]]:
     return own, vllm
 
 
+def has_flag(args: list[str], flag: str) -> bool:
+    """Whether ``args`` already give ``flag`` (as ``--flag value`` or ``--flag=value``): defaults the project adds
+    to a server's command line step aside for the user's own."""
+    return any(a == flag or a.startswith(flag + "=") for a in args)
+
+
 def server_command(config: EngineConfig, port: int) -> list[str]:
     if config.backend == "hf":
         dtype = "float32" if config.dtype == "auto" else config.dtype
@@ -93,12 +99,12 @@ def server_command(config: EngineConfig, port: int) -> list[str]:
                config.host, "--port", str(port), "--dtype", config.dtype, *server_flags()]
     if config.max_model_len:
         command += ["--max-model-len", str(config.max_model_len)]
-    if not any(a.startswith("--logprobs-mode") for a in config.extra_args):
+    if not has_flag(config.extra_args, "--logprobs-mode"):
         # Log-probs of the distribution sampled from (temperature applied; top-k/top-p too when they are set),
         # which is what the trainer computes (logits / --rollout-temperature). vLLM's default is the raw
         # distribution, which disagrees with it at any temperature other than 1.
         command += ["--logprobs-mode", "processed_logprobs"]
-    if config.rl_routes and not any(a.startswith("--weight-transfer-config") for a in config.extra_args):
+    if config.rl_routes and not has_flag(config.extra_args, "--weight-transfer-config"):
         command += ["--weight-transfer-config", json.dumps({"backend": config.weight_transport})]
     return command + config.extra_args
 
@@ -153,7 +159,7 @@ def launch_router(worker_urls: list[str], policy: str = "consistent_hash", host:
         raise ValueError(f"router policy {policy!r} is not one of {ROUTER_POLICIES}")
     port = port or free_port()
     extra_args = list(extra_args or [])
-    if not any(a.startswith("--prometheus-port") for a in extra_args):
+    if not has_flag(extra_args, "--prometheus-port"):
         # Its metrics exporter binds port 29000 by default, so a second router on the machine (another run, or
         # a test beside it) would die at start: give each its own.
         extra_args += ["--prometheus-port", str(free_port())]

@@ -12,7 +12,8 @@ import os
 from vime_ext.arguments import TrainConfig
 from vime_ext.data.prompt_dataset import read_jsonl
 from vime_ext.rollout.data_source import DataSource
-from vime_ext.rollout.engines import EngineConfig, ServerProcess, launch_engine, launch_router, wait_until_serving
+from vime_ext.rollout.engines import (EngineConfig, ServerProcess, has_flag, launch_engine, launch_router,
+                                      wait_until_serving)
 from vime_ext.rollout.rollout import RolloutOutput, run_rollout
 from vime_ext.rollout.weight_sync import WeightSync
 from vime_ext.trainer.launch import free_port
@@ -49,7 +50,7 @@ class RolloutManager:
             extra += ["--tensor-parallel-size", str(cl.rollout_num_gpus_per_engine)]
             if cl.colocate:
                 extra += ["--enable-sleep-mode"]
-                if not any(a.startswith("--gpu-memory-utilization") for a in extra):
+                if not has_flag(extra, "--gpu-memory-utilization"):
                     extra += ["--gpu-memory-utilization", str(COLOCATED_GPU_MEMORY)]
         # Fixed ports: a crashed engine is restarted at the same address, which the router already knows.
         self.engine_configs: list[EngineConfig] = []

@@ -3,8 +3,8 @@ image's torch 2.11 pins it). Nothing else in the project branches on the release
 
 - The token-in/token-out route ``/inference/v1/generate`` (and ``/weight_info``) is served by 0.26 always, by
   0.27+ only with ``--enable-scale-out``, which 0.26 refuses as an unknown argument.
-- ``/weight_info`` and the version sent with ``/finish_weight_update`` are 0.27+ only: see
-  ``weight_sync.EngineRoutes``, which asks the engine instead of the release.
+- ``/weight_info`` and the version sent with ``/finish_weight_update`` are 0.27+ only: ``WeightSync.versions``
+  falls back to the version it sent where an engine answers 404, asking the engine instead of the release.
 """
 
 import importlib.util

@@ -12,7 +12,7 @@ backend must match):
 
 vLLM releases differ in one place here: 0.27+ records the weight version sent with ``/finish_weight_update`` and
 reports it at ``/weight_info``; 0.26 has neither. ``versions()`` falls back to the version this side recorded
-(``EngineRoutes``); nothing else depends on the release.
+where the route is missing; nothing else depends on the release.
 """
 
 import base64
@@ -69,19 +69,6 @@ def ipc_update_info(bucket: dict[str, torch.Tensor]) -> dict:
             "ipc_handles_pickled": base64.b64encode(pickle.dumps(handles)).decode()}
 
 
-class EngineRoutes:
-    """Which of the RL routes that differ between vLLM releases an engine serves (asked once per engine)."""
-
-    def __init__(self, http: httpx.Client):
-        self._http = http
-        self._weight_info: dict[str, bool] = {}
-
-    def has_weight_info(self, url: str) -> bool:
-        if url not in self._weight_info:
-            self._weight_info[url] = self._http.get(url + "/weight_info").status_code != 404
-        return self._weight_info[url]
-
-
 class WeightSync:
     """Trainer side of the weight push for engines reachable at ``engine_urls``, over ``transport``."""
 
@@ -94,7 +81,6 @@ class WeightSync:
         self.transport = transport
         self.shm_dir = shm_dir or ("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir())
         self._http = httpx.Client(timeout=timeout_s)
-        self.routes = EngineRoutes(self._http)
         self._sent_versions: dict[str, str] = {}
 
     def post(self, url: str, route: str, **kwargs) -> None:
@@ -152,10 +138,14 @@ class WeightSync:
             self.finish(version)
 
     def versions(self) -> dict[str, str | None]:
-        """Each engine's weight version: as the engine reports it, or (vLLM 0.26) as last sent to it."""
-        return {url: (self._http.get(url + "/weight_info").json().get("weight_version")
-                      if self.routes.has_weight_info(url) else self._sent_versions.get(url))
-                for url in self.engine_urls}
+        """Each engine's weight version: as the engine reports it, or, where it has no ``/weight_info`` (vLLM
+        0.26), as last sent to it."""
+        found = {}
+        for url in self.engine_urls:
+            response = self._http.get(url + "/weight_info")
+            found[url] = (self._sent_versions.get(url) if response.status_code == 404
+                          else response.json().get("weight_version"))
+        return found
 
     def close(self) -> None:
         self._http.close()
