@@ -1,7 +1,9 @@
-"""Weight sync of a Qwen3-shaped model (random bf16 weights) from a Megatron trainer into a vLLM engine on the
-same GPU, over CUDA IPC (colocated) or shared-memory files. Needs a GPU, vLLM and megatron-core.
+"""Weight sync of a Qwen3-shaped model (random bf16 weights) from a Megatron trainer into a vLLM engine: on the
+same GPU over CUDA IPC (colocated) or shared-memory files, or on a second GPU over NCCL. Needs vLLM, megatron-core
+and one GPU (two for nccl).
 
     python tools/bench_weight_sync.py --shape qwen3-4b --transport ipc --pushes 3 --out weight_sync.json
+    python tools/bench_weight_sync.py --shape qwen3-4b --transport nccl   # engine on GPU 1, trainer on GPU 0
 
 The engine starts from dummy weights (vLLM's ``--load-format dummy``); the trainer builds the same shape with its
 own random initialisation, pushes it ``--pushes`` times (each timed: pause, every bucket, finish, resume), then the
@@ -54,7 +56,7 @@ async def _generate(url: str, prompts: list[list[int]], new_tokens: int):
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", default="qwen3-4b", choices=sorted(SHAPES))
-    parser.add_argument("--transport", default="ipc", choices=["ipc", "vime_shm"])
+    parser.add_argument("--transport", default="ipc", choices=["ipc", "vime_shm", "nccl"])
     parser.add_argument("--pushes", type=int, default=3)
     parser.add_argument("--bucket-mib", type=int, default=512)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.35)
@@ -69,10 +71,14 @@ def main(argv=None) -> None:
     from vime_ext.trainer.model_provider import build_gpt_model
     from vime_ext.trainer.parallel import destroy_distributed, init_distributed
 
+    if args.transport == "nccl" and torch.cuda.device_count() < 2:
+        parser.error(f"--transport nccl puts the engine on a second GPU; this machine has "
+                     f"{torch.cuda.device_count()}")
     root = Path(tempfile.mkdtemp(prefix="bench_weight_sync_"))
     folder = engine_dir(args.shape, root)
     engine = launch_engine(EngineConfig(
         str(folder), dtype="bfloat16", max_model_len=2048, log_dir=str(root), weight_transport=args.transport,
+        env={"CUDA_VISIBLE_DEVICES": "1"} if args.transport == "nccl" else {},
         extra_args=["--load-format", "dummy", "--enforce-eager",
                     "--gpu-memory-utilization", str(args.gpu_memory_utilization)]))
     result = {"shape": args.shape, "transport": args.transport, "device": torch.cuda.get_device_name()}
@@ -88,7 +94,10 @@ def main(argv=None) -> None:
         prompts = [[151644, 872, 198] + list(range(1000 + 17 * i, 1040 + 17 * i)) for i in range(4)]
         before = asyncio.run(_generate(engine.url, prompts, 16))
         sync = WeightSync([engine.url], bucket_bytes=args.bucket_mib * 2**20, transport=args.transport)
-        sync.init()
+        if args.transport == "nccl":
+            sync.connect()
+        else:
+            sync.init()
         times = []
         for version in range(1, args.pushes + 1):
             torch.cuda.synchronize()

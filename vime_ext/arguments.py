@@ -54,6 +54,9 @@ class ClusterConfig:
     engine_dtype: str = "auto"
     engine_max_model_len: int | None = None
     router_policy: str = field(default="consistent_hash", metadata={"help": f"one of {', '.join(ROUTER_POLICIES)}"})
+    weight_transport: Literal["auto", "vime_shm", "ipc", "nccl"] = field(default="auto", metadata={
+        "help": "how weights reach the engines: ipc (CUDA IPC, colocated vLLM), nccl (vLLM on GPUs of its own), "
+                "vime_shm (files in shared memory; any engine on the trainer's host); auto picks in that order"})
     no_ray: bool = field(default=False, metadata={"help": "run the one trainer rank in this process (no Ray); for "
                                                           "machines without Ray and single-rank debugging"})
 
@@ -341,6 +344,14 @@ def _check(config: TrainConfig) -> None:
                         f"{t.parallel.model_parallel_size}")
     if cl.no_ray and cl.actor_world_size != 1:
         problems.append("--no-ray runs one trainer rank; set --actor-num-gpus-per-node 1 --actor-num-nodes 1")
+    if cl.weight_transport != "auto":
+        from vime_ext.rollout.weight_sync import choose_transport
+
+        try:
+            choose_transport(cl.weight_transport, cl.engine_backend, _cuda(), cl.colocate,
+                             t.pipeline_model_parallel_size)
+        except ValueError as error:
+            problems.append(str(error))
     if cl.router_policy not in ROUTER_POLICIES:
         problems.append(f"--router-policy {cl.router_policy!r} is not one of {ROUTER_POLICIES}")
     if t.recompute_num_layers is not None and t.recompute_granularity != "full":

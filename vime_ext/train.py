@@ -80,8 +80,8 @@ class Trainer:
         start = time.perf_counter()
         self.cluster.manager("begin_weight_update")
         try:
-            urls, transport = self.cluster.manager("weight_target")
-            self.cluster.actors("push_weights", [(urls, WEIGHT_BUCKET_BYTES, transport)] * len(self.dp_rank))
+            target = self.cluster.manager("weight_target")
+            self.cluster.actors("push_weights", [(target, WEIGHT_BUCKET_BYTES)] * len(self.dp_rank))
         finally:
             self.cluster.manager("finish_weight_update", version)
         return time.perf_counter() - start

@@ -69,8 +69,8 @@ def test_engines_are_started_for_their_transport():
     assert server_command(shm, 1)[server_command(shm, 1).index("--logprobs-mode") + 1] == "processed_logprobs"
     own = server_command(EngineConfig("/m", extra_args=["--logprobs-mode=raw_logprobs"]), 1)
     assert [a for a in own if a.startswith("--logprobs-mode")] == ["--logprobs-mode=raw_logprobs"]
-    with pytest.raises(ValueError, match="weight transport 'nccl' is not one of"):
-        WeightSync(["http://e"], transport="nccl")
+    with pytest.raises(ValueError, match="weight transport 'tcp' is not one of"):
+        WeightSync(["http://e"], transport="tcp")
 
 
 def test_the_scale_out_flag_only_where_the_release_has_it():

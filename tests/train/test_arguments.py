@@ -64,6 +64,7 @@ def test_typed_sections_and_vllm_pass_through(base):
     (["--debug-train-only"], "--debug-train-only needs --load-debug-rollout-data"),
     (["--load-debug-rollout-data", "x"], "add --debug-train-only"),
     (["--advantage-estimator", "ppo", "--trajectory-advantage", "split"], "divides GRPO advantages"),
+    (["--weight-transport", "nccl"], "--weight-transport nccl needs vLLM engines on GPUs"),
     (["--over-sampling-batch-size", "4"], "needs --dynamic-sampling-filter-path"),
     (["--rollout-batch-size", "4", "--dynamic-sampling-filter-path", "a.b", "--over-sampling-batch-size", "2"],
      "--over-sampling-batch-size 2 is below --rollout-batch-size 4"),

@@ -15,7 +15,7 @@ from vime_ext.rollout.data_source import DataSource
 from vime_ext.rollout.engines import (EngineConfig, ServerProcess, has_flag, launch_engine, launch_router,
                                       wait_until_serving)
 from vime_ext.rollout.rollout import RolloutOutput, run_rollout
-from vime_ext.rollout.weight_sync import WeightSync
+from vime_ext.rollout.weight_sync import WeightSync, WeightTarget, choose_transport
 from vime_ext.trainer.launch import free_port
 
 COLOCATED_GPU_MEMORY = 0.4  # a colocated vLLM engine's default --gpu-memory-utilization
@@ -45,7 +45,8 @@ class RolloutManager:
         # Colocated vLLM on GPUs: weights arrive over CUDA IPC from the trainer on the same GPU, the engine sleeps
         # while the trainer trains, and it takes a share of the GPU the trainer leaves free (vLLM's default,
         # 0.9, would not fit beside the trainer; --vllm-gpu-memory-utilization overrides).
-        self.transport = "ipc" if cl.engine_backend == "vllm" and gpu_ids and cl.colocate else "vime_shm"
+        self.transport = choose_transport(cl.weight_transport, cl.engine_backend, bool(gpu_ids), cl.colocate,
+                                          config.trainer.pipeline_model_parallel_size)
         if cl.engine_backend == "vllm" and gpu_ids:
             extra += ["--tensor-parallel-size", str(cl.rollout_num_gpus_per_engine)]
             if cl.colocate:
@@ -75,15 +76,18 @@ class RolloutManager:
             self.shutdown()
             raise
         self.sync = WeightSync(self.engine_urls(), transport=self.transport)
-        self.sync.init()
+        if self.transport != "nccl":  # an NCCL group is formed by its sender, the trainer (WeightSync.connect)
+            self.sync.init()
         self.weight_version = 0
+        self.generation = 0  # engine restarts so far that the sender must know of (a new NCCL group)
 
     def engine_urls(self) -> list[str]:
         return [e.url for e in self.engines]
 
-    def weight_target(self) -> tuple[list[str], str]:
+    def weight_target(self) -> WeightTarget:
         """Where the trainer sends weights, and over which transport."""
-        return self.engine_urls(), self.transport
+        return WeightTarget(tuple(self.engine_urls()), self.transport,
+                            self.config.cluster.rollout_num_gpus_per_engine, self.generation)
 
     def rollout(self, rollout_id: int) -> RolloutOutput:
         """One training rollout: ``--rollout-batch-size`` checked groups from the training data."""
@@ -122,7 +126,9 @@ class RolloutManager:
             self.engines[i] = launch_engine(self.engine_configs[i])
         if dead:
             wait_until_serving([self.engines[i] for i in dead], timeout_s=900)
-            self.sync.init([self.engines[i].url for i in dead])
+            if self.transport != "nccl":
+                self.sync.init([self.engines[i].url for i in dead])
+            self.generation += 1
             self.restarts += len(dead)
         return len(dead)
 

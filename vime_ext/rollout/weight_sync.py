@@ -9,6 +9,9 @@ backend must match):
   host, CPU or GPU.
 - ``ipc``: vLLM's own CUDA IPC engine, for an engine on the trainer's GPU (colocated): each bucket travels as
   IPC handles of the trainer's GPU tensors, which the engine maps and copies from; nothing is copied to the host.
+- ``nccl``: vLLM's own NCCL engine, for engines on other GPUs or nodes: the sender is rank 0 of one NCCL group
+  with every engine worker (``connect``) and broadcasts each bucket's tensors while the engines'
+  ``/update_weights`` calls, which block until they have received them, wait in threads.
 
 vLLM releases differ in one place here: 0.27+ records the weight version sent with ``/finish_weight_update`` and
 reports it at ``/weight_info``; 0.26 has neither. ``versions()`` falls back to the version this side recorded
@@ -18,16 +21,56 @@ where the route is missing; nothing else depends on the release.
 import base64
 import os
 import pickle
+import socket
 import tempfile
+import time
 import uuid
-from typing import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator
+from urllib.parse import urlparse
 
 import httpx
 import torch
 from safetensors.torch import save_file
 
 
-TRANSPORTS = ("vime_shm", "ipc")
+TRANSPORTS = ("vime_shm", "ipc", "nccl")
+
+
+@dataclass(frozen=True)
+class WeightTarget:
+    """Where the trainer sends weights and over which transport; the rollout manager says, the sender follows."""
+    urls: tuple[str, ...]
+    transport: str
+    workers_per_engine: int = 1  # an engine's GPUs: its ranks in an NCCL group
+    generation: int = 0  # bumped whenever engines restart: an NCCL group with them must be formed again
+
+
+def choose_transport(requested: str, engine_backend: str, on_gpu: bool, colocate: bool,
+                     pipeline_size: int) -> str:
+    """The transport for ``--weight-transport`` (``auto``: ipc for colocated vLLM on GPUs, nccl for vLLM on
+    GPUs of their own, vime_shm otherwise); raises ``ValueError`` for a choice these engines cannot take."""
+    vllm_gpu = engine_backend == "vllm" and on_gpu
+    if requested == "auto":
+        if not vllm_gpu:
+            return "vime_shm"
+        # One NCCL group has one sender; pipeline stages each send their own layers, so they use files.
+        return "ipc" if colocate else ("nccl" if pipeline_size == 1 else "vime_shm")
+    if requested not in TRANSPORTS:
+        raise ValueError(f"--weight-transport {requested!r} is not one of auto, {', '.join(TRANSPORTS)}")
+    if requested != "vime_shm" and not vllm_gpu:
+        raise ValueError(f"--weight-transport {requested} needs vLLM engines on GPUs; the transformers engine and "
+                         "CPU engines take vime_shm")
+    if requested == "ipc" and not colocate:
+        raise ValueError("--weight-transport ipc shares the trainer's GPU memory; it needs --colocate")
+    if requested == "nccl" and colocate:
+        raise ValueError("--weight-transport nccl cannot join a trainer and an engine on the same GPU; colocated "
+                         "engines take ipc")
+    if requested == "nccl" and pipeline_size > 1:
+        raise ValueError("--weight-transport nccl has one sender; with --pipeline-model-parallel-size > 1 use "
+                         "vime_shm")
+    return requested
 
 
 def buckets(weights: Iterable[tuple[str, torch.Tensor]], max_bytes: int,
@@ -52,6 +95,12 @@ class WeightSyncError(RuntimeError):
     pass
 
 
+def tensor_meta(bucket: dict[str, torch.Tensor]) -> dict:
+    """Names, dtypes and shapes of a bucket: what every vLLM transfer engine's update info starts with."""
+    return {"names": list(bucket), "dtype_names": [str(t.dtype).removeprefix("torch.") for t in bucket.values()],
+            "shapes": [list(t.shape) for t in bucket.values()]}
+
+
 def ipc_update_info(bucket: dict[str, torch.Tensor]) -> dict:
     """``/update_weights`` body for vLLM's ``ipc`` engine: per tensor, its CUDA IPC handle keyed by the GPU's
     UUID (the engine rebuilds the tensor on its own device index). The handles are pickled, which the engine
@@ -64,9 +113,39 @@ def ipc_update_info(bucket: dict[str, torch.Tensor]) -> dict:
             raise ValueError(f"ipc transport: {name} is on {tensor.device}; CUDA IPC shares GPU memory only")
         gpu = str(torch.cuda.get_device_properties(tensor.device).uuid)
         handles.append({gpu: reduce_tensor(tensor)[1]})
-    return {"names": list(bucket), "dtype_names": [str(t.dtype).removeprefix("torch.") for t in bucket.values()],
-            "shapes": [list(t.shape) for t in bucket.values()],
-            "ipc_handles_pickled": base64.b64encode(pickle.dumps(handles)).decode()}
+    return {**tensor_meta(bucket), "ipc_handles_pickled": base64.b64encode(pickle.dumps(handles)).decode()}
+
+
+def _raise_refusal(calls: list[Future]) -> None:
+    """Raise the error of the first engine call that has already failed."""
+    for call in calls:
+        if call.done() and call.exception() is not None:
+            raise call.exception()
+
+
+def vllm_nccl_group(host: str, port: int, rank: int, world_size: int):
+    """This process's end of the group vLLM's NCCL engine forms on its workers: vLLM's TCP-store rendezvous
+    (``StatelessProcessGroup``, apart from torch.distributed's groups) and its NCCL communicator, on the current
+    GPU. Both exist in vLLM 0.26 and 0.32."""
+    from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
+    from vllm.distributed.utils import StatelessProcessGroup
+
+    store = StatelessProcessGroup.create(host=host, port=port, rank=rank, world_size=world_size)
+    return PyNcclCommunicator(store, device=torch.cuda.current_device())
+
+
+def trainer_address(engine_urls: list[str]) -> str:
+    """The address engines reach this process at: loopback when every engine is local, else this node's IP."""
+    if all(urlparse(u).hostname in ("127.0.0.1", "localhost") for u in engine_urls):
+        return "127.0.0.1"
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return ray.util.get_node_ip_address()
+    except ImportError:
+        pass
+    return socket.gethostbyname(socket.gethostname())
 
 
 class WeightSync:
@@ -82,6 +161,7 @@ class WeightSync:
         self.shm_dir = shm_dir or ("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir())
         self._http = httpx.Client(timeout=timeout_s)
         self._sent_versions: dict[str, str] = {}
+        self.group = None  # nccl: this process's end of the group with the engines' workers (``connect``)
 
     def post(self, url: str, route: str, **kwargs) -> None:
         """POST to one engine; an error answer raises ``WeightSyncError`` with the engine's reason."""
@@ -94,6 +174,28 @@ class WeightSync:
         for url in urls or self.engine_urls:
             self.post(url, "/init_weight_transfer_engine", json={"init_info": {}})
 
+    def connect(self, workers_per_engine: int = 1, host: str | None = None,
+                make_group: Callable = vllm_nccl_group) -> None:
+        """nccl: form the group of this sender (rank 0) and every engine worker (engine i's workers from rank
+        1 + i x ``workers_per_engine``). Each engine's ``/init_weight_transfer_engine`` returns only once the
+        whole group has met, so those calls wait in threads while this process joins. Call again after engines
+        restart: the old group lost its members."""
+        from vime_ext.trainer.launch import free_port
+
+        if self.transport != "nccl":
+            raise ValueError(f"connect() forms an NCCL group; the {self.transport} transport has none")
+        host = host or trainer_address(self.engine_urls)
+        port, world_size = free_port(), 1 + len(self.engine_urls) * workers_per_engine
+        self.group = None
+        with ThreadPoolExecutor(len(self.engine_urls)) as pool:
+            calls = [pool.submit(self.post, url, "/init_weight_transfer_engine", json={"init_info": {
+                "master_address": host, "master_port": port, "rank_offset": 1 + i * workers_per_engine,
+                "world_size": world_size}}) for i, url in enumerate(self.engine_urls)]
+            group = make_group(host, port, 0, world_size)
+            for call in calls:
+                call.result()
+        self.group = group
+
     def begin(self) -> None:
         """Pause every engine (in-flight requests are aborted and retried later) and open an update."""
         for url in self.engine_urls:
@@ -105,7 +207,9 @@ class WeightSync:
         pipeline stage) may send between one ``begin`` and ``finish``."""
         sent = 0
         for bucket in buckets(weights, self.bucket_bytes, device="cpu" if self.transport == "vime_shm" else None):
-            if self.transport == "ipc":
+            if self.transport == "nccl":
+                self._broadcast(bucket)
+            elif self.transport == "ipc":
                 # The bucket's tensors stay referenced until every engine has copied them (the call returns
                 # after the engine loaded them), so the shared GPU memory is not reused under it.
                 info = ipc_update_info(bucket)
@@ -121,6 +225,37 @@ class WeightSync:
                     os.unlink(path)
             sent += len(bucket)
         return sent
+
+    def _broadcast(self, bucket: dict[str, torch.Tensor]) -> None:
+        """One bucket over NCCL: every engine's ``/update_weights`` (it receives in the order of the names it is
+        given) runs in a thread while this process broadcasts the tensors in that order. An engine that refuses
+        the update never joins the broadcast: its answer is raised instead of waiting on it for ever, and the
+        group is dropped (``connect`` again)."""
+        if self.group is None:
+            raise WeightSyncError("nccl transport: no group with the engines; call connect() first")
+        info = tensor_meta(bucket)
+        pool = ThreadPoolExecutor(len(self.engine_urls))
+        calls = [pool.submit(self.post, url, "/update_weights", json={"update_info": info})
+                 for url in self.engine_urls]
+        try:
+            _raise_refusal(calls)
+            on_gpu = next(iter(bucket.values())).is_cuda
+            for tensor in bucket.values():
+                self.group.broadcast(tensor, src=0, stream=torch.cuda.current_stream() if on_gpu else None)
+            if on_gpu:  # NCCL only queued the broadcasts; the bucket may be freed once they have run
+                done = torch.cuda.Event()
+                done.record()
+                while not done.query():
+                    _raise_refusal(calls)
+                    time.sleep(0.001)
+            for call in calls:
+                call.result()
+        except BaseException:
+            self.group = None
+            _raise_refusal(calls)
+            raise
+        finally:
+            pool.shutdown(wait=False)  # a thread still waiting in a broken broadcast must not hold this one
 
     def finish(self, version: int) -> None:
         """Close the update (the engines record ``version``) and resume serving."""

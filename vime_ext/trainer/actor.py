@@ -7,6 +7,7 @@ own process, and calls the same methods either way.
 import os
 import random
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -17,6 +18,9 @@ from vime_ext.arguments import TrainConfig
 from vime_ext.trainer.batching import MicroBatch, copy_rows, micro_batches
 from vime_ext.trainer.forward import forward_backward, forward_log_probs
 from vime_ext.trainer.rl_loss import LossSettings, micro_batch_loss
+
+if TYPE_CHECKING:
+    from vime_ext.rollout.weight_sync import WeightTarget
 
 
 def _rng_state() -> dict:
@@ -98,6 +102,7 @@ class TrainActor:
                                           a.kl_loss_type, a.entropy_coef, a.loss_aggregation, a.use_tis,
                                           a.tis_cap, config.rollout.rollout_temperature or 1.0)
         self.ps = parallel_state
+        self._weight_sync = None  # the sender's (target, WeightSync), kept between pushes
 
     def _build(self, build_gpt_model, parallel, recompute=None, recompute_num_layers=None):
         from vime_ext.trainer.model_provider import default_attention
@@ -226,10 +231,11 @@ class TrainActor:
 
     # ---- weights out: engines and checkpoints --------------------------------------------------------------
 
-    def push_weights(self, engine_urls: list[str], bucket_bytes: int, transport: str = "vime_shm") -> int:
-        """Send this stage's weights to the engines over ``transport`` (data-parallel rank 0's TP rank 0 sends;
+    def push_weights(self, target: "WeightTarget", bucket_bytes: int) -> int:
+        """Send this stage's weights to the engines ``target`` names (data-parallel rank 0's TP rank 0 sends;
         every TP rank of that stage joins the gathers). The driver opens and closes the update around all
-        stages."""
+        stages. The sender keeps its ``WeightSync`` between pushes (an NCCL group lives as long as its engines)
+        and makes a new one when the target changes, e.g. after an engine restart."""
         from convert.live import iter_hf_weights
         from vime_ext.rollout.weight_sync import WeightSync
 
@@ -240,11 +246,14 @@ class TrainActor:
             for _ in weights:  # take part in the TP gathers
                 pass
             return 0
-        sync = WeightSync(engine_urls, bucket_bytes=bucket_bytes, transport=transport)
-        try:
-            return sync.send(weights)
-        finally:
-            sync.close()
+        if self._weight_sync is None or self._weight_sync[0] != (target, bucket_bytes):
+            if self._weight_sync is not None:
+                self._weight_sync[1].close()
+            sync = WeightSync(list(target.urls), bucket_bytes=bucket_bytes, transport=target.transport)
+            if target.transport == "nccl":
+                sync.connect(target.workers_per_engine)
+            self._weight_sync = ((target, bucket_bytes), sync)
+        return self._weight_sync[1].send(weights)
 
     def save(self, save_dir: str, iteration: int, extra_state: dict) -> str:
         from vime_ext.trainer.checkpoint import save_model_checkpoint
