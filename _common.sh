@@ -30,3 +30,15 @@ start_ray() {
 stop_ray() {
   ray stop --force >/dev/null 2>&1 || true
 }
+
+need() {  # need PATH VARIABLE: stop at once, naming the variable, when an input is missing
+  if [ ! -e "$1" ]; then
+    echo "$(basename "$0"): ${2} = $1 does not exist" >&2
+    exit 1
+  fi
+}
+
+latest_iteration() {  # the iteration in a save directory's tracker file
+  need "$1/latest_checkpointed_iteration.txt" "$2"
+  printf 'iter_%07d' "$(cat "$1/latest_checkpointed_iteration.txt")"
+}

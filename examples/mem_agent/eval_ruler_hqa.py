@@ -27,10 +27,11 @@ from tqdm import tqdm
 
 from examples.mem_agent.data import read_eval_file
 from examples.mem_agent.rollout import MemSettings, generate
-from examples.mem_agent.scoring import exact_match, extract_answer, f1, substring_match
+from examples.mem_agent.scoring import exact_match, extract_answer, substring_match
 from vime_ext.rollout.client import RolloutClient
 from vime_ext.rollout.plugins import load_custom_config, plugin_args
 from vime_ext.rollout.protocol import SamplingParams
+from vime_ext.rollout.rewards import token_f1 as f1
 from vime_ext.rollout.sample import TRAINABLE, Sample
 from vime_ext.rollout.validate import fold_trajectory
 

@@ -13,7 +13,7 @@ SAVE_DIR=${SAVE_DIR:-results/ruler_hqa}
 N_PROC=${N_PROC:-16} TEMPERATURE=${TEMPERATURE:-0.7} TOP_P=${TOP_P:-0.95} TP=${TP:-1}
 ENGINE_BACKEND=${ENGINE_BACKEND:-vllm}
 if [ "${CONVERT:-0}" = "1" ]; then
-  MODEL_PATH=$(bash "${MEM_AGENT_DIR}/convert-to-hf.sh" | tail -1)
+  MODEL_PATH=$(bash tools/convert_iteration_to_hf.sh | tail -1)
 fi
 MODEL_PATH=${MODEL_PATH:?set MODEL_PATH to an HF checkpoint, or CONVERT=1 with SAVE_PATH and HF_CKPT}
 need "${MODEL_PATH}/config.json" MODEL_PATH

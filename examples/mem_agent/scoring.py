@@ -8,10 +8,9 @@ side is yes/no/noanswer and they differ).
 """
 
 import re
-import string
-from collections import Counter
 
 from vime_ext.rollout.rewards import last_boxed
+from vime_ext.rollout.rewards import normalize_text as normalize
 
 TAIL_CHARS = 300  # where the trained answer format is looked for
 ANSWER_FORMATS = ("boxed", "answer_is")
@@ -37,13 +36,6 @@ def squash(text: str) -> str:
     return re.sub(r"\s+", "", text.lower())
 
 
-def normalize(text: str) -> str:
-    text = text.lower()
-    text = "".join(ch for ch in text if ch not in set(string.punctuation))
-    text = re.sub(r"\b(a|an|the)\b", " ", text)
-    return " ".join(text.split())
-
-
 def exact_match(prediction: str, gold: str) -> float:
     return float(normalize(prediction) == normalize(gold))
 
@@ -51,16 +43,3 @@ def exact_match(prediction: str, gold: str) -> float:
 def substring_match(prediction: str, gold: str) -> float:
     p, g = normalize(prediction), normalize(gold)
     return float(bool(p) and bool(g) and (p in g or g in p))
-
-
-def f1(prediction: str, gold: str) -> float:
-    p, g = normalize(prediction), normalize(gold)
-    special = ("yes", "no", "noanswer")
-    if (p in special or g in special) and p != g:
-        return 0.0
-    p_tokens, g_tokens = p.split(), g.split()
-    common = sum((Counter(p_tokens) & Counter(g_tokens)).values())
-    if common == 0:
-        return 0.0
-    precision, recall = common / len(p_tokens), common / len(g_tokens)
-    return 2 * precision * recall / (precision + recall)

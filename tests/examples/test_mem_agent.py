@@ -9,7 +9,8 @@ import pytest
 from examples.mem_agent.data import DataError, generate_item, item_from_eval_entry, read_eval_file
 from examples.mem_agent.reward import reward
 from examples.mem_agent.rollout import split_chunks
-from examples.mem_agent.scoring import exact_match, extract_answer, f1, normalize, substring_match
+from examples.mem_agent.scoring import exact_match, extract_answer, normalize, substring_match
+from vime_ext.rollout.rewards import token_f1 as f1
 from vime_ext.rollout.sample import Sample
 
 

@@ -2,6 +2,8 @@
 ``\\boxed{...}`` in the response with the label."""
 
 import re
+import string
+from collections import Counter
 
 from vime_ext.rollout.sample import Sample
 
@@ -50,3 +52,24 @@ def first_word_match(args, sample: Sample) -> float:
     word". A dense enough signal for a small model to learn in a few GRPO steps."""
     words = re.findall(r"[a-z0-9]+", sample.response.lower())
     return float(bool(words) and words[0] == str(sample.label).strip().lower())
+
+
+def normalize_text(text: str) -> str:
+    """SQuAD-style answer normalisation: lower case, punctuation and the articles a/an/the removed, white space
+    collapsed."""
+    text = "".join(ch for ch in text.lower() if ch not in set(string.punctuation))
+    return " ".join(re.sub(r"\b(a|an|the)\b", " ", text).split())
+
+
+def token_f1(prediction: str, gold: str) -> float:
+    """F1 over the normalised tokens (0 when exactly one side is yes/no/noanswer and they differ)."""
+    p, g = normalize_text(prediction), normalize_text(gold)
+    special = ("yes", "no", "noanswer")
+    if (p in special or g in special) and p != g:
+        return 0.0
+    p_tokens, g_tokens = p.split(), g.split()
+    common = sum((Counter(p_tokens) & Counter(g_tokens)).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(p_tokens), common / len(g_tokens)
+    return 2 * precision * recall / (precision + recall)

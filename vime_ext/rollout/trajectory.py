@@ -54,8 +54,25 @@ class Trajectory:
     error: str | None = field(init=False, default=None)
 
     def __post_init__(self):
+        if self.tools and self._template_ignores_tools():
+            # Templates without tool support (plain ChatML: SmolLM2's, the packaged Qwen tokenizer's) would
+            # drop the tool list: it goes into the system message instead, as Qwen's template writes it.
+            from vime_ext.rollout.tool_calls import tools_prompt
+
+            text = tools_prompt(self.tools)
+            messages = list(self.messages)
+            if messages and messages[0]["role"] == "system":
+                messages[0] = {**messages[0], "content": f"{messages[0]['content']}\n\n{text}"}
+            else:
+                messages.insert(0, {"role": "system", "content": text})
+            self.messages, self.tools = messages, None
         self.tokens = self._ids(self._render(self.messages, add_generation_prompt=True))
         self.prompt_length = len(self.tokens)
+
+    def _template_ignores_tools(self) -> bool:
+        probe = [_SYSTEM, {"role": "user", "content": "U"}]
+        return self._render(probe) == self.tokenizer.apply_chat_template(
+            probe, tokenize=False, **self.chat_template_kwargs)
 
     # ---- rendering -------------------------------------------------------------------------------------------
 

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# One trained iteration of SAVE_PATH -> an HF checkpoint (printed on the last line).
-#   SAVE_PATH=/ckpt/mem_agent HF_CKPT=/models/Qwen3-4B [SINGLE_ITER=iter_0000050] [HF_OUT=DIR] bash convert-to-hf.sh
+# One trained iteration of SAVE_PATH -> an HF checkpoint (printed on the last line); the examples' CONVERT=1.
+#   SAVE_PATH=/ckpt/mem_agent HF_CKPT=/models/Qwen3-4B [SINGLE_ITER=iter_0000050] [HF_OUT=DIR] \
+#     bash tools/convert_iteration_to_hf.sh
 set -euo pipefail
-source "$(dirname "$0")/common.sh"
+source "$(dirname "$0")/../_common.sh"
+cd "${VIME_EXT_ROOT}"
 SAVE_PATH=${SAVE_PATH:?set SAVE_PATH to the training save directory}
 HF_CKPT=${HF_CKPT:?set HF_CKPT to the HF checkpoint training started from (config and tokenizer come from it)}
 need "${SAVE_PATH}" SAVE_PATH

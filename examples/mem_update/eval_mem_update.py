@@ -1,0 +1,65 @@
+"""QA on held-out conversations before and after the agent's edits.
+
+    python -m examples.mem_update.eval_mem_update --model-path DIR --test-data test.jsonl --save-dir results \
+        [--save-file NAME] [--engine-backend vllm|hf] [--engine-dtype float32] [--vllm-X ...]
+
+Each test prompt is one episode of the served model on its conversation's initial memories (greedy by default),
+scored by the training reward: the QA score of the store before and after, with the settings of
+``--custom-config-path``. Writes ``SAVE_DIR/SAVE_FILE.json`` (qa_before, qa_after, the delta, reward, per LoCoMo
+category, tool calls and errors per episode, failed episodes) and prints it.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from examples.mem_update.locomo import CATEGORIES
+from vime_ext.evaluate import evaluate
+from vime_ext.rollout.engines import split_vllm_args
+
+HERE = Path(__file__).resolve().parent
+
+
+def summarize(metrics: dict[str, float]) -> dict:
+    """The evaluation's figures, named for a reader."""
+    get = lambda name: metrics.get(f"eval/{name}")  # noqa: E731
+    summary = {"episodes": int(metrics["eval/samples"]), "qa_before": get("qa_before"), "qa_after": get("qa_after"),
+               "qa_delta": None if get("qa_after") is None else get("qa_after") - get("qa_before"),
+               "reward": metrics["eval/reward_mean"], "failed": metrics["eval/failed"],
+               "unfinished": get("unfinished"), "tool_calls": get("tool_calls"), "tool_errors": get("tool_errors"),
+               "store_edits": get("store_edits"), "final_memory_count": get("final_memory_count"),
+               "initial_memory_count": get("initial_memory_count")}
+    summary["categories"] = {name: {"qa_before": get(f"{name}_qa_before"), "qa_after": get(f"{name}_qa_after")}
+                             for name in CATEGORIES.values() if get(f"{name}_qa_before") is not None}
+    return summary
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model-path", required=True, help="HF checkpoint to serve")
+    parser.add_argument("--test-data", required=True, help="test.jsonl of prepare_data.py")
+    parser.add_argument("--save-dir", required=True)
+    parser.add_argument("--save-file", default=None, help="result name (default: the model folder's name)")
+    parser.add_argument("--engine-backend", choices=["vllm", "hf"], default="vllm")
+    parser.add_argument("--engine-dtype", default="auto")
+    parser.add_argument("--max-response-len", type=int, default=256, help="new tokens per reply")
+    parser.add_argument("--max-model-len", type=int, default=None, help="the engine's context length")
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--custom-config-path", default=str(HERE / "mem_update.yaml"))
+    own, vllm_args = split_vllm_args(sys.argv[1:] if argv is None else list(argv))
+    args = parser.parse_args(own)
+    metrics = evaluate(args.model_path, args.test_data, "examples.mem_update.reward.reward", args.engine_backend,
+                       1, args.max_response_len, args.temperature, engine_args=vllm_args,
+                       generate_path="examples.mem_update.rollout.generate",
+                       custom_config_path=args.custom_config_path, dtype=args.engine_dtype, max_model_len=args.max_model_len)
+    summary = {"model": args.model_path, "test_data": args.test_data, **summarize(metrics)}
+    out = Path(args.save_dir) / f"{args.save_file or Path(args.model_path).name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(summary, indent=1))
+    print(json.dumps(summary, indent=1))
+    return summary
+
+
+if __name__ == "__main__":
+    main()

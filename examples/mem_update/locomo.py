@@ -1,0 +1,225 @@
+"""LoCoMo data: the real file's format, the train/test split, the prompts, and a generator of look-alike
+conversations for offline use and tests.
+
+``locomo10.json`` is a list of conversations, each with ``sample_id``, ``conversation`` (``speaker_a``,
+``speaker_b``, ``session_N_date_time``, ``session_N``: turns with ``speaker``, ``dia_id`` ("D1:3"), ``text``),
+``observation`` (``session_N_observation``: per speaker a list of ``[fact, evidence]``, evidence a dia_id or a
+list of them), ``session_summary``, ``event_summary`` and ``qa`` (``question``, ``answer``, ``evidence``,
+``category``: 1 multi-hop, 2 temporal, 3 open-domain, 4 single-hop, 5 adversarial; adversarial items carry
+``adversarial_answer`` and usually no ``answer``).
+
+A conversation's initial memories are its observations: one episodic memory per fact, with the session, speaker,
+evidence ids and session date in its metadata. Each QA item becomes one training prompt.
+"""
+
+import json
+import random
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+CATEGORIES = {1: "multi_hop", 2: "temporal", 3: "open_domain", 4: "single_hop", 5: "adversarial"}
+NOT_MENTIONED = "Not mentioned in the conversation"
+
+
+class LocomoError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Conversation:
+    sample_id: str
+    memories: list[dict[str, Any]]
+    qa: list[dict[str, Any]]  # question, answer (str), category (int), evidence (list of dia_ids)
+
+
+def _session(key: str, suffix: str) -> int | None:
+    match = re.fullmatch(rf"session_(\d+){suffix}", key)
+    return int(match.group(1)) if match else None
+
+
+def _evidence(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [e.strip() for e in re.split(r"[,;]", value) if e.strip()]
+    if isinstance(value, list):
+        return [str(e) for e in value]
+    return []
+
+
+def parse_conversation(raw: Any, where: str, include_adversarial: bool, problems: list[str]) -> Conversation | None:
+    """One conversation of the file; problems are appended to ``problems`` (naming ``where`` and the field) and
+    the bad parts skipped. None when nothing usable is left."""
+    if not isinstance(raw, dict):
+        problems.append(f"{where}: expected an object, got {type(raw).__name__}; skipped")
+        return None
+    sample_id = str(raw.get("sample_id", where))
+    where = f"{where} (sample_id {sample_id})"
+    for key in ("observation", "qa", "conversation"):
+        if not isinstance(raw.get(key), dict if key != "qa" else list):
+            problems.append(f"{where}: field {key!r} is missing or of the wrong type; conversation skipped")
+            return None
+    dates = {_session(k, "_date_time"): v for k, v in raw["conversation"].items() if _session(k, "_date_time")}
+    memories = []
+    for key in sorted(raw["observation"], key=lambda k: _session(k, "_observation") or 0):
+        session = _session(key, "_observation")
+        per_speaker = raw["observation"][key]
+        if session is None or not isinstance(per_speaker, dict):
+            problems.append(f"{where}: observation key {key!r} is not session_N_observation with speakers; skipped")
+            continue
+        for speaker, facts in per_speaker.items():
+            for k, fact in enumerate(facts if isinstance(facts, list) else []):
+                text, evidence = (fact[0], fact[1] if len(fact) > 1 else []) if isinstance(fact, list) and fact \
+                    else (fact, [])
+                if not isinstance(text, str) or not text.strip():
+                    problems.append(f"{where}: observation.{key}.{speaker}[{k}] has no text; skipped")
+                    continue
+                memories.append({"id": f"s{session}-{speaker.lower()}-{k + 1}", "content": text.strip(),
+                                 "memory_type": "episodic", "source": "observation",
+                                 "metadata": {"session": session, "speaker": speaker, "evidence": _evidence(evidence),
+                                              "date": str(dates.get(session, ""))}})
+    qa = []
+    for k, item in enumerate(raw["qa"]):
+        at = f"{where}: qa[{k}]"
+        if not isinstance(item, dict) or not isinstance(item.get("question"), str):
+            problems.append(f"{at}: no 'question' string; skipped")
+            continue
+        category = item.get("category")
+        if category not in CATEGORIES:
+            problems.append(f"{at}: category {category!r} is not 1-5; skipped")
+            continue
+        if category == 5 and not include_adversarial:
+            continue
+        answer = item.get("answer", NOT_MENTIONED if category == 5 else None)
+        if answer is None or str(answer).strip() == "":
+            problems.append(f"{at}: no 'answer'; skipped")
+            continue
+        qa.append({"question": item["question"].strip(), "answer": str(answer).strip(), "category": category,
+                   "evidence": _evidence(item.get("evidence"))})
+    if not memories or not qa:
+        problems.append(f"{where}: no {'observations' if not memories else 'usable QA items'}; skipped")
+        return None
+    return Conversation(sample_id, memories, qa)
+
+
+def load_locomo(path: str | Path, include_adversarial: bool = False) -> tuple[list[Conversation], list[str]]:
+    """The conversations of a ``locomo10.json``-format file and the problems found in it."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise LocomoError(f"{path}: no such file") from None
+    except json.JSONDecodeError as err:
+        raise LocomoError(f"{path}: not valid JSON ({err.msg} at line {err.lineno}, column {err.colno})") from None
+    if not isinstance(data, list):
+        raise LocomoError(f"{path}: expected a list of conversations, got {type(data).__name__}")
+    problems: list[str] = []
+    conversations = [c for i, raw in enumerate(data)
+                     if (c := parse_conversation(raw, f"{path}[{i}]", include_adversarial, problems))]
+    return conversations, problems
+
+
+def split(conversations: list[Conversation], n_test: int = 3, seed: int = 42) -> tuple[list, list]:
+    """By conversation, reproducibly: sorted by sample_id, shuffled with ``seed``, the last ``n_test`` for test."""
+    if not 0 < n_test < len(conversations):
+        raise LocomoError(f"cannot hold out {n_test} of {len(conversations)} conversations")
+    order = sorted(conversations, key=lambda c: c.sample_id)
+    random.Random(seed).shuffle(order)
+    return order[:-n_test], order[-n_test:]
+
+
+def prompt_records(conversations: list[Conversation], extra_questions: int = 3, seed: int = 42) -> list[dict]:
+    """One record per QA item: the question as the prompt, the answer as the label, and in the metadata the
+    conversation's initial memories, the category and up to ``extra_questions`` other questions of the same
+    conversation (the reward can score those too)."""
+    rng = random.Random(seed)
+    records = []
+    for conversation in conversations:
+        for k, item in enumerate(conversation.qa):
+            others = [q for j, q in enumerate(conversation.qa) if j != k]
+            extra = rng.sample(others, min(extra_questions, len(others)))
+            records.append({"prompt": item["question"], "label": item["answer"], "metadata": {
+                "sample_id": conversation.sample_id, "category": item["category"], "evidence": item["evidence"],
+                "memories": conversation.memories,
+                "extra_qa": [{k2: q[k2] for k2 in ("question", "answer", "category")} for q in extra]}})
+    return records
+
+
+# ---- a generator of LoCoMo-format conversations ---------------------------------------------------------------
+
+_NAMES = ["Caroline", "Melanie", "Jon", "Gina", "Nate", "Joanna", "Tim", "John", "Maria", "Deborah", "Andrew",
+          "Audrey", "Evan", "Sam", "Calvin", "Dave", "Priya", "Omar", "Lena", "Kofi"]
+_PETS = ["dog", "cat", "parrot", "rabbit", "turtle", "hamster"]
+_PET_NAMES = ["Rex", "Luna", "Biscuit", "Pepper", "Milo", "Nala", "Ziggy", "Coco", "Oreo", "Maple"]
+_INSTRUMENTS = ["guitar", "violin", "piano", "drums", "cello", "flute", "ukulele", "saxophone"]
+_CITIES = ["Lisbon", "Kyoto", "Denver", "Oslo", "Nairobi", "Lima", "Prague", "Hanoi", "Seville", "Boston"]
+_HOBBIES = ["pottery", "rock climbing", "baking sourdough", "birdwatching", "knitting", "chess", "kayaking",
+            "photography", "gardening", "painting"]
+_JOBS = ["nurse", "carpenter", "teacher", "software tester", "chef", "librarian", "pilot", "counselor"]
+_FILLER = ["{a} had a busy week at work.", "{a} watched a movie with friends.", "{a} felt tired after a long day.",
+           "{a} cooked dinner for the family.", "{a} went for a walk in the park.", "{a} caught up on sleep.",
+           "{a} called an old friend.", "{a} cleaned the apartment."]
+_MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
+           "November", "December"]
+
+
+def _facts(rng: random.Random, speaker: str, other: str, date: str) -> list[tuple[str, str, list[dict]]]:
+    """(what the speaker says, the observation, QA items) for the facts of one session."""
+    pet, pet_name = rng.choice(_PETS), rng.choice(_PET_NAMES)
+    instrument, city, hobby, job = (rng.choice(_INSTRUMENTS), rng.choice(_CITIES), rng.choice(_HOBBIES),
+                                    rng.choice(_JOBS))
+    day = date.split(" on ")[-1]
+    return rng.sample([
+        (f"I adopted a {pet} and named it {pet_name}!", f"{speaker} adopted a {pet} named {pet_name}.",
+         [{"question": f"What is the name of {speaker}'s {pet}?", "answer": pet_name, "category": 4},
+          {"question": f"When did {speaker} adopt the {pet}?", "answer": day, "category": 2},
+          {"question": f"What is the name of {other}'s {pet}?", "adversarial_answer": pet_name, "category": 5}]),
+        (f"I started taking {instrument} lessons.", f"{speaker} started learning to play the {instrument}.",
+         [{"question": f"Which instrument is {speaker} learning?", "answer": instrument, "category": 4},
+          {"question": f"Would {speaker} enjoy a {instrument} concert?", "answer": f"Yes, {speaker} plays the "
+           f"{instrument}", "category": 3}]),
+        (f"I just got back from a trip to {city}.", f"{speaker} travelled to {city}.",
+         [{"question": f"Where did {speaker} travel to?", "answer": city, "category": 4},
+          {"question": f"When did {speaker} go to {city}?", "answer": day, "category": 2}]),
+        (f"I've taken up {hobby} lately.", f"{speaker} took up {hobby} as a hobby.",
+         [{"question": f"What hobby did {speaker} take up?", "answer": hobby, "category": 4}]),
+        (f"I got a new job as a {job}.", f"{speaker} started working as a {job}.",
+         [{"question": f"What is {speaker}'s new job?", "answer": job, "category": 4},
+          {"question": f"What did {speaker} start after the trip to {city}?", "answer": f"a job as a {job}",
+           "category": 1}]),
+    ], 2)
+
+
+def generate_locomo(num_conversations: int = 10, sessions: int = 4, filler: int = 2, seed: int = 0) -> list[dict]:
+    """Conversations in ``locomo10.json``'s format: two speakers, ``sessions`` dated sessions, per session and
+    speaker two facts (said in the dialogue, recorded as observations with their dia_ids, asked about in the QA,
+    categories 1-5) and ``filler`` facts nobody asks about."""
+    rng = random.Random(seed)
+    out = []
+    for c in range(num_conversations):
+        a, b = rng.sample(_NAMES, 2)
+        conversation: dict[str, Any] = {"speaker_a": a, "speaker_b": b}
+        observation, summaries, events, qa = {}, {}, {}, []
+        for s in range(1, sessions + 1):
+            date = f"{rng.randint(1, 11)}:{rng.choice(['00', '15', '30', '45'])} pm on {rng.randint(1, 28)} " \
+                   f"{_MONTHS[(c + s) % 12]}, {2022 + (s > 2)}"
+            conversation[f"session_{s}_date_time"] = date
+            turns, per_speaker = [], {a: [], b: []}
+            for speaker, other in ((a, b), (b, a)):
+                for said, fact, questions in _facts(rng, speaker, other, date):
+                    dia_id = f"D{s}:{len(turns) + 1}"
+                    turns.append({"speaker": speaker, "dia_id": dia_id, "text": said})
+                    per_speaker[speaker].append([fact, dia_id])
+                    qa += [{**q, "evidence": [dia_id]} for q in questions]
+                for text in rng.sample(_FILLER, filler):
+                    dia_id = f"D{s}:{len(turns) + 1}"
+                    turns.append({"speaker": speaker, "dia_id": dia_id, "text": "Nothing much, really."})
+                    per_speaker[speaker].append([text.format(a=speaker), dia_id])
+            conversation[f"session_{s}"] = turns
+            observation[f"session_{s}_observation"] = per_speaker
+            summaries[f"session_{s}_summary"] = " ".join(f for p in per_speaker.values() for f, _ in p)
+            events[f"events_session_{s}"] = {**{k: [f for f, _ in v] for k, v in per_speaker.items()},
+                                             "date": date.split(" on ")[-1]}
+        out.append({"sample_id": f"gen-{c}", "conversation": conversation, "observation": observation,
+                    "session_summary": summaries, "event_summary": events, "qa": qa})
+    return out

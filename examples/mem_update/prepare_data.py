@@ -1,0 +1,73 @@
+"""LoCoMo -> MemUpdate's prompt data.
+
+    python -m examples.mem_update.prepare_data --locomo locomo10.json --out-dir data/mem_update
+    python -m examples.mem_update.prepare_data --generate --num-conversations 10 --out-dir data/mem_update
+
+Splits by conversation (``--n-test`` held out, shuffled with ``--seed``) and writes ``train.jsonl`` and
+``test.jsonl``: one record per QA item (question as the prompt, answer as the label, the conversation's initial
+memories in the metadata). Adversarial questions (category 5) are left out unless ``--include-adversarial``.
+Bad conversations and QA items are reported (file, index, field) and skipped. ``--generate`` first writes
+LoCoMo-format conversations (``locomo_generated.json``) and then reads them back the same way.
+"""
+
+import argparse
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+from examples.mem_update.locomo import CATEGORIES, LocomoError, generate_locomo, load_locomo, prompt_records, split
+
+
+def write_jsonl(path: Path, records: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as f:
+        for record in records:
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--locomo", help="a locomo10.json-format file")
+    source.add_argument("--generate", action="store_true", help="generate LoCoMo-format conversations first")
+    parser.add_argument("--out-dir", required=True, help="where train.jsonl and test.jsonl go")
+    parser.add_argument("--n-test", type=int, default=3, help="conversations held out for test (default 3)")
+    parser.add_argument("--seed", type=int, default=42, help="the split's and the extra questions' seed")
+    parser.add_argument("--include-adversarial", action="store_true", help="keep category-5 questions")
+    parser.add_argument("--extra-questions", type=int, default=3,
+                        help="other questions of the same conversation stored with each prompt (default 3)")
+    parser.add_argument("--num-conversations", type=int, default=10, help="with --generate (default 10)")
+    parser.add_argument("--sessions", type=int, default=4, help="with --generate: sessions per conversation")
+    parser.add_argument("--filler", type=int, default=2, help="with --generate: unasked facts per speaker and "
+                                                              "session")
+    args = parser.parse_args(argv)
+    out = Path(args.out_dir)
+    path = Path(args.locomo) if args.locomo else out / "locomo_generated.json"
+    if args.generate:
+        out.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(generate_locomo(args.num_conversations, args.sessions, args.filler,
+                                                   args.seed)))
+    try:
+        conversations, problems = load_locomo(path, args.include_adversarial)
+        train, test = split(conversations, args.n_test, args.seed)
+    except LocomoError as err:
+        sys.exit(f"prepare_data: {err}")
+    for problem in problems[:20]:
+        print(f"skipped: {problem}", file=sys.stderr)
+    if len(problems) > 20:
+        print(f"... and {len(problems) - 20} more problems", file=sys.stderr)
+    summary = {"source": str(path), "skipped_problems": len(problems)}
+    for name, part in (("train", train), ("test", test)):
+        records = prompt_records(part, args.extra_questions, args.seed)
+        write_jsonl(out / f"{name}.jsonl", records)
+        categories = Counter(CATEGORIES[r["metadata"]["category"]] for r in records)
+        summary[name] = {"conversations": [c.sample_id for c in part], "prompts": len(records),
+                         "categories": dict(sorted(categories.items())),
+                         "memories_per_conversation": [len(c.memories) for c in part]}
+    print(json.dumps(summary))
+    return summary
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,28 @@
+"""MemUpdate's prompts (written for this project)."""
+
+SYSTEM = """You look after a memory store about a conversation between {speakers}. Later, someone will ask a \
+question about the conversation, and it will be answered only from the {top_k} memories that a search for the \
+question returns.
+
+Use the tools to get the store ready for that question: search for what it asks about, fix or complete those \
+memories (a memory's date is shown with it but is not part of its text; write dates into the text when they \
+matter), merge memories that repeat each other, split ones that mix topics, and delete noise. Keep the store \
+about the same size and do not invent facts.
+
+When the store is ready, reply with one short sentence and no tool call."""
+
+USER = """Question to prepare for: {question}
+The store holds {count} memories."""
+
+READER = """Answer the question using only these memories. Reply with the answer alone, in a few words.
+
+Memories:
+{memories}
+
+Question: {question}"""
+
+
+def speakers(memories: list[dict]) -> str:
+    names = sorted({str(m.get("metadata", {}).get("speaker")) for m in memories
+                    if m.get("metadata", {}).get("speaker")})
+    return " and ".join(names) if names else "two people"

@@ -1,0 +1,129 @@
+"""MemUpdate's reward (``--custom-rm-path examples.mem_update.reward.reward``): how much better questions are
+answered from the store after the episode than before it, times how economical the store stayed.
+
+    reward = (QA(final store) - QA(initial store)) x efficiency        (an unfinished episode: -0.1)
+    efficiency = clamp(size x density x change, 0.1, 1.5)
+    size    = max(0.1, 1 - (n_new - cap) / cap) when n_new > cap, else 1
+    density = min(1.2, mean characters per memory, new / max(old, 1))
+    change  = max(0.8, 1 - 0.5 |n_new - n_old| / max(n_old, 1))
+
+QA is the mean score over the target question (and ``memup_extra_questions`` other questions of the same
+conversation) of one of two scorers, each reading the ``memup_top_k`` memories retrieved for the question:
+
+- ``proxy``: the share of the answer's words (lower case, split on white space, punctuation at the edges
+  ignored) that occur in the retrieved memories, clipped to [0.1, 1.0];
+- ``reader``: a model (the policy through the rollout's router, or ``memup_reader_url``) answers from the
+  retrieved memories, greedily; token F1 against the gold answer.
+
+The before and after stores are the namespace's snapshot and its final state, both real; the namespace is
+dropped here. Metrics: memory_reward, qa_before, qa_after, performance_delta, efficiency, unfinished, and under
+the question's LoCoMo category name (multi_hop, temporal, open_domain, single_hop, adversarial) the reward and
+``<category>_qa_before`` / ``_qa_after``.
+"""
+
+import re
+from functools import cache
+
+import numpy as np
+
+from examples.mem_update.locomo import CATEGORIES
+from examples.mem_update.prompts import READER
+from examples.mem_update.retrieval import make_retriever
+from examples.mem_update.settings import MemUpdateSettings
+from examples.mem_update.store import STORE, Memory
+from vime_ext.rollout.protocol import SamplingParams
+from vime_ext.rollout.rewards import token_f1
+
+
+def efficiency(n_old: int, n_new: int, chars_old: float, chars_new: float, s: MemUpdateSettings) -> float:
+    """The factor above; ``chars_*`` are mean characters per memory."""
+    cap = s.size_cap if s.size_cap is not None else max(n_old, 1)
+    size = max(s.size_floor, 1 - (n_new - cap) / cap) if n_new > cap else 1.0
+    density = min(s.density_max, chars_new / max(chars_old, 1.0))
+    change = max(s.change_floor, 1 - s.change_weight * abs(n_new - n_old) / max(n_old, 1))
+    return float(np.clip(size * density * change, s.efficiency_min, s.efficiency_max))
+
+
+def _words(text: str) -> list[str]:
+    return [w.strip(".,;:!?\"'()[]") for w in text.lower().split()]
+
+
+def proxy_score(answer: str, retrieved: list[Memory]) -> float:
+    answer_words = {w for w in _words(answer) if w}
+    if not answer_words:
+        return 0.1
+    found = {w for m in retrieved for w in _words(m.content)}
+    return float(np.clip(len(answer_words & found) / len(answer_words), 0.1, 1.0))
+
+
+@cache
+def _tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+async def reader_score(args, settings: MemUpdateSettings, question: str, answer: str,
+                       retrieved: list[Memory]) -> float:
+    """The reader's answer from the retrieved memories, scored by token F1."""
+    from vime_ext.rollout.client import RolloutClient
+
+    listing = "\n".join(f"- {m.content}" + (f" ({m.metadata['date']})" if m.metadata.get("date") else "")
+                        for m in retrieved) or "(none)"
+    tokenizer = _tokenizer(settings.reader_tokenizer) if settings.reader_url else args.tokenizer
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": READER.format(memories=listing, question=question)}], tokenize=False,
+        add_generation_prompt=True)
+    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    params = SamplingParams(temperature=0.0, max_new_tokens=settings.reader_max_tokens)
+    if settings.reader_url:
+        client = RolloutClient(settings.reader_url)
+        try:
+            result = await client.generate(ids, params)
+        finally:
+            await client.close()
+    else:
+        result = await args.rollout_client.generate(ids, params)
+    reply = tokenizer.decode(result.token_ids, skip_special_tokens=True)
+    return token_f1(re.split(r"\n", reply.strip())[0] if reply.strip() else "", answer)
+
+
+async def qa_score(args, settings: MemUpdateSettings, questions: list[tuple[str, str]],
+                   memories: list[Memory]) -> float:
+    retriever = make_retriever(settings.retriever)
+    scores = []
+    for question, answer in questions:
+        retrieved = [m for m, _ in retriever.search(question, memories, settings.top_k)]
+        scores.append(proxy_score(answer, retrieved) if settings.scorer == "proxy"
+                      else await reader_score(args, settings, question, answer, retrieved))
+    return float(np.mean(scores))
+
+
+def _mean_chars(memories) -> float:
+    return float(np.mean([len(m.content) for m in memories])) if memories else 0.0
+
+
+async def reward(args, sample) -> dict:
+    settings = MemUpdateSettings.from_args(args)
+    name = sample.metadata.get("memory_namespace")
+    if name is None:
+        raise ValueError(f"sample {sample.index}: no memory namespace in its metadata; the reward needs "
+                         "examples.mem_update.rollout.generate as --custom-generate-function-path")
+    try:
+        namespace = STORE.get(name)
+        extra = sample.metadata.get("extra_qa", [])[:settings.extra_questions]
+        questions = [(str(sample.prompt), str(sample.label))] + [(q["question"], q["answer"]) for q in extra]
+        before = await qa_score(args, settings, questions, list(namespace.initial))
+        after = await qa_score(args, settings, questions, namespace.memories())
+        factor = efficiency(len(namespace.initial), len(namespace), _mean_chars(namespace.initial),
+                            _mean_chars(namespace.memories()), settings)
+    finally:
+        STORE.drop(name)
+    finished = bool(sample.metadata.get("finished"))
+    value = (after - before) * factor if finished else settings.unfinished_reward
+    metrics = {"reward": value, "memory_reward": value, "qa_before": before, "qa_after": after,
+               "performance_delta": after - before, "efficiency": factor, "unfinished": float(not finished)}
+    category = CATEGORIES.get(sample.metadata.get("category"))
+    if category:
+        metrics.update({category: value, f"{category}_qa_before": before, f"{category}_qa_after": after})
+    return metrics

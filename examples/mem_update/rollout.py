@@ -1,0 +1,70 @@
+"""MemUpdate's generate plug-in (``--custom-generate-function-path examples.mem_update.rollout.generate``).
+
+One episode per sample: a namespace is made from ``sample.metadata["memories"]`` (the conversation's initial
+memories), and the policy edits it through the six tools in one growing chat: each reply's ``<tool_call>``
+blocks are parsed and run, their results appended as tool messages (masked out of the loss), until a reply
+without a call (the episode is finished), ``memup_max_tool_calls`` calls, or ``memup_max_context_tokens``
+tokens. Malformed calls, unknown tools, bad arguments and refused operations are answered with an error the
+policy reads, and counted. The reward (``reward.py``) compares the namespace's snapshot with its final state and
+drops it.
+"""
+
+from dataclasses import replace
+
+from examples.mem_update.prompts import SYSTEM, USER, speakers
+from examples.mem_update.retrieval import make_retriever
+from examples.mem_update.settings import MemUpdateSettings
+from examples.mem_update.store import STORE
+from examples.mem_update.tools import CHANGES_STORE, TOOLS, ToolBox
+from vime_ext.rollout.tool_calls import ToolCallError, parse_tool_calls, tool_message
+from vime_ext.rollout.trajectory import Trajectory
+
+
+def episode_messages(sample, settings: MemUpdateSettings, count: int) -> list[dict]:
+    memories = sample.metadata["memories"]
+    return [{"role": "system", "content": SYSTEM.format(speakers=speakers(memories), top_k=settings.top_k)},
+            {"role": "user", "content": USER.format(question=sample.prompt, count=count)}]
+
+
+async def generate(args, sample, sampling_params, evaluation: bool = False):
+    settings = MemUpdateSettings.from_args(args)
+    memories = sample.metadata.get("memories")
+    if not isinstance(memories, list) or not memories:
+        raise ValueError(f"sample {sample.index} ({sample.metadata.get('source', '?')}): metadata['memories'] must "
+                         "list the initial memories (prepare the data with examples/mem_update/prepare_data.py)")
+    namespace = STORE.create(memories)
+    box = ToolBox(namespace, make_retriever(settings.retriever), seed=sample.index)
+    chat = Trajectory(args.tokenizer, episode_messages(sample, settings, len(namespace)), tools=TOOLS)
+    calls = errors = edits = 0
+    finished = False
+    while len(chat.tokens) < settings.max_context_tokens:
+        budget = min(sampling_params.max_new_tokens, settings.max_context_tokens - len(chat.tokens))
+        reply = await chat.generate(args.rollout_client, replace(sampling_params, max_new_tokens=budget),
+                                    session_id=namespace.name)
+        if reply is None:  # the engine failed: no reward will come to drop the namespace
+            STORE.drop(namespace.name)
+            return chat.to_sample(sample)
+        parsed = parse_tool_calls(reply)
+        if not parsed:
+            finished = chat.turns[-1].finish_reason == "stop"
+            break
+        if calls + len(parsed) > settings.max_tool_calls:
+            break  # the cap: the episode ends unfinished, its last calls not run
+        results = []
+        for item in parsed:
+            calls += 1
+            if isinstance(item, ToolCallError):
+                errors += 1
+                results.append(tool_message({"error": item.message}))
+                continue
+            result = box.run(item)
+            errors += result.error
+            edits += not result.error and result.name in CHANGES_STORE
+            results.append(tool_message(result.content))
+        chat.append_messages(results)
+    out = chat.to_sample(sample)
+    out.metadata.update(memory_namespace=namespace.name, finished=finished)
+    out.metrics.update(num_turns=float(len(chat.turns)), tool_calls=float(calls), tool_errors=float(errors),
+                       store_edits=float(edits), initial_memory_count=float(len(namespace.initial)),
+                       final_memory_count=float(len(namespace)))
+    return out

@@ -1,0 +1,52 @@
+"""MemUpdate's settings: every key ``memup_<name>`` of ``--custom-config-path`` (``mem_update.yaml``; the launch
+scripts fill it from ``MEMUP_*`` variables). The defaults, and why they differ from MemUpdate's published ones:
+
+- ``size_cap`` None: the episode's own starting count. MemUpdate used a fixed 100, which LoCoMo's conversations
+  (169-324 observations) all start above: size = max(0.1, 1 - (n - 100) / 100) is 0.1 for any n >= 190, so the
+  reward of most episodes was cut to a tenth whatever the agent did. ``size_cap: 100`` restores it.
+- everything else as published: size floor 0.1, density at most 1.2, change at least 0.8 with weight 0.5,
+  efficiency clamped to [0.1, 1.5], an unfinished episode -0.1, retrieval top 5, 30 tool calls.
+"""
+
+from dataclasses import dataclass, fields
+
+from examples.mem_update.retrieval import RETRIEVERS
+
+SCORERS = ("proxy", "reader")
+
+
+@dataclass(frozen=True)
+class MemUpdateSettings:
+    retriever: str = "embedding"  # embedding | bm25: the search tool's and the QA scorers' retrieval
+    top_k: int = 5  # memories retrieved for a question when it is scored
+    max_tool_calls: int = 30  # per episode; past it the episode ends unfinished
+    max_context_tokens: int = 8192  # the whole episode (prompt, replies, tool results)
+    scorer: str = "proxy"  # proxy: answer words found in the retrieved memories; reader: a model answers, F1
+    reader_url: str | None = None  # the reader's engine (default: the policy, through the rollout's router)
+    reader_tokenizer: str | None = None  # the reader's tokenizer (HF dir) when reader_url is another model
+    reader_max_tokens: int = 32
+    extra_questions: int = 0  # also score this many other questions of the same conversation
+    size_cap: int | None = None  # None: the episode's starting memory count
+    size_floor: float = 0.1
+    density_max: float = 1.2
+    change_floor: float = 0.8
+    change_weight: float = 0.5
+    efficiency_min: float = 0.1
+    efficiency_max: float = 1.5
+    unfinished_reward: float = -0.1  # no final message: the tool-call cap or the token budget ran out
+
+    @classmethod
+    def from_args(cls, args) -> "MemUpdateSettings":
+        values = {f.name: getattr(args, f"memup_{f.name}") for f in fields(cls) if f"memup_{f.name}" in vars(args)}
+        settings = cls(**values)
+        if settings.retriever not in RETRIEVERS:
+            raise ValueError(f"memup_retriever {settings.retriever!r} is not one of {RETRIEVERS}")
+        if settings.scorer not in SCORERS:
+            raise ValueError(f"memup_scorer {settings.scorer!r} is not one of {SCORERS}")
+        if settings.reader_url and not settings.reader_tokenizer:
+            raise ValueError("memup_reader_url names another model; give its tokenizer as memup_reader_tokenizer")
+        if min(settings.top_k, settings.max_tool_calls, settings.max_context_tokens) < 1:
+            raise ValueError("memup_top_k, memup_max_tool_calls and memup_max_context_tokens must be positive")
+        if settings.efficiency_min > settings.efficiency_max:
+            raise ValueError("memup_efficiency_min is above memup_efficiency_max")
+        return settings
