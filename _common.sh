@@ -42,3 +42,10 @@ latest_iteration() {  # the iteration in a save directory's tracker file
   need "$1/latest_checkpointed_iteration.txt" "$2"
   printf 'iter_%07d' "$(cat "$1/latest_checkpointed_iteration.txt")"
 }
+
+ensure_torch_dist() {  # ensure_torch_dist HF_DIR TORCH_DIST_DIR: convert once (the KL reference) when missing
+  if [ ! -f "$2/latest_checkpointed_iteration.txt" ]; then
+    echo "TORCH_DIST $2 missing: converting $1 (the KL reference)"
+    python tools/convert_hf_to_torch_dist.py --hf-checkpoint "$1" --save "$2" --dtype bfloat16
+  fi
+}

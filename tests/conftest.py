@@ -29,6 +29,19 @@ def run_workers(worker, parallel, out_dir: Path, result_file: str, *args) -> dic
     return json.loads((Path(out_dir) / result_file).read_text())
 
 
+def run_launch_script(script: str, env: dict[str, str], cwd: Path, timeout: int = 1800) -> None:
+    """Run a launch script as a user would: ``python`` is this environment's, PYTHONPATH unset, the variables in
+    ``env`` set; a failure shows the end of its output."""
+    import subprocess
+    import sys
+
+    full = {**os.environ, **env, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    full.pop("PYTHONPATH", None)
+    done = subprocess.run(["bash", str(Path(__file__).resolve().parents[1] / script)], env=full, cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-5000:]
+
+
 def tiny_config(family: str, **overrides):
     """4 layers (2 per stage at PP=2), 4 query heads in 2 KV groups (1 group per rank at TP=2); the real
     vocabulary of the family's tokenizer (Qwen's 151936 rows, SmolLM2's 49152)."""

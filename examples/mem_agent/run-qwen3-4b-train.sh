@@ -19,10 +19,7 @@ ACTOR_GPUS=${ACTOR_GPUS:-4} ROLLOUT_GPUS=${ROLLOUT_GPUS:-4} TP=${TP:-2}
 need "${HF_CKPT}/config.json" HF_CKPT
 need "${TRAIN_DATA}" TRAIN_DATA
 need "${MEM_CONFIG}" MEM_CONFIG
-if [ ! -f "${TORCH_DIST}/latest_checkpointed_iteration.txt" ]; then
-  echo "TORCH_DIST ${TORCH_DIST} missing: converting ${HF_CKPT} (the KL reference)"
-  python tools/convert_hf_to_torch_dist.py --hf-checkpoint "${HF_CKPT}" --save "${TORCH_DIST}" --dtype bfloat16
-fi
+ensure_torch_dist "${HF_CKPT}" "${TORCH_DIST}"
 source scripts/models/qwen3-4B.sh
 start_ray
 

@@ -37,6 +37,8 @@ async def generate(args, sample, sampling_params, evaluation: bool = False):
     chat = Trajectory(args.tokenizer, episode_messages(sample, settings, len(namespace)), tools=TOOLS)
     calls = errors = edits = 0
     finished = False
+    if settings.first_reply_prefix:  # written for the policy, not trained: a small model's first call
+        chat.prefill(settings.first_reply_prefix)
     while len(chat.tokens) < settings.max_context_tokens:
         budget = min(sampling_params.max_new_tokens, settings.max_context_tokens - len(chat.tokens))
         reply = await chat.generate(args.rollout_client, replace(sampling_params, max_new_tokens=budget),
@@ -44,6 +46,8 @@ async def generate(args, sample, sampling_params, evaluation: bool = False):
         if reply is None:  # the engine failed: no reward will come to drop the namespace
             STORE.drop(namespace.name)
             return chat.to_sample(sample)
+        if len(chat.turns) == 1 and settings.first_reply_prefix:
+            reply = settings.first_reply_prefix + reply
         parsed = parse_tool_calls(reply)
         if not parsed:
             finished = chat.turns[-1].finish_reason == "stop"

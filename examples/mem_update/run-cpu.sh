@@ -6,6 +6,8 @@
 # default; extra arguments go to train.py.
 set -euo pipefail
 export MEMUP_MAX_CONTEXT_TOKENS=${MEMUP_MAX_CONTEXT_TOKENS:-2048} MEMUP_MAX_TOOL_CALLS=${MEMUP_MAX_TOOL_CALLS:-8}
+# SmolLM2-135M writes no tool call unless its first reply is opened as one (written for it, not trained).
+export MEMUP_FIRST_REPLY_PREFIX=${MEMUP_FIRST_REPLY_PREFIX-$'<tool_call>\n{"name": "'}
 source "$(dirname "$0")/common.sh"
 OUT=${OUT:-runs/mem_update_cpu}
 DATA_ROOT=${DATA_ROOT:-${OUT}/data}

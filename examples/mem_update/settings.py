@@ -34,6 +34,7 @@ class MemUpdateSettings:
     efficiency_min: float = 0.1
     efficiency_max: float = 1.5
     unfinished_reward: float = -0.1  # no final message: the tool-call cap or the token budget ran out
+    first_reply_prefix: str = ""  # the policy's first reply starts with this (masked), e.g. an opened tool call
 
     @classmethod
     def from_args(cls, args) -> "MemUpdateSettings":

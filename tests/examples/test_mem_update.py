@@ -1,0 +1,281 @@
+"""MemUpdate's parts apart from the engines: the tools on a small store, namespace isolation, the tool-call
+parser, the efficiency and reward formulas against hand-computed cases, the proxy scorer, before/after
+snapshots, the LoCoMo loader and generator. The episode loop, the reader scorer and training run through the
+real stack in test_mem_update_pipeline.py."""
+
+import asyncio
+import json
+
+import pytest
+
+from examples.mem_update.locomo import generate_locomo, load_locomo, prompt_records, split
+from examples.mem_update.retrieval import make_retriever
+from examples.mem_update.reward import efficiency, proxy_score, qa_score, reward
+from examples.mem_update.settings import MemUpdateSettings
+from examples.mem_update.store import STORE, Memory, MemoryStore
+from examples.mem_update.tools import ToolBox, merge_text, split_groups
+from vime_ext.rollout.plugins import plugin_args
+from vime_ext.rollout.sample import Sample
+from vime_ext.rollout.tool_calls import ToolCall, ToolCallError, check_arguments, parse_tool_calls
+from vime_ext.rollout.trajectory import Trajectory
+
+MEMORIES = [
+    {"id": "a", "content": "Caroline adopted a dog named Rex.", "metadata": {"date": "8 May, 2023",
+                                                                            "evidence": ["D1:1"]}},
+    {"id": "b", "content": "Caroline adopted a dog named Rex. Caroline loves long walks.",
+     "metadata": {"evidence": ["D2:4"]}},
+    {"id": "c", "content": "Melanie took up pottery. Melanie sold a vase on 3 June 2023. She was thrilled.",
+     "memory_type": "episodic"},
+    {"id": "d", "content": "Caroline had a busy week at work."},
+]
+
+
+def box(retriever: str = "bm25", store: MemoryStore | None = None):
+    namespace = (store if store is not None else MemoryStore()).create(MEMORIES)
+    return namespace, ToolBox(namespace, make_retriever(retriever), seed=0)
+
+
+def call(tools: ToolBox, name: str, **arguments):
+    return tools.run(ToolCall(name, arguments))
+
+
+# ---- tools ---------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("retriever", ["bm25", "embedding"])
+def test_search_finds_the_fact_and_filters(retriever):
+    _, tools = box(retriever)
+    found = call(tools, "search_memory", query="What pottery did Melanie take up?", top_k=2)
+    assert not found.error and found.content["results"][0]["id"] == "c" and len(found.content["results"]) == 2
+    assert found.content["results"][0]["score"] >= found.content["results"][1]["score"]
+    none = call(tools, "search_memory", query="Rex", memory_type="semantic")
+    assert none.content == {"results": []}
+    high = call(tools, "search_memory", query="Rex", threshold=1e9)
+    assert high.content == {"results": []}
+
+
+def test_manage_delete_sample_change_the_store():
+    namespace, tools = box()
+    made = call(tools, "manage_memory", operation="create", content="Rex is a beagle.", memory_type="semantic")
+    new_id = made.content["created"]["id"]
+    assert new_id in namespace and len(namespace) == 5 and namespace.get(new_id).memory_type == "semantic"
+    call(tools, "manage_memory", operation="update", memory_id="a", content="On 8 May 2023 Caroline adopted Rex.")
+    assert namespace.get("a").content.startswith("On 8 May") and namespace.get("a").metadata["evidence"] == ["D1:1"]
+    assert call(tools, "manage_memory", operation="update", content="x").error  # no memory_id
+    assert call(tools, "manage_memory", operation="create", content="x", memory_id="a").error
+    assert call(tools, "delete_memory", memory_id="d", reason="noise").content == {"deleted": "d", "remaining": 4}
+    assert "d" not in namespace
+    gone = call(tools, "delete_memory", memory_id="d")
+    assert gone.error and "no memory with id 'd'" in gone.content["error"] and len(namespace) == 4
+    recent = call(tools, "sample_memory", k=2, strategy="recent").content
+    assert [m["id"] for m in recent["memories"]][0] == new_id and recent["total"] == 4
+    assert len(call(tools, "sample_memory", k=3, strategy="random").content["memories"]) == 3
+    diverse = [m["id"] for m in call(tools, "sample_memory", k=2, strategy="diverse").content["memories"]]
+    assert diverse[0] == "a" and diverse[1] != "b"  # b repeats a; the next pick shares the fewest words
+
+
+def test_merge_really_replaces_the_memories():
+    namespace, tools = box()
+    merged = call(tools, "merge_memory", memory_ids=["a", "b"], strategy="summarize")
+    assert not merged.error and "a" not in namespace and "b" not in namespace and len(namespace) == 3
+    text = namespace.get(merged.content["merged"]["id"]).content
+    assert text == "Caroline adopted a dog named Rex. Caroline loves long walks."  # the repeat is gone
+    assert namespace.get(merged.content["merged"]["id"]).metadata == {"merged_from": ["a", "b"],
+                                                                       "evidence": ["D1:1", "D2:4"]}
+    assert merge_text(["A b c.", "D e."], "concatenate") == "A b c. D e."
+    assert merge_text(["Rex likes parks. Cats nap.", "Rex barks."], "extract_common") == "Rex likes parks."
+    for bad, message in [(["c"], "should be non-empty|is too short"), (["c", "zz"], "no memory with id 'zz'"),
+                         (["c", "c"], "non-unique")]:
+        result = call(tools, "merge_memory", memory_ids=bad)
+        assert result.error and any(m in result.content["error"] for m in message.split("|")), result.content
+    assert len(namespace) == 3 and "c" in namespace  # refused merges change nothing
+    common = call(tools, "merge_memory", memory_ids=["c", "d"], strategy="extract_common")
+    assert common.error and "share no content word" in common.content["error"] and len(namespace) == 3
+
+
+def test_split_really_replaces_the_memory():
+    assert split_groups("Melanie took up pottery. Melanie sold a vase on 3 June 2023. She was thrilled.",
+                        "temporal", 3) == [["Melanie took up pottery."],
+                                           ["Melanie sold a vase on 3 June 2023.", "She was thrilled."]]
+    assert split_groups("Jon runs. Gina swims. She won. Jon rests.", "speaker", 3) == [
+        ["Jon runs.", "Jon rests."], ["Gina swims.", "She won."]]
+    assert len(split_groups("Rex barks at cats. Rex chases cats. Paint dries slowly.", "thematic", 2)) == 2
+    assert split_groups("A b. C d. E f. G h.", "thematic", 2) and \
+        len(split_groups("Jon a. Gina b. Tim c. Sam d.", "speaker", 2)) == 2  # parts beyond max_parts join
+    namespace, tools = box()
+    parts = call(tools, "split_memory", memory_id="c", split_criteria="temporal", max_parts=2)
+    assert not parts.error and "c" not in namespace and len(namespace) == 5
+    assert [namespace.get(p["id"]).metadata["split_from"] for p in parts.content["parts"]] == ["c", "c"]
+    one = call(tools, "split_memory", memory_id="d", split_criteria="thematic")
+    assert one.error and "single sentence" in one.content["error"] and "d" in namespace
+    same = call(tools, "split_memory", memory_id="b", split_criteria="speaker")
+    assert same.error and "one part" in same.content["error"]
+    assert call(tools, "split_memory", memory_id="b", split_criteria="topic").error  # not in the enum
+    assert call(tools, "split_memory", memory_id="b", split_criteria="speaker", max_parts=9).error
+
+
+def test_unknown_tools_and_bad_arguments_are_answered_not_raised():
+    _, tools = box()
+    assert "unknown tool 'forget'" in call(tools, "forget").content["error"]
+    assert "'query' is a required property" in call(tools, "search_memory").content["error"]
+    assert "argument top_k" in call(tools, "search_memory", query="x", top_k="five").content["error"]
+    assert "Additional properties" in call(tools, "delete_memory", memory_id="a", force=True).content["error"]
+    assert check_arguments({"type": "object", "properties": {"k": {"type": "integer"}}}, {"k": 3}) is None
+
+
+# ---- namespaces ------------------------------------------------------------------------------------------
+
+def test_namespaces_stay_apart_under_concurrent_episodes():
+    store = MemoryStore()
+
+    async def episode(i: int) -> tuple[str, list[str]]:
+        namespace, tools = box(store=store)
+        for step in range(5):
+            call(tools, "manage_memory", operation="create", content=f"episode {i} note {step}")
+            await asyncio.sleep(0)  # let the other episodes run in between, as in a rollout
+        call(tools, "delete_memory", memory_id="a")
+        return namespace.name, [m.content for m in namespace.memories()]
+
+    async def run():
+        return await asyncio.gather(*(episode(i) for i in range(16)))
+
+    results = asyncio.run(run())
+    assert len({name for name, _ in results}) == 16 and len(store) == 16
+    for i, (name, contents) in enumerate(results):
+        notes = [c for c in contents if c.startswith("episode")]
+        assert notes == [f"episode {i} note {s}" for s in range(5)] and len(contents) == 8
+        assert [m.id for m in store.get(name).initial] == ["a", "b", "c", "d"]  # the snapshot did not move
+        store.drop(name)
+    assert len(store) == 0
+    with pytest.raises(KeyError, match="already dropped"):
+        store.get(results[0][0])
+
+
+# ---- the parser --------------------------------------------------------------------------------------------
+
+def test_parser_against_malformed_and_several_calls():
+    text = ('Let me look. <tool_call>\n{"name": "search_memory", "arguments": {"query": "Rex"}}\n</tool_call> and '
+            'then <tool_call>{"name": "delete_memory", "arguments": "{\\"memory_id\\": \\"d\\"}"}</tool_call> done')
+    assert parse_tool_calls(text) == [ToolCall("search_memory", {"query": "Rex"}),
+                                      ToolCall("delete_memory", {"memory_id": "d"})]
+    assert parse_tool_calls("Nothing to do here.") == []
+    cases = {
+        '<tool_call>{"name": "search_memory", "arguments": {"query": "Re': "not closed",
+        '<tool_call>{"name": "search_memory", "arguments": {"query": }</tool_call>': "not valid JSON",
+        '<tool_call>["search_memory"]</tool_call>': "got list",
+        '<tool_call>{"arguments": {}}</tool_call>': "no 'name'",
+        '<tool_call>{"name": "x", "arguments": [1, 2]}</tool_call>': "must be a JSON object",
+        '<tool_call>{"name": "x", "arguments": "{oops"}</tool_call>': "string that is not valid JSON",
+    }
+    for text, message in cases.items():
+        [found] = parse_tool_calls(text)
+        assert isinstance(found, ToolCallError) and message in found.message, (text, found)
+    mixed = parse_tool_calls('<tool_call>{bad}</tool_call><tool_call>{"name": "a", "arguments": {}}</tool_call>')
+    assert isinstance(mixed[0], ToolCallError) and mixed[1] == ToolCall("a", {})
+
+
+def test_tools_reach_the_prompt_with_a_template_that_ignores_them(smollm2_dir):
+    from transformers import AutoTokenizer
+
+    from examples.mem_update.tools import TOOLS
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    chat = Trajectory(tokenizer, [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Q"}],
+                      tools=TOOLS)
+    text = tokenizer.decode(chat.tokens)
+    assert text.count("<tools>\n") == 1 and '"name": "split_memory"' in text and "Be brief." in text
+    assert chat.tools is None and text.index("Be brief.") < text.index("<tools>\n") < text.index("Q<|im_end|>")
+
+
+# ---- reward --------------------------------------------------------------------------------------------------
+
+def test_efficiency_against_hand_computed_cases():
+    s = MemUpdateSettings()
+    assert efficiency(10, 10, 50, 50, s) == 1.0
+    # 12 memories from 10, cap = 10: size 1 - 2/10 = 0.8; density 60/50 = 1.2; change 1 - 0.5 * 2/10 = 0.9
+    assert efficiency(10, 12, 50, 60, s) == pytest.approx(0.8 * 1.2 * 0.9)
+    # the published cap of 100 with LoCoMo's 200 memories: size floors at 0.1, whatever the agent does
+    assert efficiency(200, 200, 50, 50, MemUpdateSettings(size_cap=100)) == pytest.approx(0.1)
+    assert efficiency(200, 200, 50, 50, s) == 1.0  # the default cap: the starting count
+    # 2 from 10: change max(0.8, 1 - 0.5 * 8/10) = 0.8; density min(1.2, 200/50) = 1.2
+    assert efficiency(10, 2, 50, 200, s) == pytest.approx(1.2 * 0.8)
+    assert efficiency(10, 10, 50, 1, s) == pytest.approx(0.1)  # clamped below
+    assert efficiency(10, 0, 50, 0, s) == pytest.approx(0.1)  # an emptied store: density 0, clamped
+
+
+def test_proxy_score_counts_answer_words_in_the_retrieved_memories():
+    memories = [Memory("a", "Caroline adopted Rex, a beagle."), Memory("b", "On 8 May 2023 she moved.")]
+    assert proxy_score("Rex", memories) == 1.0
+    assert proxy_score("8 May 2023", memories) == 1.0
+    assert proxy_score("7 May 2023", memories) == pytest.approx(2 / 3)
+    assert proxy_score("Lisbon", memories) == 0.1 and proxy_score("", memories) == 0.1
+
+
+def _episode_sample(store_edit, finished: bool = True, category: int = 2):
+    namespace = STORE.create(MEMORIES)
+    store_edit(ToolBox(namespace, make_retriever("bm25")))
+    return Sample(prompt="When did Caroline adopt Rex?", label="8 May 2023", metadata={
+        "memory_namespace": namespace.name, "finished": finished, "category": category, "memories": MEMORIES})
+
+
+def test_reward_compares_the_real_before_and_after():
+    args = plugin_args([], {"memup_retriever": "bm25"})
+    noop = asyncio.run(reward(args, _episode_sample(lambda tools: None)))
+    # "2023" of the answer is in memory c ("3 June 2023"), "8" and "May" are nowhere: 1/3 before and after
+    assert noop["reward"] == 0.0 and noop["performance_delta"] == 0.0 and noop["qa_before"] == pytest.approx(1 / 3)
+    count = len(STORE)
+
+    def add_date(tools):
+        call(tools, "manage_memory", operation="update", memory_id="a",
+             content="On 8 May 2023 Caroline adopted a dog named Rex.")
+    better = asyncio.run(reward(args, _episode_sample(add_date)))
+    assert better["qa_after"] == 1.0 and better["reward"] > 0 and better["temporal"] == better["reward"]
+    # size and change 1; density: mean characters after over before (the updated memory is longer)
+    lengths = [len(m["content"]) for m in MEMORIES]
+    density = (sum(lengths[1:]) + len("On 8 May 2023 Caroline adopted a dog named Rex.")) / sum(lengths)
+    assert better["efficiency"] == pytest.approx(density) and 1 < density < 1.2
+    assert better["reward"] == pytest.approx((1.0 - 1 / 3) * density)
+    assert len(STORE) == count  # the reward dropped the namespace
+    unfinished = asyncio.run(reward(args, _episode_sample(add_date, finished=False)))
+    assert unfinished["reward"] == -0.1 and unfinished["unfinished"] == 1.0
+    with pytest.raises(ValueError, match="no memory namespace"):
+        asyncio.run(reward(args, Sample(prompt="q", label="a")))
+
+
+def test_extra_questions_are_scored_too():
+    settings = MemUpdateSettings(retriever="bm25")
+    memories = [Memory.from_record(r, i) for i, r in enumerate(MEMORIES)]
+    both = asyncio.run(qa_score(None, settings, [("Who adopted Rex?", "Caroline"), ("Where?", "Lisbon")],
+                                memories))
+    assert both == pytest.approx((1.0 + 0.1) / 2)
+
+
+# ---- data ---------------------------------------------------------------------------------------------------
+
+def test_locomo_loader_split_and_bad_records(tmp_path):
+    data = generate_locomo(num_conversations=5, sessions=2, seed=1)
+    data[1]["qa"][0] = {"question": "Where?", "category": 9, "answer": "x"}
+    del data[2]["observation"]
+    data[3]["qa"][1] = {"category": 4}
+    path = tmp_path / "locomo10.json"
+    path.write_text(json.dumps(data))
+    conversations, problems = load_locomo(path)
+    assert len(conversations) == 4 and len(problems) == 3
+    assert any("[2] (sample_id gen-2): field 'observation' is missing" in p for p in problems)
+    assert any("qa[0]: category 9 is not 1-5" in p for p in problems)
+    assert any("qa[1]: no 'question' string" in p for p in problems)
+    memory = conversations[0].memories[0]
+    assert memory["memory_type"] == "episodic" and memory["metadata"]["evidence"][0].startswith("D1:")
+    assert memory["metadata"]["date"] and memory["metadata"]["speaker"]
+    assert all(q["category"] != 5 for c in conversations for q in c.qa)
+    adversarial, _ = load_locomo(path, include_adversarial=True)
+    assert any(q["category"] == 5 and q["answer"] == "Not mentioned in the conversation"
+               for c in adversarial for q in c.qa)
+    train, test = split(conversations, n_test=1, seed=42)
+    assert (len(train), len(test)) == (3, 1) and split(conversations, 1, 42) == (train, test)
+    records = prompt_records(test, extra_questions=2)
+    assert len(records) == len(test[0].qa) and records[0]["metadata"]["memories"] == test[0].memories
+    assert len(records[0]["metadata"]["extra_qa"]) == 2
+    assert records[0]["metadata"]["extra_qa"][0]["question"] != records[0]["prompt"]
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        load_locomo(path)
