@@ -1,6 +1,5 @@
 """Convert a Megatron torch_dist checkpoint (an iter_* directory) back into an HF checkpoint."""
 
-import argparse
 import dataclasses
 import os
 
@@ -8,6 +7,7 @@ os.environ["CUDA_VISIBLE_DEVICES"] = ""  # CPU only, before torch loads: see con
 
 from tqdm import tqdm  # noqa: E402
 
+from vime_ext.flags import CliParser  # noqa: E402
 from vime_ext.sysinfo import peak_rss_mib  # noqa: E402
 from vime_ext.trainer.model_config import ModelShape, ParallelConfig, parse_dtype  # noqa: E402
 
@@ -49,14 +49,24 @@ def convert(input_dir: str, output_dir: str, origin_hf_dir: str, dtype_name: str
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = CliParser(prog="convert_torch_dist_to_hf.py", description=__doc__)
     parser.add_argument("--input-dir", required=True, help="iter_XXXXXXX directory, or the save directory")
-    parser.add_argument("--output-dir", required=True)
+    parser.add_argument("--output-dir", required=True, help="where the HF checkpoint is written")
     parser.add_argument("--origin-hf-dir", required=True, help="the HF checkpoint training started from "
                         "(config and tokenizer files are copied from it)")
     parser.add_argument("--dtype", default="auto", help="auto (from the origin config.json), float32, bfloat16")
-    parser.add_argument("--max-shard-size-mb", type=int, default=4096)
+    parser.add_argument("--max-shard-size-mb", type=int, default=4096,
+                        help="largest safetensors file written (MiB)")
     args = parser.parse_args(argv)
+    if not os.path.isfile(os.path.join(args.origin_hf_dir, "config.json")):
+        parser.fail(f"--origin-hf-dir {args.origin_hf_dir}: no config.json there (the HF model training started "
+                    "from is expected)")
+    from vime_ext.trainer.checkpoint import CheckpointError, resolve_checkpoint_dir
+
+    try:
+        resolve_checkpoint_dir(args.input_dir)
+    except CheckpointError as err:
+        parser.fail(f"--input-dir {args.input_dir}: {err}")
     convert(args.input_dir, args.output_dir, args.origin_hf_dir, args.dtype, args.max_shard_size_mb * 2**20)
 
 

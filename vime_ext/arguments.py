@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from vime_ext.flags import add_dataclass_flags, dataclass_from_args, flag_name
+from vime_ext.flags import CliParser, add_dataclass_flags, dataclass_from_args, flag_name
 from vime_ext.flags import help_field as _help
 from vime_ext.rollout.config import RolloutConfig
 from vime_ext.rollout.engines import ROUTER_POLICIES, split_vllm_args
@@ -35,6 +35,8 @@ class CheckpointConfig:
     load: str | None = _help("resume from this save directory (or iter_* directory) when it holds a checkpoint")
     save: str | None = _help("save directory for torch_dist checkpoints")
     save_interval: int | None = _help("save every N rollouts (and after the last)")
+    save_keep_last: int | None = _help("keep only the newest N saved iterations (each holds the full optimizer "
+                                       "state); the one a run resumed from is kept too. Default: keep all")
     critic_load: str | None = _help("with --advantage-estimator ppo: start the critic from this checkpoint (a "
                                     "PPO run's save directory or iter_* directory); default: --hf-checkpoint's "
                                     "weights and a zero value head")
@@ -289,7 +291,7 @@ class TrainConfig:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CliParser(
         prog="train.py", allow_abbrev=False,
         description="RL training (GRPO, or PPO with a critic): Megatron-core actors, vLLM engines behind "
                     "vllm-router (flags as in slime). Any --vllm-<flag> goes to the vLLM servers.")
@@ -379,6 +381,8 @@ def _check(config: TrainConfig) -> None:
         problems.append("--use-kl-loss needs --kl-loss-coef > 0")
     if a.kl_loss_coef and not a.use_kl_loss:
         problems.append("--kl-loss-coef is set but --use-kl-loss is not")
+    if c.save_keep_last is not None and (c.save_keep_last < 1 or not c.save):
+        problems.append("--save-keep-last needs --save and a count of at least 1")
     if c.save_interval is not None and not c.save:
         problems.append("--save-interval needs --save")
     if e.eval_interval is not None and not e.eval_prompt_data:

@@ -12,6 +12,38 @@ from dataclasses import MISSING, field, fields
 from typing import Any, Literal
 
 
+class CliParser(argparse.ArgumentParser):
+    """argparse for the command-line tools: a user's mistake (unknown flag, missing or bad value) is one line
+    that says it first, then where the flags are listed, instead of the whole usage with the error below it."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n({self.prog} --help lists every flag)\n")
+
+    def parse_args(self, args=None, namespace=None):
+        """As argparse, but an unknown flag is reported before anything else (argparse would first complain
+        about the required flags a mistyped one left out)."""
+        import sys
+
+        args = list(sys.argv[1:] if args is None else args)
+        known = {s for action in self._actions for s in action.option_strings}
+        unknown = [a for a in args if a.startswith("-") and a.split("=")[0] not in known and not _number(a)]
+        if unknown:
+            self.error(f"unrecognized arguments: {' '.join(unknown)}")
+        return super().parse_args(args, namespace)
+
+    def fail(self, message: str):
+        """Stop on a bad input the flags name (a missing path, say): the message alone, exit status 2."""
+        self.exit(2, f"{self.prog}: {message}\n")
+
+
+def _number(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
 def help_field(text: str, default: Any = None, **metadata: Any):
     """A config field with its flag's help text (and other flag metadata, e.g. ``required=True``)."""
     return field(default=default, metadata={"help": text, **metadata})

@@ -103,6 +103,7 @@ class TrainActor:
                                           a.tis_cap, config.rollout.rollout_temperature or 1.0)
         self.ps = parallel_state
         self._weight_sync = None  # the sender's (target, WeightSync), kept between pushes
+        self._resumed_from = None  # the iteration this run loaded: --save-keep-last never deletes it
 
     def _build(self, build_gpt_model, parallel, recompute=None, recompute_num_layers=None):
         from vime_ext.trainer.model_provider import default_attention
@@ -264,14 +265,21 @@ class TrainActor:
         if self.critic is not None:
             rank_state["critic_optimizer"] = self.critic.optimizer.state_dict()
             inner[CRITIC_DIR] = self.critic.model
-        return str(save_model_checkpoint(self.model, self.shape, save_dir, iteration, extra_state, rank_state,
-                                         inner))
+        saved = save_model_checkpoint(self.model, self.shape, save_dir, iteration, extra_state, rank_state, inner)
+        keep = self.config.checkpoint.save_keep_last
+        if keep is not None and self.rank == 0:
+            from vime_ext.trainer.checkpoint import prune_checkpoints
+
+            prune_checkpoints(save_dir, keep, protect=self._resumed_from)
+        return str(saved)
 
     def load(self, path: str) -> dict:
         """Weights, optimizer and RNG from a checkpoint; returns what the driver stored with it."""
-        from vime_ext.trainer.checkpoint import checkpoint_common_state, load_model_checkpoint, load_rank_state
+        from vime_ext.trainer.checkpoint import (checkpoint_common_state, load_model_checkpoint, load_rank_state,
+                                                 resolve_checkpoint_dir)
 
         load_model_checkpoint(self.model, path)
+        self._resumed_from = resolve_checkpoint_dir(path)
         state = load_rank_state(path)
         self.optimizer.load_state_dict(state["optimizer"])
         if self.critic is not None:

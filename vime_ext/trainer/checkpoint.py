@@ -86,6 +86,27 @@ def save_model_checkpoint(model, shape: ModelShape, save_dir: str | Path, iterat
     return final
 
 
+def prune_checkpoints(save_dir: str | Path, keep_last: int, protect: Path | None = None) -> list[Path]:
+    """Delete all but the newest ``keep_last`` complete iterations of ``save_dir`` (``--save-keep-last``), never
+    ``protect`` (the iteration a run resumed from) nor the one the tracker names; returns what was deleted.
+    Interrupted saves (``.partial``) are not counted and left alone. Rank 0 calls this after a save."""
+    if keep_last < 1:
+        raise ValueError(f"keep_last must be at least 1, got {keep_last}")
+    save_dir = Path(save_dir)
+    iterations = sorted((p for p in save_dir.glob("iter_*") if p.is_dir() and p.name[5:].isdigit()),
+                        key=lambda p: int(p.name[5:]))
+    tracker = save_dir / TRACKER_FILE
+    keep = set(iterations[-keep_last:])
+    if tracker.is_file() and tracker.read_text().strip().isdigit():
+        keep.add(iteration_dir(save_dir, int(tracker.read_text().strip())))
+    if protect is not None:
+        keep.add(Path(protect))
+    doomed = [p for p in iterations if p not in keep and p.resolve() not in {k.resolve() for k in keep}]
+    for path in doomed:
+        shutil.rmtree(path)
+    return doomed
+
+
 def resolve_checkpoint_dir(path: str | Path) -> Path:
     """An ``iter_*`` directory, or a save directory resolved through its tracker file; checked for completeness."""
     path = Path(path)

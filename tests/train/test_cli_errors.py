@@ -1,0 +1,54 @@
+"""A user's mistake on the command line is one clear message and a non-zero exit, never a traceback."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("argv, first_line", [
+    (["train.py", "--frobnicate", "3"], "train.py: error: unrecognized arguments: --frobnicate"),
+    (["train.py", "--hf-checkpoint", "/nonexistent", "--prompt-data", "x.jsonl", "--lr=oops"],
+     "train.py: error: argument --lr: invalid float value: 'oops'"),
+    (["tools/convert_hf_to_torch_dist.py", "--hf-checkpoint", "/nonexistent", "--save", "/tmp/never"],
+     "convert_hf_to_torch_dist.py: --hf-checkpoint /nonexistent: no config.json there"),
+    (["tools/convert_torch_dist_to_hf.py", "--input-dir", "/nonexistent", "--output-dir", "/tmp/never",
+      "--origin-hf-dir", "/nonexistent"], "convert_torch_dist_to_hf.py: --origin-hf-dir /nonexistent: no config"),
+    (["tools/convert_hf_to_torch_dist.py", "--bogus"], "convert_hf_to_torch_dist.py: error: unrecognized"),
+])
+def test_bad_input_is_one_message_without_traceback(argv, first_line):
+    done = run(*argv)
+    lines = [line for line in done.stderr.splitlines() if line.strip() and "Warning" not in line]
+    assert done.returncode == 2 and lines and lines[0].startswith(first_line), done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and len(lines) <= 2
+
+
+def test_a_missing_checkpoint_directory_names_the_flag(smollm2_dir):
+    done = run("tools/convert_torch_dist_to_hf.py", "--input-dir", "/nonexistent", "--output-dir", "/tmp/never",
+               "--origin-hf-dir", str(smollm2_dir))
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "convert_torch_dist_to_hf.py: --input-dir /nonexistent: " in done.stderr
+
+
+def test_save_keep_last_keeps_the_newest_and_the_resumed_one(tmp_path):
+    from vime_ext.trainer.checkpoint import TRACKER_FILE, iteration_dir, prune_checkpoints
+
+    for i in (1, 2, 3, 4, 5):
+        iteration_dir(tmp_path, i).mkdir()
+    (tmp_path / "iter_0000006.partial").mkdir()  # an interrupted save: neither counted nor touched
+    (tmp_path / TRACKER_FILE).write_text("5")
+    deleted = prune_checkpoints(tmp_path, keep_last=2, protect=iteration_dir(tmp_path, 1))
+    assert sorted(p.name for p in deleted) == ["iter_0000002", "iter_0000003"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["iter_0000001", "iter_0000004", "iter_0000005",
+                                                          "iter_0000006.partial", TRACKER_FILE]
+    assert prune_checkpoints(tmp_path, keep_last=1) == [iteration_dir(tmp_path, 1), iteration_dir(tmp_path, 4)]
+    assert [p.name for p in tmp_path.glob("iter_???????")] == ["iter_0000005"]  # the tracker's, kept
+    with pytest.raises(ValueError, match="at least 1"):
+        prune_checkpoints(tmp_path, keep_last=0)
