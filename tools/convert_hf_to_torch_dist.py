@@ -36,7 +36,7 @@ def convert(hf_dir: str, save_dir: str, parallel: ParallelConfig, dtype_name: st
     destroy_distributed()
 
 
-def main(argv=None) -> None:
+def build_parser() -> CliParser:
     parser = CliParser(prog="convert_hf_to_torch_dist.py", description=__doc__)
     parser.add_argument("--hf-checkpoint", required=True, help="HF model directory (config.json + safetensors)")
     parser.add_argument("--save", required=True, help="output directory; gets iter_0000000/ and the tracker file")
@@ -46,6 +46,11 @@ def main(argv=None) -> None:
     parser.add_argument("--pipeline-model-parallel-size", type=int, default=1,
                         help="convert on this many pipeline stages (splits memory only, as above)")
     parser.add_argument("--dtype", default="auto", help="auto (from config.json), float32, bfloat16, float16")
+    return parser
+
+
+def main(argv=None) -> None:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if not os.path.isfile(os.path.join(args.hf_checkpoint, "config.json")):
         parser.fail(f"--hf-checkpoint {args.hf_checkpoint}: no config.json there (an HF model directory is "

@@ -48,7 +48,7 @@ def convert(input_dir: str, output_dir: str, origin_hf_dir: str, dtype_name: str
           f"peak RSS {peak_rss_mib():.0f} MiB)")
 
 
-def main(argv=None) -> None:
+def build_parser() -> CliParser:
     parser = CliParser(prog="convert_torch_dist_to_hf.py", description=__doc__)
     parser.add_argument("--input-dir", required=True, help="iter_XXXXXXX directory, or the save directory")
     parser.add_argument("--output-dir", required=True, help="where the HF checkpoint is written")
@@ -57,6 +57,11 @@ def main(argv=None) -> None:
     parser.add_argument("--dtype", default="auto", help="auto (from the origin config.json), float32, bfloat16")
     parser.add_argument("--max-shard-size-mb", type=int, default=4096,
                         help="largest safetensors file written (MiB)")
+    return parser
+
+
+def main(argv=None) -> None:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if not os.path.isfile(os.path.join(args.origin_hf_dir, "config.json")):
         parser.fail(f"--origin-hf-dir {args.origin_hf_dir}: no config.json there (the HF model training started "

@@ -44,17 +44,18 @@ class CheckpointConfig:
 
 @dataclass(frozen=True)
 class ClusterConfig:
-    actor_num_nodes: int = 1
-    actor_num_gpus_per_node: int = 1
+    actor_num_nodes: int = _help("nodes for the trainer ranks", 1)
+    actor_num_gpus_per_node: int = _help("trainer ranks (GPUs) per node; on a CPU, ranks", 1)
     rollout_num_gpus: int | None = _help("GPUs for engines (not with --colocate; default 1)")
-    rollout_num_gpus_per_engine: int = 1
+    rollout_num_gpus_per_engine: int = _help("GPUs per engine (its tensor-parallel size)", 1)
     colocate: bool = field(default=False, metadata={"help": "engines share the actors' GPUs; they sleep while "
                                                             "the actors train"})
     engine_backend: Literal["vllm", "hf"] = field(default="vllm", metadata={
         "help": "vllm, or the transformers engine (same routes) for machines without vLLM"})
-    engine_host: str = "127.0.0.1"
-    engine_dtype: str = "auto"
-    engine_max_model_len: int | None = None
+    engine_host: str = _help("address the engines and the router listen on", "127.0.0.1")
+    engine_dtype: str = _help("engine weights and activations: auto (from config.json), bfloat16, float32", "auto")
+    engine_max_model_len: int | None = _help(
+        "engine context length (prompt + response tokens; default: the model's)", None)
     router_policy: str = field(default="consistent_hash", metadata={"help": f"one of {', '.join(ROUTER_POLICIES)}"})
     weight_transport: Literal["auto", "vime_shm", "ipc", "nccl"] = field(default="auto", metadata={
         "help": "how weights reach the engines: ipc (CUDA IPC, colocated vLLM), nccl (vLLM on GPUs of its own), "
@@ -74,17 +75,20 @@ class ClusterConfig:
 
 @dataclass(frozen=True)
 class TrainerConfig:
-    tensor_model_parallel_size: int = 1
-    pipeline_model_parallel_size: int = 1
-    sequence_parallel: bool = False
-    recompute_granularity: Literal["full", "selective"] | None = None
+    tensor_model_parallel_size: int = _help("trainer tensor-parallel size", 1)
+    pipeline_model_parallel_size: int = _help("trainer pipeline-parallel size", 1)
+    sequence_parallel: bool = _help(
+        "split activations along the sequence over TP ranks (needs Transformer Engine)", False)
+    recompute_granularity: Literal["full", "selective"] | None = _help(
+        "activation recomputation: full (whole layers) or selective (attention core)", None)
     recompute_num_layers: int | None = _help("with --recompute-granularity full: recompute only this many "
                                              "layers per stage (megatron's block method)")
     bf16: bool = field(default=False, metadata={"help": "bf16 weights and activations (fp32 master weights in "
                                                         "the optimizer); default fp32"})
     global_batch_size: int | None = _help("samples per optimizer step (default: one step per rollout)")
-    micro_batch_size: int = 1
-    use_dynamic_batch_size: bool = False
+    micro_batch_size: int = _help("sequences per micro-batch (without --use-dynamic-batch-size)", 1)
+    use_dynamic_batch_size: bool = _help(
+        "form micro-batches by a token budget (--max-tokens-per-gpu) instead of a count", False)
     max_tokens_per_gpu: int | None = _help("micro-batch token budget with --use-dynamic-batch-size: the sum of "
                                            "the sequences' lengths when packed, rows x the longest when padded")
     pack_sequences: bool = field(default=True, metadata={"help": "give the model each micro-batch's sequences "
@@ -102,18 +106,22 @@ class TrainerConfig:
 
 @dataclass(frozen=True)
 class AlgorithmConfig:
-    advantage_estimator: Literal["grpo", "ppo"] = "grpo"
-    disable_grpo_std_normalization: bool = False
-    use_kl_loss: bool = False
-    kl_loss_coef: float = 0.0
-    kl_loss_type: Literal["low_var_kl", "k1", "k2", "k3"] = "low_var_kl"
-    eps_clip: float = 0.2
+    advantage_estimator: Literal["grpo", "ppo"] = _help(
+        "grpo (group-relative, no critic) or ppo (GAE with a critic)", "grpo")
+    disable_grpo_std_normalization: bool = _help(
+        "GRPO: reward minus the group mean, not divided by the group std", False)
+    use_kl_loss: bool = _help("add a KL(policy || reference) term to the loss (--kl-loss-coef)", False)
+    kl_loss_coef: float = _help("weight of the KL loss term", 0.0)
+    kl_loss_type: Literal["low_var_kl", "k1", "k2", "k3"] = _help(
+        "KL estimator: low_var_kl (k3, clipped), k1, k2, k3", "low_var_kl")
+    eps_clip: float = _help("PPO ratio clip range (lower side, and upper without --eps-clip-high)", 0.2)
     eps_clip_high: float | None = _help("upper clip range (clip-higher); default --eps-clip")
-    entropy_coef: float = 0.0
-    loss_aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"] = "token_mean"
+    entropy_coef: float = _help("weight of an entropy bonus in the loss", 0.0)
+    loss_aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"] = _help(
+        "how token losses become one: token_mean over all tokens, or per sequence first", "token_mean")
     use_tis: bool = field(default=False, metadata={"help": "truncated importance sampling for the trainer/engine "
                                                            "log-prob mismatch"})
-    tis_cap: float = 2.0
+    tis_cap: float = _help("with --use-tis: the importance weight's upper cap", 2.0)
     normalize_advantages: bool = field(default=False, metadata={
         "help": "whiten advantages over each rollout's trained tokens (all data-parallel ranks)"})
     trajectory_advantage: Literal["shared", "split"] = field(default="shared", metadata={
@@ -134,16 +142,17 @@ class AlgorithmConfig:
 
 @dataclass(frozen=True)
 class OptimizerConfig:
-    lr: float = 1e-6
-    min_lr: float = 0.0
-    lr_decay_style: Literal["constant", "linear", "cosine"] = "constant"
-    lr_warmup_iters: int = 0
+    lr: float = _help("learning rate (the peak, with warm-up and decay)", 1e-6)
+    min_lr: float = _help("floor of the learning-rate decay", 0.0)
+    lr_decay_style: Literal["constant", "linear", "cosine"] = _help(
+        "constant, linear or cosine decay after the warm-up", "constant")
+    lr_warmup_iters: int = _help("optimizer steps of linear warm-up", 0)
     lr_decay_iters: int | None = _help("optimizer steps to decay over (default: all steps of the run)")
-    weight_decay: float = 0.0
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.98
-    adam_eps: float = 1e-8
-    clip_grad: float = 1.0
+    weight_decay: float = _help("AdamW weight decay", 0.0)
+    adam_beta1: float = _help("AdamW beta1", 0.9)
+    adam_beta2: float = _help("AdamW beta2", 0.98)
+    adam_eps: float = _help("AdamW epsilon", 1e-8)
+    clip_grad: float = _help("clip the global gradient norm to this (0: no clipping)", 1.0)
     critic_lr: float | None = _help("PPO: the critic's learning rate (default --lr); its other settings are the "
                                     "actor's")
 
@@ -151,22 +160,23 @@ class OptimizerConfig:
 @dataclass(frozen=True)
 class DataConfig:
     prompt_data: str = field(default="", metadata={"help": "JSONL file of prompts", "required": True})
-    input_key: str = "prompt"
-    label_key: str | None = "label"
-    metadata_key: str | None = "metadata"
-    rollout_shuffle: bool = False
-    num_rollout: int = 1
-    seed: int = 1234
+    input_key: str = _help("JSONL field holding the prompt (a string or chat messages)", "prompt")
+    label_key: str | None = _help("JSONL field holding the label the reward reads", "label")
+    metadata_key: str | None = _help("JSONL field holding per-prompt metadata for the plug-ins", "metadata")
+    rollout_shuffle: bool = _help("shuffle the prompts every epoch (reproducibly, from --seed)", False)
+    num_rollout: int = _help("rollouts (generate, reward, train) in the run", 1)
+    seed: int = _help("seed of data order, initialisation and the trainer's RNG", 1234)
 
 
 @dataclass(frozen=True)
 class EvalConfig:
     eval_prompt_data: tuple[str, ...] = field(default=(), metadata={"help": "NAME PATH [NAME PATH ...]"})
-    eval_interval: int | None = None
-    skip_eval_before_train: bool = False
-    n_samples_per_eval_prompt: int = 1
-    eval_max_response_len: int | None = None
-    eval_temperature: float = 0.0
+    eval_interval: int | None = _help("evaluate every N rollouts (and after the last)", None)
+    skip_eval_before_train: bool = _help("no evaluation before the first rollout", False)
+    n_samples_per_eval_prompt: int = _help("samples per evaluation prompt", 1)
+    eval_max_response_len: int | None = _help(
+        "new tokens per evaluation answer (default --rollout-max-response-len)", None)
+    eval_temperature: float = _help("sampling temperature of evaluation (0: greedy)", 0.0)
 
     def datasets(self) -> dict[str, str]:
         pairs = self.eval_prompt_data
@@ -176,9 +186,9 @@ class EvalConfig:
 @dataclass(frozen=True)
 class LoggingConfig:
     tensorboard_dir: str | None = _help("default: <save>/tensorboard, or runs/tensorboard without --save")
-    use_wandb: bool = False
-    wandb_project: str = "vime_ext"
-    wandb_group: str | None = None
+    use_wandb: bool = _help("also log to Weights & Biases", False)
+    wandb_project: str = _help("W&B project", "vime_ext")
+    wandb_group: str | None = _help("W&B run group", None)
 
 
 @dataclass(frozen=True)
@@ -197,26 +207,30 @@ class DebugConfig:
 class ModelShapeFlags:
     """Megatron's model-shape flags; optional, and each one given must match the HF config."""
 
-    num_layers: int | None = None
-    hidden_size: int | None = None
-    ffn_hidden_size: int | None = None
-    num_attention_heads: int | None = None
-    num_query_groups: int | None = None
-    kv_channels: int | None = None
-    vocab_size: int | None = None
-    max_position_embeddings: int | None = None
-    rotary_base: float | None = None
-    norm_epsilon: float | None = None
-    untie_embeddings_and_output_weights: bool = False
-    add_qkv_bias: bool = False
-    qk_layernorm: bool = False
+    num_layers: int | None = _help("must match config.json (model scripts give it; checked)", None)
+    hidden_size: int | None = _help("must match config.json (checked)", None)
+    ffn_hidden_size: int | None = _help("must match config.json (checked)", None)
+    num_attention_heads: int | None = _help("must match config.json (checked)", None)
+    num_query_groups: int | None = _help("must match config.json's key-value heads (checked)", None)
+    kv_channels: int | None = _help("must match config.json's head dim (checked)", None)
+    vocab_size: int | None = _help("must match config.json (checked)", None)
+    max_position_embeddings: int | None = _help("must match config.json (checked)", None)
+    rotary_base: float | None = _help("must match config.json's rope_theta (checked)", None)
+    norm_epsilon: float | None = _help("must match config.json's RMSNorm epsilon (checked)", None)
+    untie_embeddings_and_output_weights: bool = _help(
+        "must match config.json (checked when a model script gives switches)", False)
+    add_qkv_bias: bool = _help("must match config.json (checked when a model script gives switches)", False)
+    qk_layernorm: bool = _help("must match config.json (checked when a model script gives switches)", False)
     # Accepted for compatibility with Megatron model scripts; the architecture already implies them.
-    group_query_attention: bool = False
-    swiglu: bool = False
-    disable_bias_linear: bool = False
-    use_rotary_position_embeddings: bool = False
-    normalization: Literal["RMSNorm"] = "RMSNorm"
-    position_embedding_type: Literal["rope"] = "rope"
+    group_query_attention: bool = _help("accepted from Megatron model scripts; implied by the architecture", False)
+    swiglu: bool = _help("accepted from Megatron model scripts; implied by the architecture", False)
+    disable_bias_linear: bool = _help("accepted from Megatron model scripts; implied by the architecture", False)
+    use_rotary_position_embeddings: bool = _help(
+        "accepted from Megatron model scripts; implied by the architecture", False)
+    normalization: Literal["RMSNorm"] = _help(
+        "accepted from Megatron model scripts; RMSNorm is the only one", "RMSNorm")
+    position_embedding_type: Literal["rope"] = _help(
+        "accepted from Megatron model scripts; rope is the only one", "rope")
 
     def check_against(self, shape: ModelShape, source: str, given: set[str]) -> None:
         expected = {"num_layers": shape.num_layers, "hidden_size": shape.hidden_size,

@@ -52,3 +52,32 @@ def test_save_keep_last_keeps_the_newest_and_the_resumed_one(tmp_path):
     assert [p.name for p in tmp_path.glob("iter_???????")] == ["iter_0000005"]  # the tracker's, kept
     with pytest.raises(ValueError, match="at least 1"):
         prune_checkpoints(tmp_path, keep_last=0)
+
+
+def test_every_flag_has_help_text():
+    """train.py's flags and both conversion tools' (each tool's parser in its own process: importing a
+    conversion tool hides CUDA from the process that imports it)."""
+    script = ("import importlib, sys; sys.path.insert(0, 'tools'); "
+              "from vime_ext.arguments import build_parser as train; "
+              "parsers = [train(), importlib.import_module('convert_hf_to_torch_dist').build_parser(), "
+              "importlib.import_module('convert_torch_dist_to_hf').build_parser()]; "
+              "print([a.option_strings[0] for p in parsers for a in p._actions if a.option_strings and not a.help]); "
+              "print(sum(len(p._actions) for p in parsers))")
+    done = run("-c", script)
+    lines = done.stdout.strip().splitlines()
+    assert done.returncode == 0 and lines[-2] == "[]", done.stdout + done.stderr[-2000:]
+    assert int(lines[-1]) > 100
+    described = run("train.py", "--help").stdout
+    assert "GRPO, or PPO with a critic" in described
+
+
+def test_known_harmless_warnings_are_silenced_and_others_are_not():
+    done = run("-W", "default", "-c", "import logging, warnings, vime_ext; "
+               "warnings.warn('Transformer Engine and Apex are not installed. Falling back', UserWarning); "
+               "warnings.warn('full scope is deprecated. Use empty cuda_graph_modules', UserWarning); "
+               "logging.getLogger('megatron.core.dist_checkpointing.strategies.torch').warning("
+               "\"MCore's async save is deprecated and will be removed\"); "
+               "warnings.warn('something new', UserWarning)")
+    assert done.returncode == 0 and "something new" in done.stderr
+    assert "Transformer Engine" not in done.stderr and "full scope" not in done.stderr
+    assert "async save" not in done.stderr

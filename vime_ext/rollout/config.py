@@ -13,8 +13,8 @@ class RolloutConfig:
     rollout_batch_size: int = _help("prompts (groups) per rollout", 8)
     n_samples_per_prompt: int = _help("samples per prompt: the group size of GRPO", 4)
     rollout_max_response_len: int = _help("new tokens per generate call", 1024)
-    rollout_temperature: float = 1.0
-    rollout_top_p: float = 1.0
+    rollout_temperature: float = _help("sampling temperature of training rollouts", 1.0)
+    rollout_top_p: float = _help("nucleus sampling of rollouts (1: off)", 1.0)
     rollout_stop: tuple[str, ...] = _help("stop strings", ())
     rollout_seed: int | None = _help("base sampling seed; every sample gets its own seed derived from it")
     custom_generate_function_path: str = _help(

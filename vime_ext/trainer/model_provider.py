@@ -1,12 +1,8 @@
 """Build a megatron-core ``GPTModel`` for a ``ModelShape`` on this rank's pipeline stage."""
 
 import importlib.util
-import warnings
 
 import torch
-
-# megatron-core announces at import that TE/apex are absent; vime_ext already picks the layers it can run.
-warnings.filterwarnings("ignore", message=r".*(Transformer Engine|Apex) .*not installed", category=UserWarning)
 
 from vime_ext.trainer import cpu_shim
 from vime_ext.trainer.model_config import ModelShape, ParallelConfig, padded_vocab_size, transformer_config

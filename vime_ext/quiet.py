@@ -1,0 +1,30 @@
+"""Library warnings that vime_ext knows to be harmless, silenced when ``vime_ext`` is imported (in every process
+that runs its code: the driver, Ray workers, engine servers). Each entry says why it is harmless; any other
+warning still shows.
+"""
+
+import logging
+import re
+import warnings
+
+# (message pattern, category, why it is harmless)
+WARNINGS = [
+    (r".*(Transformer Engine|Apex) .*not installed", UserWarning,
+     "megatron-core says at import that it falls back to torch layers and optimizers; vime_ext picks the layers "
+     "it can run itself (SDPA + fused RoPE on CUDA, the local spec elsewhere)"),
+    (r"full scope is deprecated", UserWarning,
+     "megatron-core's own default for cuda_graph_modules triggers it; vime_ext captures no CUDA graphs"),
+]
+# (logger, message pattern, why it is harmless)
+LOG_MESSAGES = [
+    ("megatron.core.dist_checkpointing.strategies.torch", r"MCore's async save is deprecated",
+     "logged on every torch_dist save from the strategy's default argument; vime_ext saves synchronously"),
+]
+
+
+def install() -> None:
+    for pattern, category, _why in WARNINGS:
+        warnings.filterwarnings("ignore", message=pattern, category=category)
+    for name, pattern, _why in LOG_MESSAGES:
+        compiled = re.compile(pattern)
+        logging.getLogger(name).addFilter(lambda record, p=compiled: not p.search(record.getMessage()))
