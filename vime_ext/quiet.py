@@ -19,6 +19,8 @@ WARNINGS = [
 LOG_MESSAGES = [
     ("megatron.core.dist_checkpointing.strategies.torch", r"MCore's async save is deprecated",
      "logged on every torch_dist save from the strategy's default argument; vime_ext saves synchronously"),
+    ("megatron.core.models.gpt.gpt_model", r"GPTModel IS DEPRECATED",
+     "logged for every model built; megatron-core 0.19 still maintains GPTModel, which vime_ext pins"),
 ]
 
 

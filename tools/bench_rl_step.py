@@ -1,0 +1,191 @@
+"""The trainer's real RL step on one GPU, timed by phase, against the model-only rate of bench_train.py in the
+same run.
+
+    python tools/bench_rl_step.py --shape qwen3-4b --sequences 64 --min-len 512 --max-len 8192 \
+        --max-tokens-per-gpu 8192 --out rl_step.json
+
+A Qwen3-shaped HF checkpoint with random bf16 weights is written to a temporary folder (no download) and loaded
+by ``TrainActor`` exactly as training loads one; one rollout of ``--sequences`` synthetic sequences (lengths
+drawn uniformly in [min, max], the first 256 tokens a masked prompt, packed into micro-batches of at most
+``--max-tokens-per-gpu`` tokens, one optimizer step) goes through ``train_rollout``: old and reference log-probs
+(forward only), then forward-backward and the optimizer. Reported per phase (seconds, after ``--warmup``
+rollouts), tokens/s, MFU (bench_train.py's FLOP count and a matmul ceiling measured in this run), peak memory, and
+the model-only fwd+bwd+AdamW rate of bench_train.py for the same shape at ``--max-tokens-per-gpu`` tokens, the
+rate to beat. Prints one JSON object.
+"""
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tools.bench_train import SHAPES, bench, flops_per_token, hf_config, matmul_ceiling_tflops  # noqa: E402
+
+
+def write_random_checkpoint(shape_name: str, folder: Path) -> Path:
+    """config.json and random bf16 safetensors for the shape, tensor names and shapes from transformers' own
+    model class (built on the meta device, so nothing of the model's size is allocated)."""
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    config = hf_config(shape_name)
+    hf = Qwen3Config(**{k: v for k, v in config.items() if k != "model_type"})
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({**config, "architectures": ["Qwen3ForCausalLM"],
+                                                    "torch_dtype": "bfloat16"}))
+    generator = torch.Generator().manual_seed(0)
+    shard, size, index = {}, 0, {}
+    names = [n for n, _ in model.named_parameters()]
+    if config["tie_word_embeddings"]:
+        names = [n for n in names if n != "lm_head.weight"]
+    params = dict(model.named_parameters())
+    for name in names:
+        p = params[name]
+        value = (torch.ones(p.shape) if "norm" in name else torch.randn(p.shape, generator=generator) * 0.02)
+        shard[name] = value.to(torch.bfloat16)
+        size += shard[name].numel() * 2
+        if size > 4 * 2**30:
+            file = f"model-{len(set(index.values())):05d}.safetensors"
+            save_file(shard, folder / file)
+            index.update(dict.fromkeys(shard, file))
+            shard, size = {}, 0
+    if shard:
+        file = f"model-{len(set(index.values())):05d}.safetensors"
+        save_file(shard, folder / file)
+        index.update(dict.fromkeys(shard, file))
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": index}))
+    return folder
+
+
+def synthetic_rollout(vocab: int, count: int, min_len: int, max_len: int, prompt: int = 256, seed: int = 0):
+    from vime_ext.algorithms.train_data import TrainSequence
+
+    rng = random.Random(seed)
+    sequences = []
+    for i in range(count):
+        n = rng.randint(min_len, max_len)
+        tokens = [rng.randrange(vocab) for _ in range(n)]
+        mask = [0] * (prompt - 1) + [1] * (n - prompt)
+        sequences.append(TrainSequence(tokens, mask, [-2.0] * (n - 1), rng.gauss(0, 1), i, reward=float(i % 2)))
+    return sequences
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", default="qwen3-4b", choices=sorted(SHAPES))
+    parser.add_argument("--sequences", type=int, default=64)
+    parser.add_argument("--min-len", type=int, default=512)
+    parser.add_argument("--max-len", type=int, default=8192)
+    parser.add_argument("--max-tokens-per-gpu", type=int, default=8192, help="micro-batch token budget")
+    parser.add_argument("--recompute", choices=["none", "full"], default="none")
+    parser.add_argument("--kl", action="store_true", help="with a KL term (a reference model and its pass)")
+    parser.add_argument("--rollouts", type=int, default=2, help="timed rollouts")
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+
+    from vime_ext.arguments import parse_train_args
+    from vime_ext.train import plan_steps
+    from vime_ext.trainer.actor import TrainActor
+    from vime_ext.trainer.launch import free_port
+    from vime_ext.trainer.model_config import ModelShape
+
+    root = Path(tempfile.mkdtemp(prefix="bench_rl_step_"))
+    start = time.perf_counter()
+    folder = write_random_checkpoint(args.shape, root / args.shape)
+    prompts = root / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "x", "label": "y"}) + "\n")
+    written_s = time.perf_counter() - start
+    flags = ["--hf-checkpoint", str(folder), "--prompt-data", str(prompts), "--bf16",
+             "--rollout-batch-size", str(args.sequences), "--n-samples-per-prompt", "1",
+             "--global-batch-size", str(args.sequences), "--use-dynamic-batch-size",
+             "--max-tokens-per-gpu", str(args.max_tokens_per_gpu), "--lr", "1e-6", "--eps-clip-high", "0.28"]
+    if args.kl:
+        flags += ["--use-kl-loss", "--kl-loss-coef", "0.001"]
+    if args.recompute == "full":
+        flags += ["--recompute-granularity", "full"]
+    config = parse_train_args(flags)
+    shape = ModelShape.from_hf_dir(folder)
+    actor = TrainActor(config, 0, 1, "127.0.0.1", free_port(), local_rank=0)
+    load_s = time.perf_counter() - start - written_s
+    sequences = synthetic_rollout(shape.vocab_size, args.sequences, args.min_len, args.max_len)
+    samples = [type("S", (), {"index": s.sample_index})() for s in sequences]
+    per_rank, totals = plan_steps(config, samples, sequences, 1)
+
+    optimizer_times: list[float] = []
+    step = actor.optimizer.step
+
+    def timed_step():  # the optimizer's share of the step, synchronised on both sides
+        torch.cuda.synchronize()
+        begin = time.perf_counter()
+        out = step()
+        torch.cuda.synchronize()
+        optimizer_times.append(time.perf_counter() - begin)
+        return out
+    actor.optimizer.step = timed_step
+
+    torch.cuda.reset_peak_memory_stats()
+    phases = []
+    for rollout in range(args.warmup + args.rollouts):
+        optimizer_times.clear()
+        torch.cuda.synchronize()
+        begin = time.perf_counter()
+        result = actor.train_rollout(per_rank[0], totals)
+        torch.cuda.synchronize()
+        total = time.perf_counter() - begin
+        if rollout >= args.warmup:
+            opt = sum(optimizer_times)
+            phases.append({"log_probs_s": result["log_prob_time"], "train_s": result["train_time"],
+                           "optimizer_s": opt, "forward_backward_s": result["train_time"] - opt, "total_s": total})
+    peak_gib = torch.cuda.max_memory_allocated() / 2**30
+    median = {k: statistics.median(p[k] for p in phases) for k in phases[0]}
+    train_tokens = sum(len(s.tokens) for s in sequences)
+    flops = sum(len(s.tokens) * flops_per_token(shape, len(s.tokens)) for s in sequences)
+    parameters = sum(p.numel() for p in actor.model.parameters())
+    actor.shutdown()
+    del actor
+    torch.cuda.empty_cache()
+
+    from vime_ext.trainer.model_config import ParallelConfig
+    from vime_ext.trainer.parallel import init_distributed
+
+    os.environ["MASTER_PORT"] = str(free_port())  # a fresh rendezvous: the actor's port may still be held
+    init_distributed(ParallelConfig())  # the actor's shutdown took its groups down; bench_train's model needs one
+    ceiling = matmul_ceiling_tflops()
+    model_only = bench("megatron-sdpa" if args.recompute == "none" else "megatron-sdpa-full", shape,
+                       hf_config(args.shape), args.max_tokens_per_gpu, 1, 3, ceiling)
+    fb_opt = median["forward_backward_s"] + median["optimizer_s"]
+    result = {
+        "device": torch.cuda.get_device_name(), "shape": args.shape, "parameters": parameters,
+        "sequences": args.sequences,
+        "lengths": [args.min_len, args.max_len], "tokens": train_tokens,
+        "max_tokens_per_gpu": args.max_tokens_per_gpu, "kl": args.kl, "recompute": args.recompute,
+        "checkpoint_write_s": round(written_s, 1), "actor_load_s": round(load_s, 1),
+        "phases_s": {k: round(v, 3) for k, v in median.items()},
+        "optimizer_share_of_train": round(median["optimizer_s"] / median["train_s"], 3),
+        "train_tokens_per_s": round(train_tokens / fb_opt), "train_mfu": round(flops / fb_opt / 1e12 / ceiling, 3),
+        "rl_step_tokens_per_s": round(train_tokens / median["total_s"]), "peak_gib": round(peak_gib, 1),
+        "matmul_ceiling_tflops": round(ceiling, 1),
+        "model_only": {"tokens_per_s": round(model_only.tokens_per_s or 0), "mfu": model_only.mfu,
+                       "peak_gib": round(model_only.peak_gib, 1), "error": model_only.error},
+    }
+    if model_only.tokens_per_s:
+        result["train_vs_model_only"] = round(result["train_tokens_per_s"] / model_only.tokens_per_s, 3)
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+
+
+if __name__ == "__main__":
+    main()
