@@ -27,7 +27,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tools.bench_train import SHAPES, bench, flops_per_token, hf_config, matmul_ceiling_tflops  # noqa: E402
+from tools.bench_train import (SHAPES, bench, flops_per_token, hf_config, matmul_ceiling_tflops,  # noqa: E402
+                               print_and_save)
 
 
 def write_random_checkpoint(shape_name: str, folder: Path) -> Path:
@@ -181,10 +182,7 @@ def main(argv=None) -> None:
     }
     if model_only.tokens_per_s:
         result["train_vs_model_only"] = round(result["train_tokens_per_s"] / model_only.tokens_per_s, 3)
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text)
+    print_and_save(result, args.out)
 
 
 if __name__ == "__main__":

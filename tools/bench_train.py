@@ -47,6 +47,16 @@ def flops_per_token(shape: ModelShape, seq: int) -> float:
     return 6 * params + 12 * shape.num_layers * shape.num_attention_heads * d * seq
 
 
+def print_and_save(result: dict, out: str | None) -> None:
+    """A benchmark's result as indented JSON on stdout and, with ``out``, in that file."""
+    text = json.dumps(result, indent=1)
+    print(text)
+    if out:
+        from pathlib import Path
+
+        Path(out).write_text(text)
+
+
 def matmul_ceiling_tflops(n: int = 8192, reps: int = 10) -> float:
     a, b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16), torch.randn(n, n, device="cuda",
                                                                                 dtype=torch.bfloat16)

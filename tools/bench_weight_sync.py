@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tools.bench_train import SHAPES, hf_config  # noqa: E402
+from tools.bench_train import SHAPES, hf_config, print_and_save  # noqa: E402
 
 
 def engine_dir(shape: str, root: Path) -> Path:
@@ -119,10 +119,7 @@ def main(argv=None) -> None:
     finally:
         engine.stop()
         result["engine_log_tail"] = engine.log_tail(1500) if "push_s" not in result else None
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text)
+    print_and_save(result, args.out)
 
 
 if __name__ == "__main__":

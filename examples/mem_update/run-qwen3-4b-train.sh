@@ -27,12 +27,9 @@ start_ray
 python train.py "${MODEL_ARGS[@]}" "${MEMUP_PLUGIN_ARGS[@]}" \
   --hf-checkpoint "${HF_CKPT}" --ref-load "${TORCH_DIST}" --prompt-data "${TRAIN_DATA}" --rollout-shuffle \
   --actor-num-nodes 1 --actor-num-gpus-per-node "${ACTOR_GPUS}" --rollout-num-gpus "${ROLLOUT_GPUS}" \
-  --tensor-model-parallel-size "${TP}" --bf16 --recompute-granularity full \
+  --tensor-model-parallel-size "${TP}" "${GRPO_RECIPE_ARGS[@]}" --eps-clip-high 0.28 \
   --num-rollout "${NUM_ROLLOUT}" --rollout-batch-size "${ROLLOUT_BATCH_SIZE}" \
   --n-samples-per-prompt "${N_SAMPLES_PER_PROMPT}" --global-batch-size "${GLOBAL_BATCH_SIZE}" \
   --rollout-max-response-len "${TURN_TOKENS}" --rollout-temperature 1.0 \
-  --use-dynamic-batch-size --max-tokens-per-gpu 16384 \
-  --use-kl-loss --kl-loss-coef 0.001 --kl-loss-type low_var_kl --eps-clip 0.2 --eps-clip-high 0.28 \
-  --lr 1e-6 --lr-decay-style constant --weight-decay 0.1 --adam-beta2 0.98 --clip-grad 1.0 \
   --save "${SAVE_PATH}" --save-interval "${SAVE_INTERVAL}" --load "${SAVE_PATH}" \
   --vllm-gpu-memory-utilization 0.8 "$@"
