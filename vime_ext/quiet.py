@@ -14,6 +14,13 @@ WARNINGS = [
      "it can run itself (SDPA + fused RoPE on CUDA, the local spec elsewhere)"),
     (r"full scope is deprecated", UserWarning,
      "megatron-core's own default for cuda_graph_modules triggers it; vime_ext captures no CUDA graphs"),
+    (r"Please use DTensor instead and we are deprecating ShardedTensor", FutureWarning,
+     "megatron-core's torch_dist format is built on ShardedTensor; the checkpoints load and save as tested"),
+    (r"The argument order of load has been changed", UserWarning,
+     "torch.distributed.checkpoint says so to every caller of load; megatron-core passes its arguments by name"),
+    (r"torch.distributed is disabled, unavailable or uninitialized, assuming the intent is to load in a single "
+     r"process", UserWarning,
+     "the conversion tool reads a checkpoint in one process on purpose; that is the intent torch assumes"),
 ]
 # (logger, message pattern, why it is harmless)
 LOG_MESSAGES = [

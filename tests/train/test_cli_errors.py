@@ -96,7 +96,8 @@ def test_known_harmless_warnings_are_silenced_and_others_are_not():
                "warnings.warn('full scope is deprecated. Use empty cuda_graph_modules', UserWarning); "
                "logging.getLogger('megatron.core.dist_checkpointing.strategies.torch').warning("
                "\"MCore's async save is deprecated and will be removed\"); "
+               "warnings.warn('Please use DTensor instead and we are deprecating ShardedTensor.', FutureWarning); "
                "warnings.warn('something new', UserWarning)")
     assert done.returncode == 0 and "something new" in done.stderr
     assert "Transformer Engine" not in done.stderr and "full scope" not in done.stderr
-    assert "async save" not in done.stderr
+    assert "async save" not in done.stderr and "DTensor" not in done.stderr
