@@ -21,7 +21,6 @@ the question's LoCoMo category name (multi_hop, temporal, open_domain, single_ho
 ``<category>_qa_before`` / ``_qa_after``.
 """
 
-import re
 from functools import cache
 
 import numpy as np
@@ -85,7 +84,7 @@ async def reader_score(args, settings: MemUpdateSettings, question: str, answer:
     else:
         result = await args.rollout_client.generate(ids, params)
     reply = tokenizer.decode(result.token_ids, skip_special_tokens=True)
-    return token_f1(re.split(r"\n", reply.strip())[0] if reply.strip() else "", answer)
+    return token_f1(reply.strip().split("\n")[0], answer)  # the first line: the answer, not what follows
 
 
 async def qa_score(args, settings: MemUpdateSettings, questions: list[tuple[str, str]],

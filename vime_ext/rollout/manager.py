@@ -76,8 +76,7 @@ class RolloutManager:
             self.shutdown()
             raise
         self.sync = WeightSync(self.engine_urls(), transport=self.transport)
-        if self.transport != "nccl":  # an NCCL group is formed by its sender, the trainer (WeightSync.connect)
-            self.sync.init()
+        self.sync.init()
         self.weight_version = 0
         self.generation = 0  # engine restarts so far that the sender must know of (a new NCCL group)
 
@@ -126,8 +125,7 @@ class RolloutManager:
             self.engines[i] = launch_engine(self.engine_configs[i])
         if dead:
             wait_until_serving([self.engines[i] for i in dead], timeout_s=900)
-            if self.transport != "nccl":
-                self.sync.init([self.engines[i].url for i in dead])
+            self.sync.init([self.engines[i].url for i in dead])
             self.generation += 1
             self.restarts += len(dead)
         return len(dead)

@@ -170,7 +170,10 @@ class WeightSync:
             raise WeightSyncError(f"{url}{route}: HTTP {response.status_code} {response.text[:500]}")
 
     def init(self, urls: list[str] | None = None) -> None:
-        """Set up the transfer engine on every engine (or on ``urls``, e.g. restarted ones)."""
+        """Set up the transfer engine on every engine (or on ``urls``, e.g. restarted ones). Nothing to do for
+        nccl here: its group is formed by the sender, the trainer, in ``connect``."""
+        if self.transport == "nccl":
+            return
         for url in urls or self.engine_urls:
             self.post(url, "/init_weight_transfer_engine", json={"init_info": {}})
 

@@ -95,13 +95,15 @@ def prune_checkpoints(save_dir: str | Path, keep_last: int, protect: Path | None
     save_dir = Path(save_dir)
     iterations = sorted((p for p in save_dir.glob("iter_*") if p.is_dir() and p.name[5:].isdigit()),
                         key=lambda p: int(p.name[5:]))
-    tracker = save_dir / TRACKER_FILE
     keep = set(iterations[-keep_last:])
-    if tracker.is_file() and tracker.read_text().strip().isdigit():
-        keep.add(iteration_dir(save_dir, int(tracker.read_text().strip())))
+    tracker = save_dir / TRACKER_FILE
+    latest = tracker.read_text().strip() if tracker.is_file() else ""
+    if latest.isdigit():
+        keep.add(iteration_dir(save_dir, int(latest)))
     if protect is not None:
         keep.add(Path(protect))
-    doomed = [p for p in iterations if p not in keep and p.resolve() not in {k.resolve() for k in keep}]
+    kept = {k.resolve() for k in keep}  # `protect` may be spelled differently (relative, via a link)
+    doomed = [p for p in iterations if p.resolve() not in kept]
     for path in doomed:
         shutil.rmtree(path)
     return doomed
