@@ -155,6 +155,31 @@ class OptimizerConfig:
     clip_grad: float = _help("clip the global gradient norm to this (0: no clipping)", 1.0)
     critic_lr: float | None = _help("PPO: the critic's learning rate (default --lr); its other settings are the "
                                     "actor's")
+    # CUDA only: megatron-core's DDP and optimizer (vime_ext/trainer/megatron_optimizer.py); slime's names.
+    use_distributed_optimizer: bool = _help(
+        "shard the fp32 master weights and Adam states over data-parallel ranks (megatron's distributed optimizer)",
+        False)
+    overlap_grad_reduce: bool = _help("reduce gradients in buckets while the backward pass runs", False)
+    overlap_param_gather: bool = _help(
+        "with --use-distributed-optimizer: all-gather updated weights during the next forward", False)
+    ddp_bucket_size: int | None = _help(
+        "gradient bucket size in elements with --overlap-grad-reduce (default: megatron's, max(4e7, 1e6 x DP))")
+    accumulate_allreduce_grads_in_fp32: bool = _help(
+        "accumulate and reduce gradients in fp32 (default: in the model's dtype)", False)
+    optimizer_cpu_offload: bool = _help(
+        "with --use-distributed-optimizer: keep fp32 masters and Adam states in host memory and step them there",
+        False)
+    optimizer_offload_fraction: float = _help("with --optimizer-cpu-offload: the share of the states offloaded",
+                                              1.0)
+    overlap_cpu_optimizer_d2h_h2d: bool = _help(
+        "with --optimizer-cpu-offload: overlap the gradient and weight copies with the CPU step", False)
+
+    CUDA_ONLY = ("use_distributed_optimizer", "overlap_grad_reduce", "overlap_param_gather", "ddp_bucket_size",
+                 "accumulate_allreduce_grads_in_fp32", "optimizer_cpu_offload", "overlap_cpu_optimizer_d2h_h2d")
+
+    def cuda_only_flags(self) -> list[str]:
+        """The megatron-optimizer flags given (the CPU trainer refuses them)."""
+        return [flag_name(name) for name in self.CUDA_ONLY if getattr(self, name) not in (False, None)]
 
 
 @dataclass(frozen=True)
@@ -410,6 +435,15 @@ def _check(config: TrainConfig) -> None:
                         "use --engine-backend hf for reproducible sampling on the CPU")
     if o.min_lr > o.lr:
         problems.append(f"--min-lr {o.min_lr} is above --lr {o.lr}")
+    if (o.overlap_param_gather or o.optimizer_cpu_offload) and not o.use_distributed_optimizer:
+        problems.append("--overlap-param-gather and --optimizer-cpu-offload need --use-distributed-optimizer")
+    if o.cuda_only_flags() and not _cuda():
+        problems.append(f"{', '.join(o.cuda_only_flags())}: megatron-core's DDP and optimizer need CUDA; the CPU "
+                        "trainer uses vime_ext's own AdamW")
+    if o.overlap_cpu_optimizer_d2h_h2d and not o.optimizer_cpu_offload:
+        problems.append("--overlap-cpu-optimizer-d2h-h2d needs --optimizer-cpu-offload")
+    if not 0.0 <= o.optimizer_offload_fraction <= 1.0:
+        problems.append(f"--optimizer-offload-fraction {o.optimizer_offload_fraction} is not in [0, 1]")
     if config.data.num_rollout < 1:
         problems.append("--num-rollout must be at least 1")
     for name in ("hf_checkpoint", "ref_load", "critic_load"):

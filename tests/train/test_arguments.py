@@ -68,6 +68,10 @@ def test_typed_sections_and_vllm_pass_through(base):
     (["--over-sampling-batch-size", "4"], "needs --dynamic-sampling-filter-path"),
     (["--rollout-batch-size", "4", "--dynamic-sampling-filter-path", "a.b", "--over-sampling-batch-size", "2"],
      "--over-sampling-batch-size 2 is below --rollout-batch-size 4"),
+    (["--overlap-param-gather"], "need --use-distributed-optimizer"),
+    (["--optimizer-cpu-offload"], "need --use-distributed-optimizer"),
+    (["--overlap-cpu-optimizer-d2h-h2d"], "needs --optimizer-cpu-offload"),
+    (["--optimizer-offload-fraction", "1.5"], r"--optimizer-offload-fraction 1.5 is not in \[0, 1\]"),
 ])
 def test_contradictions_fail_fast(base, flags, message):
     with pytest.raises(ConfigError, match=message.replace("+", r"\+")):
@@ -87,6 +91,12 @@ def test_ppo_flags_parse(base):
 def test_seeded_sampling_on_vllm_cpu_is_refused(base):
     with pytest.raises(ConfigError, match="crashes the engine on chunked prefill"):
         parse_train_args(base + ["--rollout-seed", "3"])
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the CPU trainer's rule")
+def test_megatron_optimizer_flags_need_cuda(base):
+    with pytest.raises(ConfigError, match="--use-distributed-optimizer, --overlap-grad-reduce: megatron-core's"):
+        parse_train_args(base + ["--use-distributed-optimizer", "--overlap-grad-reduce"])
 
 
 def test_unknown_and_abbreviated_flags_are_refused(base, capsys):

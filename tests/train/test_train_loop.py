@@ -112,13 +112,22 @@ def critic_weights(iteration_dir: Path) -> dict:
 def test_resume_reproduces_the_next_step(algorithm, tiny_model, tmp_path):
     """Killed after the checkpoint of rollout 2, resumed with --load (and, for good measure, --colocate):
     rollout 3 draws the same prompts and computes the same loss as the run that was never interrupted. With
-    PPO the critic (weights and optimizer) resumes too: same value loss, same critic weights afterwards."""
+    PPO (in bf16, so the optimizer keeps fp32 masters) the critic (weights and optimizer) resumes too: same
+    value loss, same critic weights afterwards. The optimizer state lives in the torch_dist checkpoint, sharded
+    like the weights."""
+    from megatron.core import dist_checkpointing
+
     data = write_jsonl(tmp_path / "arith.jsonl", "arithmetic", 6)
     flags = common_flags(tiny_model, data) + ["--no-ray", "--engine-backend", "hf", "--rollout-seed", "7",
                                               "--num-rollout", "3", "--save-interval", "2"]
-    flags += PPO_FLAGS if algorithm == "ppo" else []
+    flags += PPO_FLAGS + ["--bf16"] if algorithm == "ppo" else []
     whole = tmp_path / "whole"
     train(flags + ["--save", str(whole)], tmp_path / "whole.log")
+    states = {"fp32_param", "exp_avg", "exp_avg_sq"} if algorithm == "ppo" else {"exp_avg", "exp_avg_sq"}
+    for checkpoint in [whole / "iter_0000002"] + ([whole / "iter_0000002" / "critic"] if algorithm == "ppo" else []):
+        saved = dist_checkpointing.load_tensors_metadata(str(checkpoint))
+        weights = {k for k in saved if not k.startswith("optimizer.")}
+        assert {f"optimizer.state.{s}.{k}" for s in states for k in weights} == set(saved) - weights
 
     cut = tmp_path / "cut"
     tracker = cut / "latest_checkpointed_iteration.txt"

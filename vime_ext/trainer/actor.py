@@ -53,7 +53,7 @@ class TrainActor:
         from convert.live import load_hf_weights
         from vime_ext.trainer.checkpoint import load_model_checkpoint
         from vime_ext.trainer.model_provider import build_gpt_model
-        from vime_ext.trainer.optimizer import ActorOptimizer, LRSchedule
+        from vime_ext.trainer.optimizer import build_optimizer
         from vime_ext.trainer.parallel import init_distributed
 
         self.config, self.shape, self.rank = config, config.shape, rank
@@ -77,14 +77,9 @@ class TrainActor:
             self.ref_model.requires_grad_(False)
         o = config.optimizer
         total_steps = config.data.num_rollout * config.steps_per_rollout
-
-        def optimizer(model, lr: float) -> ActorOptimizer:  # the actor's settings, at this learning rate
-            schedule = LRSchedule(lr, min(o.min_lr, lr), o.lr_decay_style, o.lr_warmup_iters,
-                                  o.lr_decay_iters or total_steps)
-            return ActorOptimizer(model, lr, o.weight_decay, (o.adam_beta1, o.adam_beta2), o.adam_eps, o.clip_grad,
-                                  schedule)
-
-        self.optimizer = optimizer(self.model, o.lr)
+        # The optimizer wraps the model on CUDA (megatron's DDP): train and save what it hands back.
+        self.optimizer = build_optimizer(self.model, o, o.lr, total_steps)
+        self.model = self.optimizer.model
         a = config.algorithm
         self.critic = None
         if a.advantage_estimator == "ppo":
@@ -97,7 +92,8 @@ class TrainActor:
             if config.checkpoint.critic_load:
                 load_model_checkpoint(critic_model, critic_checkpoint_dir(config.checkpoint.critic_load))
             critic_lr = o.critic_lr if o.critic_lr is not None else o.lr
-            self.critic = Critic(critic_model, optimizer(critic_model, critic_lr), a.loss_aggregation, a.value_clip)
+            self.critic = Critic(build_optimizer(critic_model, o, critic_lr, total_steps), a.loss_aggregation,
+                                 a.value_clip)
         self.loss_settings = LossSettings(a.eps_clip, a.eps_clip_high, a.use_kl_loss, a.kl_loss_coef,
                                           a.kl_loss_type, a.entropy_coef, a.loss_aggregation, a.use_tis,
                                           a.tis_cap, config.rollout.rollout_temperature or 1.0)
@@ -240,6 +236,7 @@ class TrainActor:
         from convert.live import iter_hf_weights
         from vime_ext.rollout.weight_sync import WeightSync
 
+        self.optimizer.params_ready()
         if self.ps.get_data_parallel_rank() != 0:
             return 0
         weights = iter_hf_weights(self.model, self.shape)
@@ -260,12 +257,11 @@ class TrainActor:
         from vime_ext.trainer.checkpoint import save_model_checkpoint
         from vime_ext.trainer.critic import CRITIC_DIR
 
-        rank_state = {"optimizer": self.optimizer.state_dict(), "rng": _rng_state()}
-        inner = {}
-        if self.critic is not None:
-            rank_state["critic_optimizer"] = self.critic.optimizer.state_dict()
-            inner[CRITIC_DIR] = self.critic.model
-        saved = save_model_checkpoint(self.model, self.shape, save_dir, iteration, extra_state, rank_state, inner)
+        inner = {} if self.critic is None else {CRITIC_DIR: (self.critic.model, self.critic.optimizer)}
+        for _model, optimizer in [(self.model, self.optimizer), *inner.values()]:
+            optimizer.params_ready()
+        saved = save_model_checkpoint(self.model, self.shape, save_dir, iteration, extra_state,
+                                      {"rng": _rng_state()}, self.optimizer, inner)
         keep = self.config.checkpoint.save_keep_last
         if keep is not None and self.rank == 0:
             from vime_ext.trainer.checkpoint import prune_checkpoints
@@ -278,18 +274,13 @@ class TrainActor:
         from vime_ext.trainer.checkpoint import (checkpoint_common_state, load_model_checkpoint, load_rank_state,
                                                  resolve_checkpoint_dir)
 
-        load_model_checkpoint(self.model, path)
+        load_model_checkpoint(self.model, path, self.optimizer)
         self._resumed_from = resolve_checkpoint_dir(path)
-        state = load_rank_state(path)
-        self.optimizer.load_state_dict(state["optimizer"])
         if self.critic is not None:
             from vime_ext.trainer.critic import critic_checkpoint_dir
 
-            load_model_checkpoint(self.critic.model, critic_checkpoint_dir(path))
-            if "critic_optimizer" not in state:
-                raise ValueError(f"{path}: no critic optimizer state in this checkpoint's rank files")
-            self.critic.optimizer.load_state_dict(state["critic_optimizer"])
-        _set_rng_state(state["rng"])
+            load_model_checkpoint(self.critic.model, critic_checkpoint_dir(path), self.critic.optimizer)
+        _set_rng_state(load_rank_state(path)["rng"])
         return checkpoint_common_state(path).get("vime_ext", {})
 
     def shutdown(self) -> None:

@@ -42,24 +42,29 @@ def _barrier() -> None:
         dist.barrier()
 
 
-def _save_model(model, directory: Path, common: dict) -> None:
+def _save_model(model, directory: Path, common: dict, optimizer=None) -> None:
     from megatron.core import dist_checkpointing
 
     if _rank() == 0:
         directory.mkdir(parents=True)
     _barrier()
-    dist_checkpointing.save({"model": unwrap(model).sharded_state_dict(), **common}, str(directory))
+    model_state = unwrap(model).sharded_state_dict()
+    state = {"model": model_state, **common}
+    if optimizer is not None:
+        state["optimizer"] = optimizer.sharded_state_dict(model_state)
+    dist_checkpointing.save(state, str(directory))
 
 
 def save_model_checkpoint(model, shape: ModelShape, save_dir: str | Path, iteration: int,
-                          extra_state: dict | None = None, rank_state: dict | None = None,
+                          extra_state: dict | None = None, rank_state: dict | None = None, optimizer=None,
                           inner_models: dict | None = None) -> Path:
-    """Save ``model`` (every rank calls this) and return the final iteration directory.
+    """Save ``model`` and its ``optimizer`` (every rank calls this) and return the final iteration directory.
 
-    ``extra_state`` (rank 0's) is stored with the model; ``rank_state`` (each rank's own: optimizer, RNG) goes
+    The optimizer's state (fp32 masters, Adam moments) is sharded like the weights, in the same torch_dist
+    checkpoint. ``extra_state`` (rank 0's) is stored with the model; ``rank_state`` (each rank's own: RNG) goes
     to ``rank_state/<rank>.pt`` inside the same directory, so both land atomically with the weights; so does
-    each of ``inner_models`` (name -> model, e.g. PPO's critic), as its own torch_dist checkpoint in
-    ``<name>/`` whose ``vime_ext`` state holds ``{name: True}``.
+    each of ``inner_models`` (name -> (model, optimizer), e.g. PPO's critic), as its own torch_dist checkpoint
+    in ``<name>/`` whose ``vime_ext`` state holds ``{name: True}``.
     """
     final = iteration_dir(save_dir, iteration)
     partial = final.with_name(final.name + PARTIAL_SUFFIX)
@@ -68,9 +73,9 @@ def save_model_checkpoint(model, shape: ModelShape, save_dir: str | Path, iterat
     _barrier()
     common = {"iteration": iteration, "checkpoint_version": 3.0}
     shape_state = {"model_shape": dataclasses.asdict(shape)}
-    _save_model(model, partial, {**common, "vime_ext": {**shape_state, **(extra_state or {})}})
-    for name, inner in (inner_models or {}).items():
-        _save_model(inner, partial / name, {**common, "vime_ext": {**shape_state, name: True}})
+    _save_model(model, partial, {**common, "vime_ext": {**shape_state, **(extra_state or {})}}, optimizer)
+    for name, (inner, inner_optimizer) in (inner_models or {}).items():
+        _save_model(inner, partial / name, {**common, "vime_ext": {**shape_state, name: True}}, inner_optimizer)
     if rank_state is not None:
         (partial / RANK_STATE_DIR).mkdir(exist_ok=True)
         torch.save(rank_state, partial / RANK_STATE_DIR / f"{_rank():05d}.pt")
@@ -140,21 +145,26 @@ def checkpoint_model_shape(path: str | Path) -> ModelShape | None:
     return ModelShape(**recorded) if recorded else None
 
 
-def _check_tensor_keys(sharded_state: dict, ckpt_dir: Path) -> None:
+def _check_tensor_keys(sharded_state: dict, ckpt_dir: Path, what: str = "model") -> None:
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.dict_utils import nested_values
     from megatron.core.dist_checkpointing.mapping import ShardedTensor
 
     saved = dist_checkpointing.load_tensors_metadata(str(ckpt_dir))
     wanted = {t.key: t for t in nested_values(sharded_state) if isinstance(t, ShardedTensor)}
-    missing = sorted(set(wanted) - set(saved))
+    missing = sorted(k for k in wanted if k not in saved)
+    if what == "optimizer" and len(missing) == len(wanted):
+        raise CheckpointError(f"{ckpt_dir}: no optimizer state in this checkpoint (a converted one, or saved by "
+                              "vime_ext before optimizer states were sharded); start from its weights with "
+                              "--ref-load instead of --load")
     wrong_shape = sorted(
-        f"{k}: checkpoint {tuple(saved[k].global_shape)} vs model {tuple(t.global_shape)}"
-        for k, t in wanted.items() if k in saved and tuple(saved[k].global_shape) != tuple(t.global_shape)
+        f"{k}: checkpoint {tuple(saved[k].global_shape)} vs {what} {tuple(t.global_shape)}"
+        for k, t in wanted.items()
+        if k in saved and tuple(saved[k].global_shape) != tuple(t.global_shape)
     )
     if missing or wrong_shape:
         raise CheckpointError(
-            f"{ckpt_dir}: checkpoint does not fit the model; missing {len(missing)} tensors {missing[:8]}; "
+            f"{ckpt_dir}: checkpoint does not fit the {what}; missing {len(missing)} tensors {missing[:8]}; "
             f"shape mismatches {wrong_shape[:8]}"
         )
 
@@ -174,26 +184,32 @@ def checkpoint_common_state(path: str | Path) -> dict:
 
 
 def load_rank_state(path: str | Path) -> dict:
-    """This rank's ``rank_state`` from a checkpoint; the same world size must load it."""
+    """This rank's ``rank_state`` (RNG) from a checkpoint; the same world size must load it."""
 
     ckpt_dir = resolve_checkpoint_dir(path)
     file = ckpt_dir / RANK_STATE_DIR / f"{_rank():05d}.pt"
     if not file.is_file():
         saved = sorted(p.name for p in (ckpt_dir / RANK_STATE_DIR).glob("*.pt"))
-        raise CheckpointError(f"{file}: no optimizer/RNG state for rank {_rank()} (the checkpoint has "
+        raise CheckpointError(f"{file}: no RNG state for rank {_rank()} (the checkpoint has "
                               f"{len(saved)} rank files); resume with the layout it was saved with")
     return torch.load(file, map_location="cpu", weights_only=False)
 
 
-def load_model_checkpoint(model, path: str | Path) -> int:
-    """Load weights into ``model`` (any TP/PP layout) from a checkpoint; returns its iteration."""
+def load_model_checkpoint(model, path: str | Path, optimizer=None) -> int:
+    """Load weights into ``model`` (any TP/PP layout) from a checkpoint, and given its ``optimizer``, the
+    optimizer's state; returns the checkpoint's iteration."""
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.validation import StrictHandling
 
     ckpt_dir = resolve_checkpoint_dir(path)
-    model = unwrap(model)
-    sharded = model.sharded_state_dict()
-    _check_tensor_keys(sharded, ckpt_dir)
-    state = dist_checkpointing.load({"model": sharded}, str(ckpt_dir), strict=StrictHandling.LOG_UNEXPECTED)
-    model.load_state_dict(state["model"], strict=False)
+    model_state = unwrap(model).sharded_state_dict()
+    _check_tensor_keys(model_state, ckpt_dir)
+    wanted = {"model": model_state}
+    if optimizer is not None:
+        wanted["optimizer"] = optimizer.sharded_state_dict(model_state, is_loading=True)
+        _check_tensor_keys(wanted["optimizer"], ckpt_dir, "optimizer")
+    state = dist_checkpointing.load(wanted, str(ckpt_dir), strict=StrictHandling.LOG_UNEXPECTED)
+    unwrap(model).load_state_dict(state["model"], strict=False)
+    if optimizer is not None:
+        optimizer.load_state_dict(state["optimizer"])
     return int(checkpoint_common_state(ckpt_dir).get("iteration", 0))

@@ -6,6 +6,7 @@ are 0 and its first updates move only the head. It is saved inside the actor's c
 """
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -14,6 +15,9 @@ from vime_ext.trainer.batching import MicroBatch
 from vime_ext.trainer.forward import forward_backward, run_forward
 from vime_ext.trainer.model_provider import unwrap
 from vime_ext.trainer.optimizer import ActorOptimizer
+
+if TYPE_CHECKING:
+    from vime_ext.trainer.megatron_optimizer import MegatronAdamW
 from vime_ext.trainer.packing import to_rows
 from vime_ext.trainer.rl_loss import micro_batch_value_loss
 
@@ -60,11 +64,10 @@ def critic_checkpoint_dir(path: str | Path) -> Path:
 
 
 class Critic:
-    """The critic model, its optimizer, and its two passes per rollout: old values, then value-loss updates."""
+    """The critic model (``optimizer.model``), its optimizer, and its two passes per rollout: old values, then value-loss updates."""
 
-    def __init__(self, model: torch.nn.Module, optimizer: ActorOptimizer, aggregation: str,
-                 value_clip: float | None):
-        self.model, self.optimizer = model, optimizer
+    def __init__(self, optimizer: "ActorOptimizer | MegatronAdamW", aggregation: str, value_clip: float | None):
+        self.model, self.optimizer = optimizer.model, optimizer
         self.aggregation, self.value_clip = aggregation, value_clip
 
     @torch.no_grad()

@@ -1,9 +1,11 @@
-"""AdamW for the Megatron actor: fp32 master weights, data-parallel gradient sums, a global gradient norm and
-clipping, and the learning-rate schedule.
+"""The trainer's optimizers and learning-rate schedule. ``build_optimizer`` picks one: on CUDA megatron-core's
+DDP and (distributed) optimizer (``megatron_optimizer.py``), on the CPU ``ActorOptimizer``.
 
-This is vime_ext's own small optimizer rather than megatron-core's DistributedOptimizer, which hard-codes CUDA
-(the CPU trainer must run the same code). Its cost: Adam states are replicated over data-parallel ranks, not
-sharded.
+``ActorOptimizer`` is vime_ext's own small AdamW: fp32 master weights, data-parallel gradient sums, a global
+gradient norm and clipping. megatron-core's optimizer classes hard-code CUDA, and the CPU trainer must run the
+same RL step; its cost, Adam states replicated over data-parallel ranks, does not matter there. Both save their
+state in the same place and layout: ShardedTensors beside the model's in the torch_dist checkpoint, keyed
+``optimizer.state.{fp32_param,exp_avg,exp_avg_sq}.<model key>``.
 """
 
 import math
@@ -43,14 +45,18 @@ def _counted_once(param: torch.nn.Parameter, tp_rank: int, first_stage: bool) ->
 
 
 class ActorOptimizer:
+    """AdamW over ``model``'s parameters (the CPU trainer's; see the module docstring). ``self.model`` is the
+    model to train, as given."""
+
     def __init__(self, model: torch.nn.Module, lr: float, weight_decay: float, betas: tuple[float, float],
                  eps: float, clip_grad: float, schedule: LRSchedule):
-        self.model = unwrap(model)
-        named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        self.model = model
+        gpt = unwrap(model)
+        named = [(n, p) for n, p in gpt.named_parameters() if p.requires_grad]
         self.params = [p for _, p in named]
         # Replicated over TP but fed by only this rank's heads / sequence slice: their gradients are partial
         # sums that must be added over TP ranks (as megatron's finalize_model_grads does).
-        config = self.model.config
+        config = gpt.config
         self.tp_partial = [p for n, p in named
                            if (config.qk_layernorm and ("q_layernorm" in n or "k_layernorm" in n))
                            or (config.sequence_parallel and getattr(p, "sequence_parallel", False))]
@@ -78,9 +84,10 @@ class ActorOptimizer:
         if self.tp_partial and parallel_state.get_tensor_model_parallel_world_size() > 1:
             self._all_reduce([p.grad for p in self.tp_partial], parallel_state.get_tensor_model_parallel_group())
         # A tied embedding lives on the first and the last stage; both copies get the summed gradient.
-        if (parallel_state.get_pipeline_model_parallel_world_size() > 1 and self.model.share_embeddings_and_output_weights
+        gpt = unwrap(self.model)
+        if (parallel_state.get_pipeline_model_parallel_world_size() > 1 and gpt.share_embeddings_and_output_weights
                 and parallel_state.is_rank_in_embedding_group()):
-            dist.all_reduce(self.model.shared_embedding_or_output_weight().grad,
+            dist.all_reduce(gpt.shared_embedding_or_output_weight().grad,
                             group=parallel_state.get_embedding_group())
         # Losses are already normalised over the whole step, so data-parallel gradients add up.
         if parallel_state.get_data_parallel_world_size() > 1:
@@ -131,17 +138,61 @@ class ActorOptimizer:
         self.zero_grad()
         return stats
 
-    def state_dict(self) -> dict:
-        return {"adam": self.adam.state_dict(), "step_count": self.step_count,
-                "masters": [m.detach().cpu() for m, p in zip(self.masters, self.params) if m is not p]}
+    def params_ready(self) -> None:
+        """The weights are always up to date after ``step`` (nothing is gathered later)."""
+
+    def _state_tensors(self, index: int, fresh: bool) -> dict[str, torch.Tensor]:
+        """Parameter ``index``'s fp32 master (when it has its own) and Adam moments; ``fresh``: zero-filled
+        tensors of their shapes to load into (also the moments before the first step)."""
+        param, master = self.params[index], self.masters[index]
+        state = {} if fresh else self.adam.state.get(master, {})
+        tensors = {k: state[k] if k in state else torch.zeros_like(master) for k in ("exp_avg", "exp_avg_sq")}
+        if master is not param:
+            tensors["fp32_param"] = torch.empty_like(master) if fresh else master
+        return tensors
+
+    def sharded_state_dict(self, model_state: dict, is_loading: bool = False) -> dict:
+        """The optimizer's part of a torch_dist checkpoint: ShardedTensors laid out like the parameters they
+        belong to (``model_state``: the model's sharded state dict), so data-parallel replicas write once."""
+        from megatron.core.dist_checkpointing.optimizer import (get_param_id_to_sharded_param_map,
+                                                                make_sharded_optimizer_tensor)
+
+        by_index = get_param_id_to_sharded_param_map(model_state, iter(self.params))
+        param_state = {index: {key: make_sharded_optimizer_tensor(by_index[index], tensor, f"optimizer.state.{key}")
+                               for key, tensor in self._state_tensors(index, fresh=is_loading).items()}
+                       for index in range(len(self.params))}
+        return {"param_state": param_state, "step_count": self.step_count}
 
     def load_state_dict(self, state: dict) -> None:
-        self.adam.load_state_dict(state["adam"])
+        """Restore from what ``sharded_state_dict(is_loading=True)`` was loaded into."""
         self.step_count = state["step_count"]
-        owned = [m for m, p in zip(self.masters, self.params) if m is not p]
-        if len(owned) != len(state["masters"]):
-            raise ValueError(f"optimizer state holds {len(state['masters'])} master tensors, this model "
-                             f"{len(owned)}; was it saved with another --bf16 setting or layout?")
+        # torch numbers an optimizer's state by position over its param groups (decay, then no-decay)
+        position = {id(m): i for i, m in enumerate(m for group in self.adam.param_groups for m in group["params"])}
+        adam_state = {}
         with torch.no_grad():
-            for m, saved in zip(owned, state["masters"]):
-                m.copy_(saved)
+            for index, tensors in state["param_state"].items():
+                master = self.masters[index]
+                if "fp32_param" in tensors:
+                    master.copy_(tensors["fp32_param"])
+                if self.step_count:  # AdamW's own step counter equals ours (both skip non-finite steps)
+                    adam_state[position[id(master)]] = {"step": torch.tensor(float(self.step_count)),
+                                         "exp_avg": tensors["exp_avg"], "exp_avg_sq": tensors["exp_avg_sq"]}
+        # torch's loader places each state on its parameter's device, in the dtype its step function expects.
+        self.adam.load_state_dict({"state": adam_state, "param_groups": self.adam.state_dict()["param_groups"]})
+
+
+def build_optimizer(model: torch.nn.Module, optim, lr: float, total_steps: int):
+    """The optimizer for ``model`` (weights already loaded) from ``optim`` (``OptimizerConfig``) at learning
+    rate ``lr``: megatron-core's on CUDA (its ``.model`` is the DDP-wrapped model to train), ActorOptimizer on
+    the CPU."""
+    schedule = LRSchedule(lr, min(optim.min_lr, lr), optim.lr_decay_style, optim.lr_warmup_iters,
+                          optim.lr_decay_iters or total_steps)
+    if torch.cuda.is_available():
+        from vime_ext.trainer.megatron_optimizer import MegatronAdamW
+
+        return MegatronAdamW(model, optim, lr, schedule)
+    if optim.cuda_only_flags():
+        raise ValueError(f"{', '.join(optim.cuda_only_flags())} need CUDA (megatron-core's DDP and optimizer); "
+                         "the CPU trainer uses vime_ext's own AdamW")
+    return ActorOptimizer(model, lr, optim.weight_decay, (optim.adam_beta1, optim.adam_beta2), optim.adam_eps,
+                          optim.clip_grad, schedule)

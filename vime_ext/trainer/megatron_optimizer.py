@@ -1,0 +1,99 @@
+"""The CUDA optimizer: megatron-core's DDP wrapper and its (distributed) mixed-precision AdamW, behind the same
+small interface as the CPU trainer's ``ActorOptimizer`` (``step``, ``params_ready``, ``sharded_state_dict``,
+``load_state_dict``).
+
+What megatron-core brings over ``ActorOptimizer``: gradients accumulate in one contiguous buffer per dtype (fp32
+with ``--accumulate-allreduce-grads-in-fp32``), their data-parallel reduction goes in buckets and can overlap the
+backward pass (``--overlap-grad-reduce``); with ``--use-distributed-optimizer`` the fp32 master weights and Adam
+states are sharded over data-parallel ranks (a reduce-scatter of gradients, an all-gather of updated weights,
+which ``--overlap-param-gather`` hides behind the next forward); ``--optimizer-cpu-offload`` keeps masters and
+states in host memory and steps them there. megatron-core hard-codes CUDA throughout these classes, which is
+why the CPU trainer keeps its own optimizer.
+"""
+
+import math
+
+import torch
+
+from vime_ext.trainer.optimizer import LRSchedule
+
+# The optimizer-state layout written into checkpoints: one ShardedTensor per parameter and state (fp32 master,
+# exp_avg, exp_avg_sq) in model space, so a checkpoint resumes under another TP/PP/DP layout, and ActorOptimizer
+# writes the same keys.
+SHARDING_TYPE = "fully_sharded_model_space"
+
+
+def _finalize_grads(model, num_tokens=None, **kwargs):
+    """megatron's ``finalize_model_grads`` (data-parallel reduction, TP-partial norm gradients, tied embeddings)
+    without its per-token rescaling: vime_ext's losses are already normalised over the whole step."""
+    from megatron.core.distributed import finalize_model_grads
+
+    return finalize_model_grads(model, None, **kwargs)
+
+
+class MegatronAdamW:
+    """megatron-core's ``DistributedDataParallel`` around the model and its optimizer for it. Build it on the
+    model after its weights are loaded (the fp32 masters are copied from them); train ``self.model``."""
+
+    def __init__(self, model: torch.nn.Module, optim, lr: float, schedule: LRSchedule):
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        if not torch.cuda.is_available():
+            raise RuntimeError("megatron-core's DDP and optimizer need CUDA; the CPU trainer uses ActorOptimizer")
+        config = model.config
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=optim.accumulate_allreduce_grads_in_fp32,
+            overlap_grad_reduce=optim.overlap_grad_reduce,
+            overlap_param_gather=optim.overlap_param_gather,
+            use_distributed_optimizer=optim.use_distributed_optimizer,
+            bucket_size=optim.ddp_bucket_size)
+        self.model = DistributedDataParallel(config, ddp_config, model)
+        # A constant loss scale of 1 changes no number; it makes megatron check the gradients for inf/NaN and
+        # skip such a step (bf16 runs otherwise have no check), as ActorOptimizer does.
+        self.optimizer = get_megatron_optimizer(OptimizerConfig(
+            optimizer="adam", lr=lr, weight_decay=optim.weight_decay, adam_beta1=optim.adam_beta1,
+            adam_beta2=optim.adam_beta2, adam_eps=optim.adam_eps, clip_grad=optim.clip_grad,
+            bf16=config.bf16, params_dtype=config.params_dtype, loss_scale=1.0,
+            use_distributed_optimizer=optim.use_distributed_optimizer,
+            optimizer_cpu_offload=optim.optimizer_cpu_offload,
+            optimizer_offload_fraction=optim.optimizer_offload_fraction,
+            overlap_cpu_optimizer_d2h_h2d=optim.overlap_cpu_optimizer_d2h_h2d,
+            # megatron's hybrid CPU/GPU optimizer runs through the precision-aware code path (its own rule)
+            use_precision_aware_optimizer=optim.optimizer_cpu_offload), [self.model])
+        # What megatron's training loop sets on the model config, and its pipeline schedules read.
+        config.grad_scale_func = self.optimizer.scale_loss
+        config.finalize_model_grads_func = _finalize_grads
+        if optim.overlap_grad_reduce:
+            config.no_sync_func = self.model.no_sync
+        self.schedule = schedule
+        self.step_count = 0
+
+    @torch.no_grad()
+    def step(self) -> dict[str, float]:
+        """Apply the gradients the schedule accumulated and reduced (``_finalize_grads``), clipped to
+        ``--clip-grad``; a non-finite gradient skips the update (and says so)."""
+        lr = self.schedule(self.step_count)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        updated, norm, _ = self.optimizer.step()
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        if updated:
+            self.step_count += 1
+        return {"grad_norm": norm if norm is not None else math.nan, "lr": lr, "skipped": 0.0 if updated else 1.0}
+
+    def params_ready(self) -> None:
+        """Finish the all-gather of updated weights that ``--overlap-param-gather`` leaves to the next forward,
+        before the weights are read directly (pushed to engines, saved)."""
+        if self.model.ddp_config.overlap_param_gather:
+            self.model.start_param_sync(force_sync=True)
+
+    def sharded_state_dict(self, model_state: dict, is_loading: bool = False) -> dict:
+        return {"megatron": self.optimizer.sharded_state_dict(
+                    model_state, is_loading, metadata={"distrib_optim_sharding_type": SHARDING_TYPE}),
+                "step_count": self.step_count}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["megatron"])
+        self.step_count = state["step_count"]
