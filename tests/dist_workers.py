@@ -288,6 +288,44 @@ def rl_step(out_dir: str, flags: list[str]) -> None:
     actor.shutdown()
 
 
+def resume_step(out_dir: str, flags: list[str], resume: bool) -> None:
+    """One rank: either train a rollout, save, and train a second one, or (``resume``) load that save and train
+    the second one; writes the second step's statistics and the weights after it (HF names)."""
+    import os
+
+    from convert.live import iter_hf_weights
+    from vime_ext.arguments import parse_train_args
+    from vime_ext.train import plan_steps
+    from vime_ext.trainer.actor import TrainActor
+
+    config = parse_train_args(flags)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    actor = TrainActor(config, rank, world, os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                       local_rank=rank)
+    layout = actor.layout()
+
+    def rollout(seed: int) -> dict:
+        sequences = rl_sequences(config.shape.vocab_size, seed=seed)
+        samples = [type("S", (), {"index": s.sample_index})() for s in sequences]
+        per_rank, totals = plan_steps(config, samples, sequences, layout["dp_size"])
+        return actor.train_rollout(per_rank[layout["dp_rank"]], totals)
+
+    checkpoint = Path(out_dir, "checkpoint")
+    if resume:
+        actor.load(str(checkpoint))
+    else:
+        rollout(seed=0)
+        actor.save(str(checkpoint), 1, {})
+    result = rollout(seed=1)
+    weights = {name: tensor.float().cpu() for name, tensor in iter_hf_weights(actor.model, config.shape)}
+    tag = "resumed" if resume else "whole"
+    if layout["tp_rank"] == 0 and layout["dp_rank"] == 0:
+        torch.save(weights, Path(out_dir, f"{tag}_weights_pp{layout['pp_rank']}.pt"))
+    if "steps" in result:
+        Path(out_dir, f"{tag}_steps_dp{layout['dp_rank']}.json").write_text(json.dumps(result["steps"]))
+    actor.shutdown()
+
+
 def attention_kernels_agree(out_dir: str) -> None:
     """SDPAAttention vs megatron-core's DotProductAttention on the same q/k/v (GQA): causal without a mask,
     and with an explicit per-sequence mask (causal + key padding, as a padded batch needs). Then SDPAAttention

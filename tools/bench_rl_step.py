@@ -90,6 +90,8 @@ def main(argv=None) -> None:
     parser.add_argument("--max-tokens-per-gpu", type=int, default=8192, help="micro-batch token budget")
     parser.add_argument("--recompute", choices=["none", "full"], default="none")
     parser.add_argument("--kl", action="store_true", help="with a KL term (a reference model and its pass)")
+    parser.add_argument("--trainer-flags", default="", help="more train.py flags, one string (e.g. "
+                        "\"--use-distributed-optimizer --overlap-grad-reduce\")")
     parser.add_argument("--rollouts", type=int, default=2, help="timed rollouts")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--out", default=None)
@@ -111,6 +113,7 @@ def main(argv=None) -> None:
              "--rollout-batch-size", str(args.sequences), "--n-samples-per-prompt", "1",
              "--global-batch-size", str(args.sequences), "--use-dynamic-batch-size",
              "--max-tokens-per-gpu", str(args.max_tokens_per_gpu), "--lr", "1e-6", "--eps-clip-high", "0.28"]
+    flags += args.trainer_flags.split()
     if args.kl:
         flags += ["--use-kl-loss", "--kl-loss-coef", "0.001"]
     if args.recompute == "full":
@@ -153,6 +156,7 @@ def main(argv=None) -> None:
     train_tokens = sum(len(s.tokens) for s in sequences)
     flops = sum(len(s.tokens) * flops_per_token(shape, len(s.tokens)) for s in sequences)
     parameters = sum(p.numel() for p in actor.model.parameters())
+    optimizer_name = type(actor.optimizer).__name__
     actor.shutdown()
     del actor
     torch.cuda.empty_cache()
@@ -171,6 +175,7 @@ def main(argv=None) -> None:
         "sequences": args.sequences,
         "lengths": [args.min_len, args.max_len], "tokens": train_tokens,
         "max_tokens_per_gpu": args.max_tokens_per_gpu, "kl": args.kl, "recompute": args.recompute,
+        "optimizer": optimizer_name, "trainer_flags": args.trainer_flags,
         "checkpoint_write_s": round(written_s, 1), "actor_load_s": round(load_s, 1),
         "phases_s": {k: round(v, 3) for k, v in median.items()},
         "optimizer_share_of_train": round(median["optimizer_s"] / median["train_s"], 3),

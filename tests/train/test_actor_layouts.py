@@ -29,7 +29,15 @@ LAYOUTS = {"tp1": [], "tp2": ["--actor-num-gpus-per-node", "2", "--tensor-model-
            "pp2_logprob_batches": ["--actor-num-gpus-per-node", "2", "--pipeline-model-parallel-size", "2",
                                    "--log-probs-max-tokens-per-gpu", "40"],
            # right-padded rows through megatron's own attention, where every other layout packs (SDPA, THD)
-           "padded": ["--no-pack-sequences", "--use-dynamic-batch-size", "--max-tokens-per-gpu", "30"]}
+           "padded": ["--no-pack-sequences", "--use-dynamic-batch-size", "--max-tokens-per-gpu", "30"],
+           # CUDA only: megatron-core's distributed optimizer, its overlaps, and its CPU offload, against the
+           # reference run's (non-distributed) megatron optimizer; dp2_distributed is the DP=2 sharded vs DP=1 check
+           "distributed": ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
+                           "--accumulate-allreduce-grads-in-fp32"],
+           "dp2_distributed": ["--actor-num-gpus-per-node", "2", "--use-distributed-optimizer",
+                               "--overlap-grad-reduce", "--overlap-param-gather", "--ddp-bucket-size", "20000"],
+           "offload": ["--use-distributed-optimizer", "--optimizer-cpu-offload"]}
+CUDA_LAYOUTS = ("distributed", "dp2_distributed", "offload")
 
 
 PPO = ["--advantage-estimator", "ppo", "--gamma", "0.9", "--lambd", "0.8", "--value-clip", "0.05",
@@ -57,39 +65,66 @@ def run_layout(family_dir: Path, data: Path, out: Path, layout: str, extra: tupl
     return summed, weights
 
 
+class Reference:
+    """The tp1 run of a (family, algorithm) case, made once per test session and shared by its layouts."""
+
+    _runs: dict = {}
+
+    def __init__(self, family: str, algorithm: str, hf_dir: Path, root: Path):
+        self.extra = tuple(PPO) if algorithm == "ppo" else ()
+        self.data = root / "p.jsonl"
+        self.data.write_text(json.dumps({"prompt": "x", "label": "y"}) + "\n")
+        self.hf_dir = hf_dir
+        self.steps, self.weights = run_layout(hf_dir, self.data, root / "tp1", "tp1", self.extra)
+        reader = HFCheckpointReader(hf_dir)
+
+        def initial(name: str) -> torch.Tensor:
+            if name == "critic.value_head":
+                return torch.zeros_like(self.weights[name])  # the value head starts at zero
+            return reader.get(name.removeprefix("critic.")).float()
+
+        self.initial = initial
+        self.update = {k: self.weights[k] - initial(k) for k in self.weights}
+        self.scale = max(u.abs().max().item() for u in self.update.values())
+
+    @classmethod
+    def of(cls, family: str, algorithm: str, hf_dir: Path, tmp_path_factory) -> "Reference":
+        if (family, algorithm) not in cls._runs:
+            cls._runs[family, algorithm] = cls(family, algorithm, hf_dir, tmp_path_factory.mktemp(family))
+        return cls._runs[family, algorithm]
+
+
 # Llama with PPO runs the whole policy loss of the GRPO case (same flags) plus the critic, so Llama needs no GRPO
 # case of its own; Qwen3 brings the q/k layernorms (their gradients are TP partial sums).
-@pytest.mark.parametrize("family, algorithm", [("qwen3", "grpo"), ("llama", "ppo")])
-def test_layouts_agree(family, algorithm, tiny_hf_dirs, tmp_path):
-    data = tmp_path / "p.jsonl"
-    data.write_text(json.dumps({"prompt": "x", "label": "y"}) + "\n")
-    extra = tuple(PPO) if algorithm == "ppo" else ()
-    ref_steps, ref_weights = run_layout(tiny_hf_dirs[family], data, tmp_path / "tp1", "tp1", extra)
-    assert len(ref_steps) == 2 and ref_steps[0]["grad_norm"] > 0.5  # clipping is exercised
-    reader = HFCheckpointReader(tiny_hf_dirs[family])
+CASES = [("qwen3", "grpo"), ("llama", "ppo")]
 
-    def initial(name: str) -> torch.Tensor:
-        if name == "critic.value_head":
-            return torch.zeros_like(ref_weights[name])  # the value head starts at zero
-        return reader.get(name.removeprefix("critic.")).float()
 
-    ref_update = {k: ref_weights[k] - initial(k) for k in ref_weights}
-    scale = max(u.abs().max().item() for u in ref_update.values())
-    assert scale > 1e-4  # the steps moved the weights
+@pytest.mark.parametrize("family, algorithm", CASES)
+def test_reference_step_moves_the_weights(family, algorithm, tiny_hf_dirs, tmp_path_factory):
+    ref = Reference.of(family, algorithm, tiny_hf_dirs[family], tmp_path_factory)
+    assert len(ref.steps) == 2 and ref.steps[0]["grad_norm"] > 0.5  # clipping is exercised
+    assert ref.scale > 1e-4  # the steps moved the weights
     if algorithm == "ppo":
-        assert ref_steps[1]["critic_grad_norm"] > 0 and ref_steps[1]["value_loss"] > 0
+        assert ref.steps[1]["critic_grad_norm"] > 0 and ref.steps[1]["value_loss"] > 0
         # Step 1 moved the zero value head; step 2's gradient reached the critic's trunk too.
-        assert ref_update["critic.value_head"].abs().max() > 1e-3
-        assert ref_update["critic.model.norm.weight"].abs().max() > 1e-4
-    for layout in ("tp2", "pp2", "dp2", "dynamic", "pp2_logprob_batches", "padded"):
-        steps, weights = run_layout(tiny_hf_dirs[family], data, tmp_path / layout, layout, extra)
-        for ours, ref in zip(steps, ref_steps):
-            for key in ref:
-                assert ours[key] == pytest.approx(ref[key], rel=1e-4, abs=1e-6), (layout, key)
-        assert sorted(weights) == sorted(ref_weights)
-        # Relative to the largest update: every layout moved every weight the same way.
-        worst = max(((weights[k] - initial(k)) - ref_update[k]).abs().max().item() for k in ref_weights)
-        assert worst < 1e-3 * scale, (layout, worst, scale)
+        assert ref.update["critic.value_head"].abs().max() > 1e-3
+        assert ref.update["critic.model.norm.weight"].abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("layout", [name for name in LAYOUTS if name != "tp1"])
+@pytest.mark.parametrize("family, algorithm", CASES)
+def test_layout_takes_the_reference_step(family, algorithm, layout, tiny_hf_dirs, tmp_path_factory, tmp_path):
+    if layout in CUDA_LAYOUTS and not torch.cuda.is_available():
+        pytest.skip("megatron-core's DDP and optimizer run on CUDA only")
+    ref = Reference.of(family, algorithm, tiny_hf_dirs[family], tmp_path_factory)
+    steps, weights = run_layout(ref.hf_dir, ref.data, tmp_path / layout, layout, ref.extra)
+    for ours, expected in zip(steps, ref.steps):
+        for key in expected:
+            assert ours[key] == pytest.approx(expected[key], rel=1e-4, abs=1e-6), (layout, key)
+    assert sorted(weights) == sorted(ref.weights)
+    # Relative to the largest update: every layout moved every weight the same way.
+    worst = max(((weights[k] - ref.initial(k)) - ref.update[k]).abs().max().item() for k in ref.weights)
+    assert worst < 1e-3 * ref.scale, (layout, worst, ref.scale)
 
 
 def test_bf16_step_tracks_fp32(tiny_hf_dirs, tmp_path):
