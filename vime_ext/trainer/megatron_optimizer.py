@@ -17,10 +17,10 @@ import torch
 
 from vime_ext.trainer.optimizer import LRSchedule
 
-# The optimizer-state layout written into checkpoints: one ShardedTensor per parameter and state (fp32 master,
-# exp_avg, exp_avg_sq) in model space, so a checkpoint resumes under another TP/PP/DP layout, and ActorOptimizer
-# writes the same keys.
-SHARDING_TYPE = "fully_sharded_model_space"
+# The optimizer-state layout written into checkpoints: megatron's default, each rank writing its own shard of the
+# gradient-buffer-ordered states, in parallel, with no gather (megatron 0.19 no longer saves the per-parameter
+# "fully_sharded_model_space" layout; "fully_reshardable" would gather every state on one rank to save).
+SHARDING_TYPE = "dp_reshardable"
 
 
 def _finalize_grads(model, num_tokens=None, **kwargs):

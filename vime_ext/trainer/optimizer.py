@@ -4,8 +4,9 @@ DDP and (distributed) optimizer (``megatron_optimizer.py``), on the CPU ``ActorO
 ``ActorOptimizer`` is vime_ext's own small AdamW: fp32 master weights, data-parallel gradient sums, a global
 gradient norm and clipping. megatron-core's optimizer classes hard-code CUDA, and the CPU trainer must run the
 same RL step; its cost, Adam states replicated over data-parallel ranks, does not matter there. Both save their
-state in the same place and layout: ShardedTensors beside the model's in the torch_dist checkpoint, keyed
-``optimizer.state.{fp32_param,exp_avg,exp_avg_sq}.<model key>``.
+state as ShardedTensors beside the model's in the torch_dist checkpoint (``sharded_state_dict``): this one keyed
+``optimizer.state.{fp32_param,exp_avg,exp_avg_sq}.<model key>`` and laid out like the weights, megatron's in its
+own data-parallel-sharded layout.
 """
 
 import math
