@@ -146,7 +146,16 @@ def main(argv=None) -> None:
     results = []
     for shape_name in args.shapes:
         for offload in offloads:
-            results.append(search(shape_name, offload, args))
+            try:
+                results.append(search(shape_name, offload, args))
+            except Exception as err:  # noqa: BLE001 -- a configuration that cannot be built is a result too
+                results.append({"shape": shape_name, "offload": offload, "error": f"{type(err).__name__}: {err}"})
+                print(f"{shape_name} offload={offload}: {results[-1]['error']}", flush=True)
+                from vime_ext.trainer.parallel import destroy_distributed
+
+                destroy_distributed()
+                gc.collect()
+                torch.cuda.empty_cache()
             print_and_save({"device": torch.cuda.get_device_name(), "results": results}, args.out)
 
 

@@ -58,9 +58,7 @@ class MegatronAdamW:
             use_distributed_optimizer=optim.use_distributed_optimizer,
             optimizer_cpu_offload=optim.optimizer_cpu_offload,
             optimizer_offload_fraction=optim.optimizer_offload_fraction,
-            overlap_cpu_optimizer_d2h_h2d=optim.overlap_cpu_optimizer_d2h_h2d,
-            # megatron's hybrid CPU/GPU optimizer runs through the precision-aware code path (its own rule)
-            use_precision_aware_optimizer=optim.optimizer_cpu_offload), [self.model])
+            overlap_cpu_optimizer_d2h_h2d=optim.overlap_cpu_optimizer_d2h_h2d), [self.model])
         # What megatron's training loop sets on the model config, and its pipeline schedules read.
         config.grad_scale_func = self.optimizer.scale_loss
         config.finalize_model_grads_func = _finalize_grads
