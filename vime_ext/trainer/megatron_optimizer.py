@@ -88,9 +88,22 @@ class MegatronAdamW:
             self.model.start_param_sync(force_sync=True)
 
     def sharded_state_dict(self, model_state: dict, is_loading: bool = False) -> dict:
+        if is_loading:
+            self._allocate_states()
         return {"megatron": self.optimizer.sharded_state_dict(
                     model_state, is_loading, metadata={"distrib_optim_sharding_type": SHARDING_TYPE}),
                 "step_count": self.step_count}
+
+    def _allocate_states(self) -> None:
+        """Give a fresh distributed optimizer its Adam states before a checkpoint is loaded into them: torch's
+        AdamW makes them at its first step, and megatron reads their step count while it builds the state dict
+        to load. megatron's own helper takes a step with zero gradients; what it changes (the fp32 masters, the
+        moments, the step) is all overwritten by the load."""
+        for optimizer in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
+            inner = optimizer.optimizer
+            if isinstance(inner, torch.optim.AdamW) and not inner.state and \
+                    hasattr(optimizer, "_init_optimizer_states_with_dummy_values"):
+                optimizer._init_optimizer_states_with_dummy_values()
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["megatron"])
