@@ -101,7 +101,7 @@ class MegatronAdamW:
         moments, the step) is all overwritten by the load."""
         for optimizer in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
             inner = optimizer.optimizer
-            if isinstance(inner, torch.optim.AdamW) and not inner.state and \
+            if isinstance(inner, (torch.optim.Adam, torch.optim.AdamW)) and not inner.state and \
                     hasattr(optimizer, "_init_optimizer_states_with_dummy_values"):
                 optimizer._init_optimizer_states_with_dummy_values()
 
