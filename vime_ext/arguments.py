@@ -440,6 +440,10 @@ def _check(config: TrainConfig) -> None:
     if o.cuda_only_flags() and not _cuda():
         problems.append(f"{', '.join(o.cuda_only_flags())}: megatron-core's DDP and optimizer need CUDA; the CPU "
                         "trainer uses vime_ext's own AdamW")
+    if o.optimizer_cpu_offload and not t.bf16:
+        # megatron's distributed optimizer steps fp32 weights through views of them, which its hybrid CPU/GPU
+        # optimizer refuses ("can't optimize a non-leaf Tensor"; megatron-core 0.19.2, seen on an H200)
+        problems.append("--optimizer-cpu-offload needs --bf16")
     if o.overlap_cpu_optimizer_d2h_h2d and not o.optimizer_cpu_offload:
         problems.append("--overlap-cpu-optimizer-d2h-h2d needs --optimizer-cpu-offload")
     if not 0.0 <= o.optimizer_offload_fraction <= 1.0:

@@ -69,7 +69,8 @@ def test_typed_sections_and_vllm_pass_through(base):
     (["--rollout-batch-size", "4", "--dynamic-sampling-filter-path", "a.b", "--over-sampling-batch-size", "2"],
      "--over-sampling-batch-size 2 is below --rollout-batch-size 4"),
     (["--overlap-param-gather"], "need --use-distributed-optimizer"),
-    (["--optimizer-cpu-offload"], "need --use-distributed-optimizer"),
+    (["--optimizer-cpu-offload", "--bf16"], "need --use-distributed-optimizer"),
+    (["--use-distributed-optimizer", "--optimizer-cpu-offload"], "--optimizer-cpu-offload needs --bf16"),
     (["--overlap-cpu-optimizer-d2h-h2d"], "needs --optimizer-cpu-offload"),
     (["--optimizer-offload-fraction", "1.5"], r"--optimizer-offload-fraction 1.5 is not in \[0, 1\]"),
 ])
