@@ -19,6 +19,7 @@ import argparse
 import dataclasses
 import gc
 import json
+import subprocess
 import sys
 import tempfile
 import time
@@ -141,21 +142,28 @@ def main(argv=None) -> None:
     parser.add_argument("--sequence-len", type=int, default=8192, help="longest packed sequence")
     parser.add_argument("--trainer-flags", default="", help="more train.py flags, one string")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--one", nargs=2, metavar=("SHAPE", "OFFLOAD"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    offloads = {"no": [False], "yes": [True], "both": [False, True]}[args.offload]
+    if args.one:  # one configuration, in a process of its own, its result as the last line
+        print(json.dumps(search(args.one[0], args.one[1] == "yes", args)), flush=True)
+        return
+    offloads = {"no": ["no"], "yes": ["yes"], "both": ["no", "yes"]}[args.offload]
+    own = [a for a in (argv if argv is not None else sys.argv[1:])]
     results = []
     for shape_name in args.shapes:
         for offload in offloads:
+            # A process per configuration: megatron's buffers and the CUDA caching allocator of one would
+            # otherwise count against the next.
+            done = subprocess.run([sys.executable, __file__, *own, "--one", shape_name, offload],
+                                  capture_output=True, text=True)
+            print(done.stdout, end="", flush=True)
+            lines = done.stdout.strip().splitlines()
             try:
-                results.append(search(shape_name, offload, args))
-            except Exception as err:  # noqa: BLE001 -- a configuration that cannot be built is a result too
-                results.append({"shape": shape_name, "offload": offload, "error": f"{type(err).__name__}: {err}"})
-                print(f"{shape_name} offload={offload}: {results[-1]['error']}", flush=True)
-                from vime_ext.trainer.parallel import destroy_distributed
-
-                destroy_distributed()
-                gc.collect()
-                torch.cuda.empty_cache()
+                results.append(json.loads(lines[-1]))
+            except (IndexError, json.JSONDecodeError):
+                error = (done.stderr.strip().splitlines() or ["no output"])[-1]
+                results.append({"shape": shape_name, "offload": offload == "yes", "error": error})
+                print(f"{shape_name} offload={offload}: {error}", flush=True)
             print_and_save({"device": torch.cuda.get_device_name(), "results": results}, args.out)
 
 

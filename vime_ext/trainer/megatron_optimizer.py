@@ -66,6 +66,7 @@ class MegatronAdamW:
             config.no_sync_func = self.model.no_sync
         self.schedule = schedule
         self.step_count = 0
+        self._has_states = False  # Adam's states exist after the first step (or a load)
 
     @torch.no_grad()
     def step(self) -> dict[str, float]:
@@ -75,6 +76,7 @@ class MegatronAdamW:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         updated, norm, _ = self.optimizer.step()
+        self._has_states = self._has_states or updated
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
         if updated:
@@ -95,15 +97,15 @@ class MegatronAdamW:
                 "step_count": self.step_count}
 
     def _allocate_states(self) -> None:
-        """Give a fresh distributed optimizer its Adam states before a checkpoint is loaded into them: torch's
-        AdamW makes them at its first step, and megatron reads their step count while it builds the state dict
-        to load. megatron's own helper takes a step with zero gradients; what it changes (the fp32 masters, the
-        moments, the step) is all overwritten by the load."""
-        for optimizer in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
-            inner = optimizer.optimizer
-            if isinstance(inner, (torch.optim.Adam, torch.optim.AdamW)) and not inner.state and \
-                    hasattr(optimizer, "_init_optimizer_states_with_dummy_values"):
-                optimizer._init_optimizer_states_with_dummy_values()
+        """Give a fresh optimizer its Adam states before a checkpoint is loaded into them: torch's AdamW makes
+        them at its first step, and megatron (without Apex or TE) reads their step count while it builds the
+        state dict to load into. One step on the zeroed gradient buffer makes them; what it changes (masters,
+        moments, step, the weights copied from the masters) is all overwritten by the load that follows."""
+        if not self._has_states:
+            self.model.zero_grad_buffer()
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+            self._has_states = True
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["megatron"])
