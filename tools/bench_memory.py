@@ -148,7 +148,7 @@ def main(argv=None) -> None:
         print(json.dumps(search(args.one[0], args.one[1] == "yes", args)), flush=True)
         return
     offloads = {"no": ["no"], "yes": ["yes"], "both": ["no", "yes"]}[args.offload]
-    own = [a for a in (argv if argv is not None else sys.argv[1:])]
+    own = list(argv if argv is not None else sys.argv[1:])
     results = []
     for shape_name in args.shapes:
         for offload in offloads:
