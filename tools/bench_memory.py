@@ -161,7 +161,8 @@ def main(argv=None) -> None:
             try:
                 results.append(json.loads(lines[-1]))
             except (IndexError, json.JSONDecodeError):
-                error = (done.stderr.strip().splitlines() or ["no output"])[-1]
+                lines = [line for line in done.stderr.splitlines() if "Error" in line or "error:" in line]
+                error = (lines or ["no output, exit status %d" % done.returncode])[-1]
                 results.append({"shape": shape_name, "offload": offload == "yes", "error": error})
                 print(f"{shape_name} offload={offload}: {error}", flush=True)
             print_and_save({"device": torch.cuda.get_device_name(), "results": results}, args.out)
