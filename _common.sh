@@ -52,7 +52,9 @@ ensure_torch_dist() {  # ensure_torch_dist HF_DIR TORCH_DIST_DIR: convert once (
 
 # vime's GRPO recipe for Qwen3-4B-class models on GPUs, shared by the examples' run-qwen3-4b-train.sh:
 # low-variance KL 0.001 to the reference, clip 0.2 (the upper clip is each example's), constant lr 1e-6, bf16,
-# full recompute, token-budget micro-batches.
+# full recompute, token-budget micro-batches; megatron-core's distributed optimizer (states sharded over the
+# data-parallel ranks) with the gradient reduction overlapped and accumulated in fp32.
 GRPO_RECIPE_ARGS=(--bf16 --recompute-granularity full --use-dynamic-batch-size --max-tokens-per-gpu 16384
   --use-kl-loss --kl-loss-coef 0.001 --kl-loss-type low_var_kl --eps-clip 0.2
-  --lr 1e-6 --lr-decay-style constant --weight-decay 0.1 --adam-beta2 0.98 --clip-grad 1.0)
+  --lr 1e-6 --lr-decay-style constant --weight-decay 0.1 --adam-beta2 0.98 --clip-grad 1.0
+  --use-distributed-optimizer --overlap-grad-reduce --accumulate-allreduce-grads-in-fp32)
