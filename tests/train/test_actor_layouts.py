@@ -1,7 +1,8 @@
 """The RL step is the same computation in every layout: two optimizer steps on the same sequences at TP=1,
 TP=2, PP=2, DP=2, with token-budget micro-batches, with token-budget log-prob passes and with right-padded
 instead of packed micro-batches give the same gradient norms, losses and weights; with PPO also the same value
-losses, advantages and critic weights.
+losses, advantages and critic weights. On CUDA the reference runs megatron-core's optimizer, and two more layouts
+check its distributed form (one GPU; and DP=2 sharded against DP=1, on two GPUs).
 
 This checks what only shows across ranks: loss weights normalised over the whole step (micro-batches and
 data-parallel shares add up), data-parallel gradient sums, the global gradient norm counting TP-replicated
