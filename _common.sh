@@ -58,3 +58,28 @@ GRPO_RECIPE_ARGS=(--bf16 --recompute-granularity full --use-dynamic-batch-size -
   --use-kl-loss --kl-loss-coef 0.001 --kl-loss-type low_var_kl --eps-clip 0.2
   --lr 1e-6 --lr-decay-style constant --weight-decay 0.1 --adam-beta2 0.98 --clip-grad 1.0
   --use-distributed-optimizer --overlap-grad-reduce --accumulate-allreduce-grads-in-fp32)
+
+# The examples' Qwen3-4B GRPO launch on one node: trainer and engines on GPUs of their own, the KL reference
+# converted once, saves resumed. The calling script sets TRAIN_DATA, SAVE_PATH,
+# ROLLOUT_BATCH_SIZE and GLOBAL_BATCH_SIZE; HF_CKPT, TORCH_DIST, NUM_ROLLOUT, N_SAMPLES_PER_PROMPT,
+# SAVE_INTERVAL, ACTOR_GPUS, ROLLOUT_GPUS and TP default here. Arguments (the example's plug-ins and settings,
+# then the user's) go to train.py after the recipe.
+grpo_qwen3_4b_train() {
+  HF_CKPT=${HF_CKPT:-/models/Qwen3-4B}
+  TORCH_DIST=${TORCH_DIST:-${HF_CKPT%/}_torch_dist}
+  NUM_ROLLOUT=${NUM_ROLLOUT:-100} N_SAMPLES_PER_PROMPT=${N_SAMPLES_PER_PROMPT:-8}
+  SAVE_INTERVAL=${SAVE_INTERVAL:-50} ACTOR_GPUS=${ACTOR_GPUS:-4} ROLLOUT_GPUS=${ROLLOUT_GPUS:-4} TP=${TP:-2}
+  need "${HF_CKPT}/config.json" HF_CKPT
+  need "${TRAIN_DATA}" TRAIN_DATA
+  ensure_torch_dist "${HF_CKPT}" "${TORCH_DIST}"
+  source "${VIME_EXT_ROOT}/scripts/models/qwen3-4B.sh"
+  start_ray
+  python train.py "${MODEL_ARGS[@]}" \
+    --hf-checkpoint "${HF_CKPT}" --ref-load "${TORCH_DIST}" --prompt-data "${TRAIN_DATA}" --rollout-shuffle \
+    --actor-num-nodes 1 --actor-num-gpus-per-node "${ACTOR_GPUS}" --rollout-num-gpus "${ROLLOUT_GPUS}" \
+    --tensor-model-parallel-size "${TP}" "${GRPO_RECIPE_ARGS[@]}" \
+    --num-rollout "${NUM_ROLLOUT}" --rollout-batch-size "${ROLLOUT_BATCH_SIZE}" \
+    --n-samples-per-prompt "${N_SAMPLES_PER_PROMPT}" --global-batch-size "${GLOBAL_BATCH_SIZE}" \
+    --rollout-temperature 1.0 --save "${SAVE_PATH}" --save-interval "${SAVE_INTERVAL}" --load "${SAVE_PATH}" \
+    --vllm-gpu-memory-utilization 0.8 "$@"
+}
