@@ -253,25 +253,37 @@ def rl_sequences(vocab: int, count: int = 8, seed: int = 0):
     return sequences
 
 
-def rl_step(out_dir: str, flags: list[str]) -> None:
-    """Two optimizer steps of TrainActor on fixed sequences in the layout ``flags`` describe; writes the step
-    statistics and the updated weights (HF names, from every pipeline stage)."""
+def _rank_actor(flags: list[str]):
+    """This rank's TrainActor for ``flags`` (rank and rendezvous from the environment), its config and layout."""
     import os
 
-    from convert.live import iter_hf_weights
     from vime_ext.arguments import parse_train_args
-    from vime_ext.train import plan_steps
     from vime_ext.trainer.actor import TrainActor
 
     config = parse_train_args(flags)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     actor = TrainActor(config, rank, world, os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
                        local_rank=rank)
-    layout = actor.layout()
-    sequences = rl_sequences(config.shape.vocab_size)
+    return config, actor, actor.layout()
+
+
+def _train_on(actor, config, layout: dict, seed: int = 0) -> dict:
+    """One rollout of ``rl_sequences(seed)``, this rank's data-parallel share of it."""
+    from vime_ext.train import plan_steps
+
+    sequences = rl_sequences(config.shape.vocab_size, seed=seed)
     samples = [type("S", (), {"index": s.sample_index})() for s in sequences]
     per_rank, totals = plan_steps(config, samples, sequences, layout["dp_size"])
-    result = actor.train_rollout(per_rank[layout["dp_rank"]], totals)
+    return actor.train_rollout(per_rank[layout["dp_rank"]], totals)
+
+
+def rl_step(out_dir: str, flags: list[str]) -> None:
+    """Two optimizer steps of TrainActor on fixed sequences in the layout ``flags`` describe; writes the step
+    statistics and the updated weights (HF names, from every pipeline stage)."""
+    from convert.live import iter_hf_weights
+
+    config, actor, layout = _rank_actor(flags)
+    result = _train_on(actor, config, layout)
     weights = {name: tensor.float().cpu() for name, tensor in iter_hf_weights(actor.model, config.shape)}
     if actor.critic is not None:  # the critic's trunk under "critic." names, its value head as "critic.value_head"
         from vime_ext.trainer.model_provider import unwrap
@@ -291,32 +303,16 @@ def rl_step(out_dir: str, flags: list[str]) -> None:
 def resume_step(out_dir: str, flags: list[str], resume: bool) -> None:
     """One rank: either train a rollout, save, and train a second one, or (``resume``) load that save and train
     the second one; writes the second step's statistics and the weights after it (HF names)."""
-    import os
-
     from convert.live import iter_hf_weights
-    from vime_ext.arguments import parse_train_args
-    from vime_ext.train import plan_steps
-    from vime_ext.trainer.actor import TrainActor
 
-    config = parse_train_args(flags)
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    actor = TrainActor(config, rank, world, os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                       local_rank=rank)
-    layout = actor.layout()
-
-    def rollout(seed: int) -> dict:
-        sequences = rl_sequences(config.shape.vocab_size, seed=seed)
-        samples = [type("S", (), {"index": s.sample_index})() for s in sequences]
-        per_rank, totals = plan_steps(config, samples, sequences, layout["dp_size"])
-        return actor.train_rollout(per_rank[layout["dp_rank"]], totals)
-
+    config, actor, layout = _rank_actor(flags)
     checkpoint = Path(out_dir, "checkpoint")
     if resume:
         actor.load(str(checkpoint))
     else:
-        rollout(seed=0)
+        _train_on(actor, config, layout, seed=0)
         actor.save(str(checkpoint), 1, {})
-    result = rollout(seed=1)
+    result = _train_on(actor, config, layout, seed=1)
     weights = {name: tensor.float().cpu() for name, tensor in iter_hf_weights(actor.model, config.shape)}
     tag = "resumed" if resume else "whole"
     if layout["tp_rank"] == 0 and layout["dp_rank"] == 0:

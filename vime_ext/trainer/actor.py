@@ -258,8 +258,6 @@ class TrainActor:
         from vime_ext.trainer.critic import CRITIC_DIR
 
         inner = {} if self.critic is None else {CRITIC_DIR: (self.critic.model, self.critic.optimizer)}
-        for _model, optimizer in [(self.model, self.optimizer), *inner.values()]:
-            optimizer.params_ready()
         saved = save_model_checkpoint(self.model, self.shape, save_dir, iteration, extra_state,
                                       {"rng": _rng_state()}, self.optimizer, inner)
         keep = self.config.checkpoint.save_keep_last

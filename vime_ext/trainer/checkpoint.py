@@ -48,6 +48,8 @@ def _save_model(model, directory: Path, common: dict, optimizer=None) -> None:
     if _rank() == 0:
         directory.mkdir(parents=True)
     _barrier()
+    if optimizer is not None:
+        optimizer.params_ready()  # weights an overlapped all-gather has not finished would be saved stale
     model_state = unwrap(model).sharded_state_dict()
     state = {"model": model_state, **common}
     if optimizer is not None:
@@ -202,14 +204,15 @@ def load_model_checkpoint(model, path: str | Path, optimizer=None) -> int:
     from megatron.core.dist_checkpointing.validation import StrictHandling
 
     ckpt_dir = resolve_checkpoint_dir(path)
-    model_state = unwrap(model).sharded_state_dict()
+    model = unwrap(model)
+    model_state = model.sharded_state_dict()
     _check_tensor_keys(model_state, ckpt_dir)
     wanted = {"model": model_state}
     if optimizer is not None:
         wanted["optimizer"] = optimizer.sharded_state_dict(model_state, is_loading=True)
         _check_tensor_keys(wanted["optimizer"], ckpt_dir, "optimizer")
     state = dist_checkpointing.load(wanted, str(ckpt_dir), strict=StrictHandling.LOG_UNEXPECTED)
-    unwrap(model).load_state_dict(state["model"], strict=False)
+    model.load_state_dict(state["model"], strict=False)
     if optimizer is not None:
         optimizer.load_state_dict(state["optimizer"])
     return int(checkpoint_common_state(ckpt_dir).get("iteration", 0))

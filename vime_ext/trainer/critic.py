@@ -15,11 +15,11 @@ from vime_ext.trainer.batching import MicroBatch
 from vime_ext.trainer.forward import forward_backward, run_forward
 from vime_ext.trainer.model_provider import unwrap
 from vime_ext.trainer.optimizer import ActorOptimizer
+from vime_ext.trainer.packing import to_rows
+from vime_ext.trainer.rl_loss import micro_batch_value_loss
 
 if TYPE_CHECKING:
     from vime_ext.trainer.megatron_optimizer import MegatronAdamW
-from vime_ext.trainer.packing import to_rows
-from vime_ext.trainer.rl_loss import micro_batch_value_loss
 
 CRITIC_DIR = "critic"
 
@@ -64,7 +64,8 @@ def critic_checkpoint_dir(path: str | Path) -> Path:
 
 
 class Critic:
-    """The critic model (``optimizer.model``), its optimizer, and its two passes per rollout: old values, then value-loss updates."""
+    """The critic model (``optimizer.model``), its optimizer, and its two passes per rollout: old values, then
+    value-loss updates."""
 
     def __init__(self, optimizer: "ActorOptimizer | MegatronAdamW", aggregation: str, value_clip: float | None):
         self.model, self.optimizer = optimizer.model, optimizer

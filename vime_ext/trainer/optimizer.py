@@ -176,8 +176,9 @@ class ActorOptimizer:
                 if "fp32_param" in tensors:
                     master.copy_(tensors["fp32_param"])
                 if self.step_count:  # AdamW's own step counter equals ours (both skip non-finite steps)
-                    adam_state[position[id(master)]] = {"step": torch.tensor(float(self.step_count)),
-                                         "exp_avg": tensors["exp_avg"], "exp_avg_sq": tensors["exp_avg_sq"]}
+                    adam_state[position[id(master)]] = {
+                        "step": torch.tensor(float(self.step_count)),
+                        "exp_avg": tensors["exp_avg"], "exp_avg_sq": tensors["exp_avg_sq"]}
         # torch's loader places each state on its parameter's device, in the dtype its step function expects.
         self.adam.load_state_dict({"state": adam_state, "param_groups": self.adam.state_dict()["param_groups"]})
 
@@ -192,8 +193,6 @@ def build_optimizer(model: torch.nn.Module, optim, lr: float, total_steps: int):
         from vime_ext.trainer.megatron_optimizer import MegatronAdamW
 
         return MegatronAdamW(model, optim, lr, schedule)
-    if optim.cuda_only_flags():
-        raise ValueError(f"{', '.join(optim.cuda_only_flags())} need CUDA (megatron-core's DDP and optimizer); "
-                         "the CPU trainer uses vime_ext's own AdamW")
+    # megatron-only flags on a machine without CUDA were refused when the flags were parsed (arguments._check)
     return ActorOptimizer(model, lr, optim.weight_decay, (optim.adam_beta1, optim.adam_beta2), optim.adam_eps,
                           optim.clip_grad, schedule)
