@@ -1,6 +1,7 @@
 """Functions run on spawned ranks by the tests; each writes what it measured to a JSON file in ``out_dir``."""
 
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -267,11 +268,14 @@ def _rank_actor(flags: list[str]):
     return config, actor, actor.layout()
 
 
-def _train_on(actor, config, layout: dict, seed: int = 0) -> dict:
-    """One rollout of ``rl_sequences(seed)``, this rank's data-parallel share of it."""
+def _train_on(actor, config, layout: dict, seed: int = 0, nan_advantage: bool = False) -> dict:
+    """One rollout of ``rl_sequences(seed)``, this rank's data-parallel share of it; ``nan_advantage`` gives
+    the first sequence a NaN advantage, which makes every gradient NaN."""
     from vime_ext.train import plan_steps
 
     sequences = rl_sequences(config.shape.vocab_size, seed=seed)
+    if nan_advantage:
+        sequences[0].advantage = math.nan
     samples = [type("S", (), {"index": s.sample_index})() for s in sequences]
     per_rank, totals = plan_steps(config, samples, sequences, layout["dp_size"])
     return actor.train_rollout(per_rank[layout["dp_rank"]], totals)
@@ -319,6 +323,29 @@ def resume_step(out_dir: str, flags: list[str], resume: bool) -> None:
         torch.save(weights, Path(out_dir, f"{tag}_weights_pp{layout['pp_rank']}.pt"))
     if "steps" in result:
         Path(out_dir, f"{tag}_steps_dp{layout['dp_rank']}.json").write_text(json.dumps(result["steps"]))
+    actor.shutdown()
+
+
+def non_finite_step(out_dir: str, flags: list[str]) -> None:
+    """One rank: a rollout whose gradients are NaN, then a clean one; writes both steps' statistics and how many
+    weight tensors each changed."""
+    from convert.live import iter_hf_weights
+
+    config, actor, layout = _rank_actor(flags)
+
+    def weights():
+        return {name: tensor.float().cpu() for name, tensor in iter_hf_weights(actor.model, config.shape)}
+
+    def changed(before, after):
+        return sum(not torch.equal(before[k], after[k]) for k in before)
+
+    start = weights()
+    poisoned = _train_on(actor, config, layout, nan_advantage=True)["steps"]
+    after_poisoned = weights()
+    clean = _train_on(actor, config, layout)["steps"]
+    Path(out_dir, "non_finite.json").write_text(json.dumps({
+        "steps": [*poisoned, *clean], "changed_by_poisoned": changed(start, after_poisoned),
+        "changed_by_clean": changed(after_poisoned, weights())}))
     actor.shutdown()
 
 

@@ -1,11 +1,13 @@
 """The optimizer's state survives a checkpoint exactly: a trainer that loads a save takes the same next step as
-the one that never stopped. On the CPU that is vime_ext's AdamW, and the resumed weights are bit-identical; on CUDA megatron-core's
-distributed optimizer with both overlaps (on two GPUs with its state sharded over two data-parallel ranks),
-where CUDA's embedding and attention backward passes add in no fixed order, so the weights after the step agree
-only within the bound below. Adam's eps is small, so the step depends on the restored
-moments, not only on the gradient."""
+the one that never stopped, and a step with non-finite gradients is skipped. On the CPU that is vime_ext's
+AdamW, and the resumed weights are bit-identical. On CUDA it is megatron-core's distributed optimizer with both
+overlaps (on two GPUs with its state sharded over two data-parallel ranks) and with its CPU offload (states
+stepped in host memory by its hybrid optimizer); CUDA's embedding and attention backward passes add in no fixed
+order, so there the weights after the step agree only within the bound below. Adam's eps is small, so the step
+depends on the restored moments, not only on the gradient."""
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -18,15 +20,29 @@ from vime_ext.trainer.launch import run_on_ranks
 DISTRIBUTED = ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"]
 
 
-@pytest.mark.parametrize("ranks", [1, 2])
-def test_resumed_step_equals_the_uninterrupted_one(ranks, tiny_hf_dirs, tmp_path):
-    require_ranks(ranks)
+OFFLOAD = ["--use-distributed-optimizer", "--optimizer-cpu-offload", "--overlap-cpu-optimizer-d2h-h2d"]
+
+
+def trainer_flags(tiny_hf_dirs, tmp_path, ranks: int, cuda_flags: list[str]) -> list[str]:
     data = tmp_path / "p.jsonl"
     data.write_text(json.dumps({"prompt": "x", "label": "y"}) + "\n")
-    flags = ["--hf-checkpoint", str(tiny_hf_dirs["qwen3"]), "--prompt-data", str(data), "--bf16",
-             "--rollout-batch-size", "8", "--n-samples-per-prompt", "1", "--global-batch-size", "8",
-             "--micro-batch-size", "2", "--lr", "1e-3", "--clip-grad", "0.5", "--num-rollout", "2",
-             "--actor-num-gpus-per-node", str(ranks), *(DISTRIBUTED if torch.cuda.is_available() else [])]
+    return ["--hf-checkpoint", str(tiny_hf_dirs["qwen3"]), "--prompt-data", str(data), "--bf16",
+            "--rollout-batch-size", "8", "--n-samples-per-prompt", "1", "--global-batch-size", "8",
+            "--micro-batch-size", "2", "--lr", "1e-3", "--clip-grad", "0.5", "--num-rollout", "2",
+            "--actor-num-gpus-per-node", str(ranks), *(cuda_flags if torch.cuda.is_available() else [])]
+
+
+def require_cuda_for(cuda_flags: list[str]) -> None:
+    if cuda_flags is OFFLOAD and not torch.cuda.is_available():
+        pytest.skip("--optimizer-cpu-offload is megatron-core's, which needs CUDA")
+
+
+@pytest.mark.parametrize("ranks,cuda_flags", [(1, DISTRIBUTED), (2, DISTRIBUTED), (1, OFFLOAD)],
+                         ids=["1rank", "2ranks", "offload"])
+def test_resumed_step_equals_the_uninterrupted_one(ranks, cuda_flags, tiny_hf_dirs, tmp_path):
+    require_ranks(ranks)
+    require_cuda_for(cuda_flags)
+    flags = trainer_flags(tiny_hf_dirs, tmp_path, ranks, cuda_flags)
     for resume in (False, True):
         run_on_ranks(dist_workers.resume_step, ranks, str(tmp_path), flags, resume, isolate=True)
     whole = torch.load(tmp_path / "whole_weights_pp0.pt")
@@ -41,3 +57,17 @@ def test_resumed_step_equals_the_uninterrupted_one(ranks, tiny_hf_dirs, tmp_path
     # 4.4e-4 beyond one bf16 step at lr 1e-3); the statistics above, computed from the restored weights, agree.
     ulps, slack = (1, 0.5e-3) if torch.cuda.is_available() else (0, 0.0)
     assert max(((whole[k] - resumed[k]).abs() - ulps * whole[k].abs() * 2**-7).max().item() for k in whole) <= slack
+
+
+@pytest.mark.parametrize("cuda_flags", [DISTRIBUTED, OFFLOAD], ids=["distributed", "offload"])
+def test_a_non_finite_gradient_skips_the_step(cuda_flags, tiny_hf_dirs, tmp_path):
+    """A NaN advantage makes every gradient NaN: the step is skipped and says so, the weights stay as they
+    were, and the next (finite) step trains."""
+    require_cuda_for(cuda_flags)
+    flags = trainer_flags(tiny_hf_dirs, tmp_path, 1, cuda_flags)
+    run_on_ranks(dist_workers.non_finite_step, 1, str(tmp_path), flags, isolate=True)
+    result = json.loads((tmp_path / "non_finite.json").read_text())
+    poisoned, clean = result["steps"]
+    assert poisoned["skipped"] == 1.0 and not math.isfinite(poisoned["grad_norm"])
+    assert clean["skipped"] == 0.0 and math.isfinite(clean["grad_norm"]) and clean["grad_norm"] > 0
+    assert result["changed_by_poisoned"] == 0 and result["changed_by_clean"] > 0
