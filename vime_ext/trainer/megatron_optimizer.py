@@ -80,7 +80,7 @@ class MegatronAdamW:
         # and its check has no bf16 kernel (the precision-aware optimizer's gradients stay bf16), so the
         # decision is taken here, on the global gradient norm; megatron's step repeats prepare_grads.
         self.optimizer.prepare_grads()
-        norm = self.optimizer.get_grad_norm()
+        norm = float(self.optimizer.get_grad_norm())  # a float, or a CUDA tensor where TE/Apex kernels exist
         updated = math.isfinite(norm) and self.optimizer.step()[0]
         self._has_states = self._has_states or updated
         self.model.zero_grad_buffer()
