@@ -37,7 +37,7 @@ LAYOUTS = {"tp1": [], "tp2": ["--actor-num-gpus-per-node", "2", "--tensor-model-
                            "--accumulate-allreduce-grads-in-fp32"],
            "dp2_distributed": ["--actor-num-gpus-per-node", "2", "--use-distributed-optimizer",
                                "--overlap-grad-reduce", "--overlap-param-gather", "--ddp-bucket-size", "20000"]}
-CUDA_LAYOUTS = ("distributed", "dp2_distributed")  # CPU offload needs --bf16: test_optimizer_resume.py has it
+CUDA_LAYOUTS = ("distributed", "dp2_distributed")  # CPU offload needs --bf16: test_optimizer_resume.py runs it
 
 
 PPO = ["--advantage-estimator", "ppo", "--gamma", "0.9", "--lambd", "0.8", "--value-clip", "0.05",
