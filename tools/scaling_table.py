@@ -1,0 +1,71 @@
+"""Per-phase figures of training runs (``metrics.jsonl`` under ``RUN/tb``, the run's layout in ``RUN/run.json``,
+as ``tools/bench_mem_agent_scaling.sh`` writes them), one row per run, and each figure's ratio to the first
+run's: how each phase scales with the GPUs.
+
+    python tools/scaling_table.py RUN_2GPU RUN_4GPU RUN_8GPU [--out scaling.json]
+
+Each figure is the median over a run's rollouts after the first (which compiles, warms caches and fills the
+engines' prefix caches from nothing).
+"""
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+# (metric in metrics.jsonl, column heading); per-second rates grow with GPUs, seconds shrink.
+COLUMNS = [("rollout/tokens_per_s", "rollout tok/s"), ("train/tokens_per_s", "train tok/s"),
+           ("time/rollout", "rollout s"), ("time/log_probs", "log-probs s"), ("time/train", "train s"),
+           ("time/weight_sync", "weight push s"), ("time/total", "step s")]
+
+
+def read_run(layout: dict, metrics_path: Path) -> dict:
+    """The run's ``layout`` (gpus, actor_gpus, rollout_gpus, tp) and the median of each column over its rollouts
+    after the first."""
+    rows = []
+    for number, line in enumerate(metrics_path.read_text().splitlines(), start=1):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{metrics_path}:{number}: not valid JSON ({err.msg})") from err
+    rows = [r for r in rows if "time/total" in r]  # evaluation lines carry no step figures
+    if len(rows) < 2:
+        raise ValueError(f"{metrics_path}: {len(rows)} training rollouts; the table needs 2 or more (the first "
+                         "is left out as warm-up)")
+    figures = {}
+    for key, _ in COLUMNS:
+        values = [r[key] for r in rows[1:] if key in r]
+        if not values:
+            raise ValueError(f"{metrics_path}: no rollout logs {key}")
+        figures[key] = statistics.median(values)
+    return {**layout, "rollouts": len(rows) - 1, "figures": figures}
+
+
+def table(runs: list[dict]) -> str:
+    """Markdown: one row per run, each figure followed by its ratio to the first run's."""
+    head = ["GPUs", "trainer / engines", *(name for _, name in COLUMNS)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    base = runs[0]["figures"]
+    for run in runs:
+        cells = [str(run["gpus"]), f"{run['actor_gpus']} (TP {run['tp']}) / {run['rollout_gpus']}"]
+        for key, _ in COLUMNS:
+            value = run["figures"][key]
+            cells.append(f"{value:,.1f} ({value / base[key]:.2f}x)" if base[key] else f"{value:,.1f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="+", help="run folders, smallest first")
+    parser.add_argument("--out", help="write the runs' figures as JSON here")
+    args = parser.parse_args(argv)
+    runs = [read_run(json.loads(Path(folder, "run.json").read_text()), Path(folder, "tb", "metrics.jsonl"))
+            for folder in args.runs]
+    print(table(runs))
+    if args.out:
+        Path(args.out).write_text(json.dumps(runs, indent=1))
+
+
+if __name__ == "__main__":
+    main()
