@@ -1,0 +1,93 @@
+"""The GPU launch scripts' train.py command lines, on a machine without GPUs: ``nvidia-smi`` and ``ray`` are
+stand-ins that report four GPUs, and ``python train.py`` records its arguments instead of training; every other
+python call (data generation, the scaling table) is real."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+NVIDIA_SMI = """#!/bin/bash
+if [ "$1" = -L ]; then for i in 0 1 2 3; do echo "GPU $i: NVIDIA H200 (UUID: GPU-$i)"; done; else echo "NVIDIA H200"; fi
+"""
+RAY = """#!/bin/bash
+[ "$1" = status ] && exit 1 || exit 0
+"""
+# train.py records its arguments and, given --tensorboard-dir, writes a metrics.jsonl of two rollouts there, as
+# a run would, for the scaling table to read.
+PYTHON = """#!/bin/bash
+if [ "$1" = train.py ]; then
+  exec {python} -c 'import json, sys; from pathlib import Path
+args = sys.argv[2:]; Path(sys.argv[1]).write_text(json.dumps(args))
+if "--tensorboard-dir" in args:
+    from tools.scaling_table import COLUMNS
+    tb = Path(args[len(args) - 1 - args[::-1].index("--tensorboard-dir") + 1]); tb.mkdir(parents=True, exist_ok=True)
+    tb.joinpath("metrics.jsonl").write_text("".join(json.dumps({{"step": i, **{{k: 2.0 + i for k, _ in COLUMNS}}}})
+                                                    + "\\n" for i in range(2)))
+' {record} "${{@:2}}"
+fi
+if [ "$1" = tools/convert_hf_to_torch_dist.py ]; then exit 3; fi  # the stand-in checkpoint has no weights
+exec {python} "$@"
+"""
+
+
+def run_with_stand_ins(tmp_path: Path, script: str, env: dict[str, str], *args: str) -> tuple[list[str], str]:
+    """Run ``script`` with the stand-ins first on PATH; returns train.py's arguments and the script's output."""
+    bin_dir, record = tmp_path / "bin", tmp_path / "train_args.json"
+    bin_dir.mkdir()
+    for name, text in (("nvidia-smi", NVIDIA_SMI), ("ray", RAY),
+                       ("python", PYTHON.format(python=sys.executable, record=record))):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    full = {**os.environ, **env, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    full.pop("PYTHONPATH", None)
+    done = subprocess.run(["bash", str(ROOT / script), *args], env=full, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and record.is_file(), (done.stdout + done.stderr)[-3000:]
+    return json.loads(record.read_text()), done.stdout
+
+
+def last(args: list[str], flag: str) -> str:
+    """The value of ``flag``'s last occurrence (the one train.py's parser keeps)."""
+    return args[len(args) - 1 - args[::-1].index(flag) + 1]
+
+
+def stand_in_checkpoints(model: Path, torch_dist: Path) -> None:
+    """A config-only HF folder and a torch_dist tracker file: the scripts skip making and converting them."""
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    torch_dist.mkdir()
+    (torch_dist / "latest_checkpointed_iteration.txt").write_text("1")
+
+
+def test_scaling_bench_splits_the_gpus_and_tabulates(tmp_path):
+    run = tmp_path / "out" / "mem_agent_scaling_4gpu"
+    stand_in_checkpoints(run / "model", run / "model_torch_dist")
+    args, stdout = run_with_stand_ins(tmp_path, "tools/bench_mem_agent_scaling.sh",
+                                      {"OUT": str(tmp_path / "out"), "NUM_ROLLOUT": "2"}, "--seed", "3")
+    assert [last(args, flag) for flag in ("--actor-num-gpus-per-node", "--rollout-num-gpus",
+                                          "--tensor-model-parallel-size", "--num-rollout")] == ["2", "2", "2", "2"]
+    assert last(args, "--save") == "" and last(args, "--load") == ""  # no 56 GB checkpoint
+    assert last(args, "--hf-checkpoint") == str(run / "model") and args[-2:] == ["--seed", "3"]
+    assert "examples.mem_agent.rollout.generate" in args and "--use-distributed-optimizer" in args
+    assert json.loads((run / "run.json").read_text()) == {"gpus": 4, "actor_gpus": 2, "rollout_gpus": 2, "tp": 2,
+                                                          "device": "NVIDIA H200"}
+    assert len((run / "train.jsonl").read_text().splitlines()) == 64
+    assert "| 4 | 2 (TP 2) / 2 | 3.0 (1.00x)" in stdout
+
+
+def test_mem_update_qwen3_4b_recipe(tmp_path):
+    stand_in_checkpoints(tmp_path / "qwen3-4b", tmp_path / "qwen3-4b_torch_dist")
+    (tmp_path / "train.jsonl").write_text("")
+    args, _ = run_with_stand_ins(tmp_path, "examples/mem_update/run-qwen3-4b-train.sh",
+                                 {"HF_CKPT": str(tmp_path / "qwen3-4b"), "TRAIN_DATA": str(tmp_path / "train.jsonl"),
+                                  "SAVE_PATH": str(tmp_path / "ckpt")})
+    assert last(args, "--ref-load") == str(tmp_path / "qwen3-4b_torch_dist")
+    assert [last(args, flag) for flag in ("--actor-num-gpus-per-node", "--rollout-num-gpus",
+                                          "--tensor-model-parallel-size")] == ["4", "4", "2"]
+    assert (last(args, "--eps-clip-high"), last(args, "--rollout-max-response-len")) == ("0.28", "512")
+    assert last(args, "--save") == last(args, "--load") == str(tmp_path / "ckpt")
+    assert (last(args, "--rollout-batch-size"), last(args, "--global-batch-size")) == ("16", "128")
+    assert any(a.startswith("examples.mem_update.") for a in args) and "--use-distributed-optimizer" in args
