@@ -447,8 +447,8 @@ def _check(config: TrainConfig) -> None:
     if o.optimizer_cpu_offload and c.load and _has_checkpoint(c.load):
         # seen on an H200: megatron-core 0.19.2's hybrid CPU/GPU optimizer fails to take its saved state back
         # (KeyError in HybridDeviceOptimizer._update_fp32_params_by_new_state)
-        problems.append("--optimizer-cpu-offload cannot resume from --load: megatron-core 0.19.2's hybrid "
-                        "optimizer fails to load its state; its checkpoints' weights convert to HF as usual")
+        problems.append("--optimizer-cpu-offload cannot resume from --load yet: megatron-core 0.19.2's hybrid "
+                        "optimizer did not take its saved state back; the checkpoint's weights convert to HF as usual")
     if o.overlap_cpu_optimizer_d2h_h2d and not o.optimizer_cpu_offload:
         problems.append("--overlap-cpu-optimizer-d2h-h2d needs --optimizer-cpu-offload")
     if not 0.0 <= o.optimizer_offload_fraction <= 1.0:
