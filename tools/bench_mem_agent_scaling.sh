@@ -5,7 +5,7 @@
 # checkpoint (a 4B save with its optimizer states is ~56 GB of disk). Prints the run's row of per-phase figures.
 # Run it on machines of 2, 4 and 8 GPUs, then pass the run folders to tools/scaling_table.py for how each phase
 # scales. Needs the GPU wheel set of tools/gpu_wheels.py (vLLM, Ray, megatron-core); extra arguments go to train.py.
-#   OUT=/tmp/scaling NUM_ROLLOUT=4 bash tools/bench_mem_agent_scaling.sh
+#   OUT=/tmp/scaling NUM_ROLLOUT=3 NUM_DOCS=200 bash tools/bench_mem_agent_scaling.sh
 #   python tools/scaling_table.py /tmp/scaling/mem_agent_scaling_{2,4,8}gpu --out scaling.json
 set -euo pipefail
 source "$(dirname "$0")/../_common.sh"
@@ -22,12 +22,14 @@ mkdir -p "${ROOT}"
 if [ ! -f "${ROOT}/model/config.json" ]; then
   python tools/make_random_hf.py --shape qwen3-4b --out "${ROOT}/model"
 fi
-python -m examples.mem_agent.prepare_data --generate --num 64 --num-docs 8 --out "${ROOT}/train.jsonl"
+# 200 generated documents are ~8.6k Qwen tokens: 5 chunks of MEM_CHUNK_TOKENS=2048, each a turn that (random
+# weights rarely stop early) writes a full 1024-token memory, then the answer turn.
+python -m examples.mem_agent.prepare_data --generate --num 64 --num-docs "${NUM_DOCS:-200}" --out "${ROOT}/train.jsonl"
 DEVICE=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 printf '{"gpus": %d, "actor_gpus": %d, "rollout_gpus": %d, "tp": %d, "device": "%s"}\n' \
   "${NUM_GPUS}" "${ACTOR_GPUS}" "${ROLLOUT_GPUS}" "${TP}" "${DEVICE}" > "${ROOT}/run.json"
 rm -f "${ROOT}/tb/metrics.jsonl"  # the table reads this run's rollouts only
-HF_CKPT="${ROOT}/model" TORCH_DIST="${ROOT}/model_torch_dist" TRAIN_DATA="${ROOT}/train.jsonl" SAVE_PATH="${ROOT}/ckpt" \
-  NUM_ROLLOUT=${NUM_ROLLOUT:-4} ACTOR_GPUS=${ACTOR_GPUS} ROLLOUT_GPUS=${ROLLOUT_GPUS} TP=${TP} \
+HF_CKPT="${ROOT}/model" TORCH_DIST="${ROOT}/model_torch_dist" TRAIN_DATA="${ROOT}/train.jsonl" \
+  SAVE_PATH="${ROOT}/ckpt" NUM_ROLLOUT=${NUM_ROLLOUT:-3} ACTOR_GPUS=${ACTOR_GPUS} ROLLOUT_GPUS=${ROLLOUT_GPUS} TP=${TP} \
   bash examples/mem_agent/run-qwen3-4b-train.sh --save "" --load "" --tensorboard-dir "${ROOT}/tb" "$@"
 python tools/scaling_table.py "${ROOT}"
