@@ -63,14 +63,15 @@ def stand_in_checkpoints(model: Path, torch_dist: Path) -> None:
 
 
 def test_scaling_bench_splits_the_gpus_and_tabulates(tmp_path):
-    run = tmp_path / "out" / "mem_agent_scaling_4gpu"
-    stand_in_checkpoints(run / "model", run / "model_torch_dist")
+    run, model = tmp_path / "out" / "mem_agent_scaling_4gpu", tmp_path / "qwen3-4b-random"
+    stand_in_checkpoints(model, tmp_path / "qwen3-4b-random_torch_dist")
     args, stdout = run_with_stand_ins(tmp_path, "tools/bench_mem_agent_scaling.sh",
-                                      {"OUT": str(tmp_path / "out"), "NUM_ROLLOUT": "2"}, "--seed", "3")
+                                      {"OUT": str(tmp_path / "out"), "MODEL_DIR": str(model), "NUM_ROLLOUT": "2"},
+                                      "--seed", "3")
     assert [last(args, flag) for flag in ("--actor-num-gpus-per-node", "--rollout-num-gpus",
                                           "--tensor-model-parallel-size", "--num-rollout")] == ["2", "2", "2", "2"]
     assert last(args, "--save") == "" and last(args, "--load") == ""  # no 56 GB checkpoint
-    assert last(args, "--hf-checkpoint") == str(run / "model") and args[-2:] == ["--seed", "3"]
+    assert last(args, "--hf-checkpoint") == str(model) and args[-2:] == ["--seed", "3"]
     assert "examples.mem_agent.rollout.generate" in args and "--use-distributed-optimizer" in args
     assert json.loads((run / "run.json").read_text()) == {"gpus": 4, "actor_gpus": 2, "rollout_gpus": 2, "tp": 2,
                                                           "device": "NVIDIA H200"}
@@ -91,3 +92,18 @@ def test_mem_update_qwen3_4b_recipe(tmp_path):
     assert last(args, "--save") == last(args, "--load") == str(tmp_path / "ckpt")
     assert (last(args, "--rollout-batch-size"), last(args, "--global-batch-size")) == ("16", "128")
     assert any(a.startswith("examples.mem_update.") for a in args) and "--use-distributed-optimizer" in args
+
+
+def test_multi_gpu_parts_are_named_and_need_two_gpus(tmp_path):
+    env = {**os.environ, "OUT": str(tmp_path / "out")}
+    env["PATH"] = os.pathsep.join(d for d in env["PATH"].split(os.pathsep) if not (Path(d) / "nvidia-smi").exists())
+    done = subprocess.run(["bash", str(ROOT / "tools/run_multi_gpu.sh"), "tests"], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 1 and "needs 2 or more GPUs; found 0" in done.stderr
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "nvidia-smi").write_text(NVIDIA_SMI)
+    (tmp_path / "bin" / "nvidia-smi").chmod(0o755)
+    env["PATH"] = f"{tmp_path / 'bin'}{os.pathsep}{env['PATH']}"
+    done = subprocess.run(["bash", str(ROOT / "tools/run_multi_gpu.sh"), "everything"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "usage: run_multi_gpu.sh tests|nccl|scaling|colocate" in done.stderr

