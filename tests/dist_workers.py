@@ -281,20 +281,25 @@ def _train_on(actor, config, layout: dict, seed: int = 0, nan_advantage: bool = 
     return actor.train_rollout(per_rank[layout["dp_rank"]], totals)
 
 
+def _hf_weights(model, shape) -> dict[str, torch.Tensor]:
+    """This rank's weights of ``model`` under HF names, fp32 on the CPU."""
+    from convert.live import iter_hf_weights
+
+    return {name: tensor.float().cpu() for name, tensor in iter_hf_weights(model, shape)}
+
+
 def rl_step(out_dir: str, flags: list[str]) -> None:
     """Two optimizer steps of TrainActor on fixed sequences in the layout ``flags`` describe; writes the step
     statistics and the updated weights (HF names, from every pipeline stage)."""
-    from convert.live import iter_hf_weights
-
     config, actor, layout = _rank_actor(flags)
     result = _train_on(actor, config, layout)
-    weights = {name: tensor.float().cpu() for name, tensor in iter_hf_weights(actor.model, config.shape)}
+    weights = _hf_weights(actor.model, config.shape)
     if actor.critic is not None:  # the critic's trunk under "critic." names, its value head as "critic.value_head"
         from vime_ext.trainer.model_provider import unwrap
 
         critic = actor.critic.model
-        weights.update({f"critic.{name}": tensor.float().cpu() for name, tensor in
-                        iter_hf_weights(critic, config.shape) if name != "lm_head.weight"})
+        weights.update({f"critic.{name}": tensor for name, tensor in _hf_weights(critic, config.shape).items()
+                        if name != "lm_head.weight"})
         if layout["last_stage"]:
             weights["critic.value_head"] = unwrap(critic).output_layer.weight.detach().float().cpu()
     if layout["tp_rank"] == 0 and layout["dp_rank"] == 0:
@@ -307,8 +312,6 @@ def rl_step(out_dir: str, flags: list[str]) -> None:
 def resume_step(out_dir: str, flags: list[str], resume: bool) -> None:
     """One rank: either train a rollout, save, and train a second one, or (``resume``) load that save and train
     the second one; writes the second step's statistics and the weights after it (HF names)."""
-    from convert.live import iter_hf_weights
-
     config, actor, layout = _rank_actor(flags)
     checkpoint = Path(out_dir, "checkpoint")
     if resume:
@@ -317,7 +320,7 @@ def resume_step(out_dir: str, flags: list[str], resume: bool) -> None:
         _train_on(actor, config, layout, seed=0)
         actor.save(str(checkpoint), 1, {})
     result = _train_on(actor, config, layout, seed=1)
-    weights = {name: tensor.float().cpu() for name, tensor in iter_hf_weights(actor.model, config.shape)}
+    weights = _hf_weights(actor.model, config.shape)
     tag = "resumed" if resume else "whole"
     if layout["tp_rank"] == 0 and layout["dp_rank"] == 0:
         torch.save(weights, Path(out_dir, f"{tag}_weights_pp{layout['pp_rank']}.pt"))
@@ -329,23 +332,18 @@ def resume_step(out_dir: str, flags: list[str], resume: bool) -> None:
 def non_finite_step(out_dir: str, flags: list[str]) -> None:
     """One rank: a rollout whose gradients are NaN, then a clean one; writes both steps' statistics and how many
     weight tensors each changed."""
-    from convert.live import iter_hf_weights
-
     config, actor, layout = _rank_actor(flags)
-
-    def weights():
-        return {name: tensor.float().cpu() for name, tensor in iter_hf_weights(actor.model, config.shape)}
 
     def changed(before, after):
         return sum(not torch.equal(before[k], after[k]) for k in before)
 
-    start = weights()
+    start = _hf_weights(actor.model, config.shape)
     poisoned = _train_on(actor, config, layout, nan_advantage=True)["steps"]
-    after_poisoned = weights()
+    after_poisoned = _hf_weights(actor.model, config.shape)
     clean = _train_on(actor, config, layout)["steps"]
     Path(out_dir, "non_finite.json").write_text(json.dumps({
         "steps": [*poisoned, *clean], "changed_by_poisoned": changed(start, after_poisoned),
-        "changed_by_clean": changed(after_poisoned, weights())}))
+        "changed_by_clean": changed(after_poisoned, _hf_weights(actor.model, config.shape))}))
     actor.shutdown()
 
 

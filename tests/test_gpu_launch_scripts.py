@@ -34,15 +34,21 @@ exec {python} "$@"
 """
 
 
-def run_with_stand_ins(tmp_path: Path, script: str, env: dict[str, str], *args: str) -> tuple[list[str], str]:
-    """Run ``script`` with the stand-ins first on PATH; returns train.py's arguments and the script's output."""
-    bin_dir, record = tmp_path / "bin", tmp_path / "train_args.json"
+def stand_ins(tmp_path: Path, record: Path) -> Path:
+    """A folder with the stand-ins, for the front of PATH; train.py's arguments go to ``record``."""
+    bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name, text in (("nvidia-smi", NVIDIA_SMI), ("ray", RAY),
                        ("python", PYTHON.format(python=sys.executable, record=record))):
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
-    full = {**os.environ, **env, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    return bin_dir
+
+
+def run_with_stand_ins(tmp_path: Path, script: str, env: dict[str, str], *args: str) -> tuple[list[str], str]:
+    """Run ``script`` with the stand-ins first on PATH; returns train.py's arguments and the script's output."""
+    record = tmp_path / "train_args.json"
+    full = {**os.environ, **env, "PATH": f"{stand_ins(tmp_path, record)}{os.pathsep}{os.environ['PATH']}"}
     full.pop("PYTHONPATH", None)
     done = subprocess.run(["bash", str(ROOT / script), *args], env=full, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and record.is_file(), (done.stdout + done.stderr)[-3000:]
@@ -100,10 +106,7 @@ def test_multi_gpu_parts_are_named_and_need_two_gpus(tmp_path):
     done = subprocess.run(["bash", str(ROOT / "tools/run_multi_gpu.sh"), "tests"], env=env, capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 1 and "needs 2 or more GPUs; found 0" in done.stderr
-    (tmp_path / "bin").mkdir()
-    (tmp_path / "bin" / "nvidia-smi").write_text(NVIDIA_SMI)
-    (tmp_path / "bin" / "nvidia-smi").chmod(0o755)
-    env["PATH"] = f"{tmp_path / 'bin'}{os.pathsep}{env['PATH']}"
+    env["PATH"] = f"{stand_ins(tmp_path, tmp_path / 'train_args.json')}{os.pathsep}{env['PATH']}"
     done = subprocess.run(["bash", str(ROOT / "tools/run_multi_gpu.sh"), "everything"], env=env,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "usage: run_multi_gpu.sh tests|nccl|scaling|colocate" in done.stderr

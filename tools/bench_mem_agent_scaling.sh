@@ -31,8 +31,7 @@ DEVICE=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 printf '{"gpus": %d, "actor_gpus": %d, "rollout_gpus": %d, "tp": %d, "device": "%s"}\n' \
   "${NUM_GPUS}" "${ACTOR_GPUS}" "${ROLLOUT_GPUS}" "${TP}" "${DEVICE}" > "${ROOT}/run.json"
 rm -f "${ROOT}/tb/metrics.jsonl"  # the table reads this run's rollouts only
-HF_CKPT="${MODEL_DIR}" TORCH_DIST="${MODEL_DIR}_torch_dist" TRAIN_DATA="${ROOT}/train.jsonl" \
-  SAVE_PATH="${ROOT}/ckpt" NUM_ROLLOUT=${NUM_ROLLOUT:-3} ACTOR_GPUS=${ACTOR_GPUS} ROLLOUT_GPUS=${ROLLOUT_GPUS} \
-  TP=${TP} \
+HF_CKPT="${MODEL_DIR}" TORCH_DIST="${MODEL_DIR}_torch_dist" TRAIN_DATA="${ROOT}/train.jsonl" SAVE_PATH="${ROOT}/ckpt" \
+  NUM_ROLLOUT=${NUM_ROLLOUT:-3} ACTOR_GPUS=${ACTOR_GPUS} ROLLOUT_GPUS=${ROLLOUT_GPUS} TP=${TP} \
   bash examples/mem_agent/run-qwen3-4b-train.sh --save "" --load "" --tensorboard-dir "${ROOT}/tb" "$@"
 python tools/scaling_table.py "${ROOT}"
