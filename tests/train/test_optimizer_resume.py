@@ -20,8 +20,8 @@ from vime_ext.trainer.launch import run_on_ranks
 DISTRIBUTED = ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"]
 OFFLOAD = ["--use-distributed-optimizer", "--optimizer-cpu-offload", "--overlap-cpu-optimizer-d2h-h2d"]
 # The CPU drops the CUDA flags and runs vime_ext's AdamW: an offload case would repeat the distributed one there.
-OFFLOAD_CASE = pytest.param(OFFLOAD, id="offload", marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="--optimizer-cpu-offload is megatron-core's, which needs CUDA"))
+OFFLOAD_NEEDS_CUDA = pytest.mark.skipif(not torch.cuda.is_available(),
+                                        reason="--optimizer-cpu-offload is megatron-core's, which needs CUDA")
 
 
 def trainer_flags(tiny_hf_dirs, tmp_path, ranks: int, cuda_flags: list[str]) -> list[str]:
@@ -53,7 +53,8 @@ def test_resumed_step_equals_the_uninterrupted_one(ranks, tiny_hf_dirs, tmp_path
     assert max(((whole[k] - resumed[k]).abs() - ulps * whole[k].abs() * 2**-7).max().item() for k in whole) <= slack
 
 
-@pytest.mark.parametrize("cuda_flags", [pytest.param(DISTRIBUTED, id="distributed"), OFFLOAD_CASE])
+@pytest.mark.parametrize("cuda_flags", [pytest.param(DISTRIBUTED, id="distributed"),
+                                        pytest.param(OFFLOAD, id="offload", marks=OFFLOAD_NEEDS_CUDA)])
 def test_a_non_finite_gradient_skips_the_step(cuda_flags, tiny_hf_dirs, tmp_path):
     """A NaN advantage makes every gradient NaN: the step is skipped and says so, the weights stay as they
     were, and the next (finite) step trains."""
