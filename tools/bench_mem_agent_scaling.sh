@@ -24,7 +24,7 @@ MODEL_DIR=${MODEL_DIR:-/tmp/qwen3-4b-random}
 if [ ! -f "${MODEL_DIR}/config.json" ]; then
   python tools/make_random_hf.py --shape qwen3-4b --out "${MODEL_DIR}"
 fi
-# 200 generated documents are ~8.6k Qwen tokens: 5 chunks of MEM_CHUNK_TOKENS=2048, each a turn that (random
+# 200 generated documents are ~8.7k Qwen tokens: 5 chunks of MEM_CHUNK_TOKENS=2048, each a turn that (random
 # weights rarely stop early) writes a full 1024-token memory, then the answer turn.
 python -m examples.mem_agent.prepare_data --generate --num 64 --num-docs "${NUM_DOCS:-200}" --out "${ROOT}/train.jsonl"
 DEVICE=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
