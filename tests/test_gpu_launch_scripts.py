@@ -76,7 +76,7 @@ def test_scaling_bench_splits_the_gpus_and_tabulates(tmp_path):
                                       "--seed", "3")
     assert [last(args, flag) for flag in ("--actor-num-gpus-per-node", "--rollout-num-gpus",
                                           "--tensor-model-parallel-size", "--num-rollout")] == ["2", "2", "2", "2"]
-    assert last(args, "--save") == "" and last(args, "--load") == ""  # no 56 GB checkpoint
+    assert last(args, "--save") == "" and last(args, "--load") == ""  # no checkpoint: 14 bytes a parameter
     assert last(args, "--hf-checkpoint") == str(model) and args[-2:] == ["--seed", "3"]
     assert "examples.mem_agent.rollout.generate" in args and "--use-distributed-optimizer" in args
     assert json.loads((run / "run.json").read_text()) == {"gpus": 4, "actor_gpus": 2, "rollout_gpus": 2, "tp": 2,

@@ -2,7 +2,7 @@
 # MemAgent's GRPO loop (examples/mem_agent/run-qwen3-4b-train.sh) on a Qwen3-4B-shaped model with random weights,
 # on every GPU of this machine: the trainer on half of them (TP 2 from 2 trainer GPUs on), vLLM engines behind
 # vllm-router on the other half, weights pushed over NCCL; a few rollouts of generated HotpotQA-style data, no
-# checkpoint (a 4B save with its optimizer states is ~56 GB of disk). Prints the run's row of per-phase figures.
+# checkpoint (bf16 weights, fp32 masters and two moments: 14 bytes a parameter, 56 GB for 4B). Prints the row.
 # Run it on machines of 2, 4 and 8 GPUs, then pass the run folders to tools/scaling_table.py for how each phase
 # scales. Needs the GPU wheel set of tools/gpu_wheels.py (vLLM, Ray, megatron-core); extra arguments go to train.py.
 #   OUT=/tmp/scaling NUM_ROLLOUT=3 NUM_DOCS=200 bash tools/bench_mem_agent_scaling.sh
