@@ -5,7 +5,7 @@ model where speed and memory are measured, on machines that cannot download it.
     python tools/make_random_hf.py --shape qwen3-4b --out /tmp/qwen3-4b-random
     python tools/make_random_hf.py --shape qwen3-4b --out DIR --no-weights  # for vLLM's --load-format dummy
 
-The weights are drawn on the GPU when there is one (a 4B model in seconds; minutes on a CPU).
+The weights are drawn on the GPU when there is one.
 """
 
 import argparse
