@@ -444,11 +444,6 @@ def _check(config: TrainConfig) -> None:
         # megatron's distributed optimizer steps fp32 weights through views of them, which its hybrid CPU/GPU
         # optimizer refuses ("can't optimize a non-leaf Tensor"; megatron-core 0.19.2, seen on an H200)
         problems.append("--optimizer-cpu-offload needs --bf16")
-    if o.optimizer_cpu_offload and c.load and _has_checkpoint(c.load):
-        # seen on an H200: megatron-core 0.19.2's hybrid CPU/GPU optimizer fails to take its saved state back
-        # (KeyError in HybridDeviceOptimizer._update_fp32_params_by_new_state)
-        problems.append("--optimizer-cpu-offload cannot resume from --load yet: megatron-core 0.19.2's hybrid "
-                        "optimizer did not take its saved state back; the checkpoint's weights convert to HF as usual")
     if o.overlap_cpu_optimizer_d2h_h2d and not o.optimizer_cpu_offload:
         problems.append("--overlap-cpu-optimizer-d2h-h2d needs --optimizer-cpu-offload")
     if not 0.0 <= o.optimizer_offload_fraction <= 1.0:
@@ -463,12 +458,6 @@ def _check(config: TrainConfig) -> None:
         problems.append(f"--prompt-data {config.data.prompt_data}: no such file")
     if problems:
         raise ConfigError("\n  ".join(["invalid flags:", *problems]))
-
-
-def _has_checkpoint(path: str) -> bool:
-    from vime_ext.trainer.checkpoint import has_checkpoint
-
-    return has_checkpoint(path)
 
 
 def _cuda() -> bool:

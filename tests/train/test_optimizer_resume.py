@@ -1,10 +1,10 @@
 """The optimizer's state survives a checkpoint exactly: a trainer that loads a save takes the same next step as
 the one that never stopped, and a step with non-finite gradients is skipped. On the CPU that is vime_ext's
 AdamW, and the resumed weights are bit-identical. On CUDA it is megatron-core's distributed optimizer with both
-overlaps (on two GPUs with its state sharded over two data-parallel ranks), and for the skipped step also
-with its CPU offload (resuming an offload run is refused at parse time). CUDA's embedding and attention
-backward passes add in no fixed order, so there the weights after the step agree only within the bound below.
-Adam's eps is small, so the step depends on the restored moments, not only on the gradient."""
+overlaps (on two GPUs with its state sharded over two data-parallel ranks) and with its CPU offload. CUDA's
+embedding and attention backward passes add in no fixed order, so there the weights after the step agree only
+within the bound below. Adam's eps is small, so the step depends on the restored moments, not only on the
+gradient."""
 
 import json
 import math
@@ -33,10 +33,12 @@ def trainer_flags(tiny_hf_dirs, tmp_path, ranks: int, cuda_flags: list[str]) -> 
             "--actor-num-gpus-per-node", str(ranks), *(cuda_flags if torch.cuda.is_available() else [])]
 
 
-@pytest.mark.parametrize("ranks", [1, 2])
-def test_resumed_step_equals_the_uninterrupted_one(ranks, tiny_hf_dirs, tmp_path):
+@pytest.mark.parametrize("ranks,cuda_flags", [pytest.param(1, DISTRIBUTED, id="1rank"),
+                                              pytest.param(2, DISTRIBUTED, id="2ranks"),
+                                              pytest.param(1, OFFLOAD, id="offload", marks=OFFLOAD_NEEDS_CUDA)])
+def test_resumed_step_equals_the_uninterrupted_one(ranks, cuda_flags, tiny_hf_dirs, tmp_path):
     require_ranks(ranks)
-    flags = trainer_flags(tiny_hf_dirs, tmp_path, ranks, DISTRIBUTED)
+    flags = trainer_flags(tiny_hf_dirs, tmp_path, ranks, cuda_flags)
     for resume in (False, True):
         run_on_ranks(dist_workers.resume_step, ranks, str(tmp_path), flags, resume, isolate=True)
     whole = torch.load(tmp_path / "whole_weights_pp0.pt")

@@ -49,12 +49,13 @@ class MegatronAdamW:
             use_distributed_optimizer=optim.use_distributed_optimizer,
             bucket_size=optim.ddp_bucket_size)
         self.model = DistributedDataParallel(config, ddp_config, model)
-        # A constant loss scale of 1 changes no number; it makes megatron check the gradients for inf/NaN and
-        # skip such a step (bf16 runs otherwise have no check), as ActorOptimizer does.
+        # With offload, megatron's hybrid CPU/GPU optimizer keeps the fp32 masters itself (its checkpoint loader
+        # expects that), which megatron calls the precision-aware optimizer; it needs no TransformerEngine then.
         self.optimizer = get_megatron_optimizer(OptimizerConfig(
             optimizer="adam", lr=lr, weight_decay=optim.weight_decay, adam_beta1=optim.adam_beta1,
             adam_beta2=optim.adam_beta2, adam_eps=optim.adam_eps, clip_grad=optim.clip_grad,
-            bf16=config.bf16, params_dtype=config.params_dtype, loss_scale=1.0,
+            bf16=config.bf16, params_dtype=config.params_dtype,
+            use_precision_aware_optimizer=optim.optimizer_cpu_offload,
             use_distributed_optimizer=optim.use_distributed_optimizer,
             optimizer_cpu_offload=optim.optimizer_cpu_offload,
             optimizer_offload_fraction=optim.optimizer_offload_fraction,
@@ -75,14 +76,17 @@ class MegatronAdamW:
         lr = self.schedule(self.step_count)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        updated, norm, _ = self.optimizer.step()
+        # A non-finite gradient skips the step, as in ActorOptimizer. megatron checks only under a loss scale,
+        # and its check has no bf16 kernel (the precision-aware optimizer's gradients stay bf16), so the
+        # decision is taken here, on the global gradient norm; megatron's step repeats prepare_grads.
+        self.optimizer.prepare_grads()
+        norm = float(self.optimizer.get_grad_norm())  # a float, or a CUDA tensor where TE/Apex kernels exist
+        updated = math.isfinite(norm) and self.optimizer.step()[0]
         self._has_states = self._has_states or updated
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
         if updated:
             self.step_count += 1
-        # megatron's norm is a float, or a CUDA tensor where TE/Apex kernels exist; None for a skipped step
-        norm = float(norm) if norm is not None else math.nan
         return {"grad_norm": norm, "lr": lr, "skipped": 0.0 if updated else 1.0}
 
     def params_ready(self) -> None:
