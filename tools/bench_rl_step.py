@@ -11,14 +11,14 @@ drawn uniformly in [min, max], the first 256 tokens a masked prompt, packed into
 (forward only), then forward-backward and the optimizer. Reported per phase (seconds, after ``--warmup``
 rollouts), tokens/s, MFU (bench_train.py's FLOP count and a matmul ceiling measured in this run), peak memory, and
 the model-only fwd+bwd+AdamW rate of bench_train.py for the same shape at ``--max-tokens-per-gpu`` tokens, the
-rate to beat. Prints one JSON object.
+rate to beat (run first, in a process of its own). Prints one JSON object.
 """
 
 import argparse
 import json
-import os
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -27,8 +27,26 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tools.bench_train import (SHAPES, bench, flops_per_token, hf_config, matmul_ceiling_tflops,  # noqa: E402
+from tools.bench_train import (SHAPES, flops_per_token, hf_config, matmul_ceiling_tflops,  # noqa: E402
                                print_and_save)
+
+
+def model_only_rate(shape_name: str, tokens: int, recompute: str) -> dict:
+    """bench_train.py's fwd+bwd+AdamW step for the shape at ``tokens`` tokens, in a process of its own: after the
+    actor, the caching allocator and megatron's buffers of this one left too little for an 8B (or, on an H100, a
+    4B) model-only step."""
+    impl = "megatron-sdpa" if recompute == "none" else "megatron-sdpa-full"
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "model_only.json"
+        done = subprocess.run([sys.executable, str(Path(__file__).with_name("bench_train.py")), "--shape", shape_name,
+                               "--seq-lens", str(tokens), "--impls", impl, "--steps", "3", "--out", str(out)],
+                              capture_output=True, text=True)
+        if done.returncode or not out.exists():
+            tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or [f"exit status {done.returncode}"]
+            return {"tokens_per_s": 0, "mfu": None, "peak_gib": None, "error": tail[0]}
+        run = json.loads(out.read_text())["results"][0]
+    return {"tokens_per_s": round(run["tokens_per_s"] or 0), "mfu": run["mfu"], "peak_gib": run["peak_gib"] and round(run["peak_gib"], 1),
+            "error": run["error"]}
 
 
 def write_random_checkpoint(shape_name: str, folder: Path) -> Path:
@@ -103,6 +121,8 @@ def main(argv=None) -> None:
     from vime_ext.trainer.launch import free_port
     from vime_ext.trainer.model_config import ModelShape
 
+    # First, while this process holds no GPU memory: the rate to beat.
+    model_only = model_only_rate(args.shape, args.max_tokens_per_gpu, args.recompute)
     root = Path(tempfile.mkdtemp(prefix="bench_rl_step_"))
     start = time.perf_counter()
     folder = write_random_checkpoint(args.shape, root / args.shape)
@@ -161,14 +181,7 @@ def main(argv=None) -> None:
     del actor
     torch.cuda.empty_cache()
 
-    from vime_ext.trainer.model_config import ParallelConfig
-    from vime_ext.trainer.parallel import init_distributed
-
-    os.environ["MASTER_PORT"] = str(free_port())  # a fresh rendezvous: the actor's port may still be held
-    init_distributed(ParallelConfig())  # the actor's shutdown took its groups down; bench_train's model needs one
     ceiling = matmul_ceiling_tflops()
-    model_only = bench("megatron-sdpa" if args.recompute == "none" else "megatron-sdpa-full", shape,
-                       hf_config(args.shape), args.max_tokens_per_gpu, 1, 3, ceiling)
     fb_opt = median["forward_backward_s"] + median["optimizer_s"]
     result = {
         "device": torch.cuda.get_device_name(), "shape": args.shape, "parameters": parameters,
@@ -182,11 +195,10 @@ def main(argv=None) -> None:
         "train_tokens_per_s": round(train_tokens / fb_opt), "train_mfu": round(flops / fb_opt / 1e12 / ceiling, 3),
         "rl_step_tokens_per_s": round(train_tokens / median["total_s"]), "peak_gib": round(peak_gib, 1),
         "matmul_ceiling_tflops": round(ceiling, 1),
-        "model_only": {"tokens_per_s": round(model_only.tokens_per_s or 0), "mfu": model_only.mfu,
-                       "peak_gib": round(model_only.peak_gib, 1), "error": model_only.error},
+        "model_only": model_only,
     }
-    if model_only.tokens_per_s:
-        result["train_vs_model_only"] = round(result["train_tokens_per_s"] / model_only.tokens_per_s, 3)
+    if model_only["tokens_per_s"]:
+        result["train_vs_model_only"] = round(result["train_tokens_per_s"] / model_only["tokens_per_s"], 3)
     print_and_save(result, args.out)
 
 
