@@ -45,8 +45,8 @@ def model_only_rate(shape_name: str, tokens: int, recompute: str) -> dict:
             tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or [f"exit status {done.returncode}"]
             return {"tokens_per_s": 0, "mfu": None, "peak_gib": None, "error": tail[0]}
         run = json.loads(out.read_text())["results"][0]
-    return {"tokens_per_s": round(run["tokens_per_s"] or 0), "mfu": run["mfu"], "peak_gib": run["peak_gib"] and round(run["peak_gib"], 1),
-            "error": run["error"]}
+    return {"tokens_per_s": round(run["tokens_per_s"] or 0), "mfu": run["mfu"],
+            "peak_gib": run["peak_gib"] and round(run["peak_gib"], 1), "error": run["error"]}
 
 
 def write_random_checkpoint(shape_name: str, folder: Path) -> Path:
