@@ -446,3 +446,34 @@ def packed_matches_padded(out_dir: str, hf_dir: str, dtype_name: str) -> None:
         result.update(packed_vs_fp32=gaps(ours, reference), padded_vs_fp32=gaps(theirs, reference))
     Path(out_dir, "packed.json").write_text(json.dumps(result))
     destroy_distributed()
+
+
+def handover_step(out_dir: str, flags: list[str], handover: bool) -> None:
+    """One rank: train a rollout, then (``handover``) release the trainer's memory in colocated mode's two
+    stages (all but the policy weights, then those) and restore it, then train a second rollout; writes the
+    second step's statistics, the weights after it, and what the release left allocated."""
+    config, actor, layout = _rank_actor(flags)
+    _train_on(actor, config, layout, seed=0)
+    report = {}
+    if handover:
+        weights = list(actor.model.parameters())
+        others = [t for t in actor.optimizer.handover_tensors()[0] + list(actor.ref_model.parameters())
+                  + list(actor.critic.model.parameters()) if t.untyped_storage().data_ptr() not in
+                  {w.untyped_storage().data_ptr() for w in weights}]
+        first = actor.release_memory(keep_weights=True)
+        report["weights_kept"] = all(w.untyped_storage().nbytes() > 0 for w in weights)
+        report["others_released"] = all(t.untyped_storage().nbytes() == 0 for t in others)
+        second = actor.release_memory()
+        report["weights_released"] = all(w.untyped_storage().nbytes() == 0 for w in weights)
+        report["released_gb"] = first["handover_gb"] + second["handover_gb"]
+        report["restored_gb"] = actor.restore_memory()["handover_gb"]
+        # A second round: the reference model's host copy is reused, not made again.
+        third = actor.release_memory()
+        actor.restore_memory()
+        report["second_round_copied_gb"] = third["handover_copied_gb"]
+        report["first_round_copied_gb"] = first["handover_copied_gb"] + second["handover_copied_gb"]
+    result = _train_on(actor, config, layout, seed=1)
+    tag = "handover" if handover else "plain"
+    torch.save(_hf_weights(actor.model, config.shape), Path(out_dir, f"{tag}_weights.pt"))
+    Path(out_dir, f"{tag}.json").write_text(json.dumps({"steps": result["steps"], **report}))
+    actor.shutdown()

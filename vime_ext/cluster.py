@@ -23,6 +23,27 @@ _WORKER_ENV = ("HF_HUB_OFFLINE", "TOKENIZERS_PARALLELISM", "VIME_EXT_CACHE", "VI
                "VLLM_CPU_KVCACHE_SPACE", "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "PYTHONPATH")
 
 
+def connect_ray(world: int) -> None:
+    """Join the Ray cluster that ``RAY_ADDRESS`` names or that runs on this machine (``ray start``, e.g. a launch
+    script's ``start_ray``); start a private one only when there is none. A running cluster's resources are its
+    own (Ray refuses ``num_cpus`` when connecting); a private one gets a logical CPU per process, whatever the
+    core count, since on a machine without GPUs every trainer rank and the rollout manager take one."""
+    import ray
+
+    env = {k: os.environ[k] for k in _WORKER_ENV if k in os.environ}
+    env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), *filter(None, [env.get("PYTHONPATH")])])
+    common = dict(include_dashboard=False, runtime_env={"env_vars": env}, log_to_driver=True)
+    address = os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, **common)
+        return
+    try:
+        ray.init(address="auto", **common)
+        print(f"ray: joined the cluster running on this machine ({ray.get_runtime_context().gcs_address})")
+    except ConnectionError:  # none running: a private one, gone when this process ends
+        ray.init(num_cpus=max(os.cpu_count() or 1, world + 2), **common)
+
+
 class _TrainWorker:
     """The Ray-side holder of one TrainActor (created after the rank-0 address is known)."""
 
@@ -79,6 +100,7 @@ class Cluster:
             self._actors = [TrainActor(self.config, 0, 1, "127.0.0.1", free_port())]
             self.layouts = [self._actors[0].layout()]
         if self.has_manager:
+            self._hand_gpus_to_engines()
             self._manager = RolloutManager(self.config, gpu_ids_from_env(), log_dir)
 
     def _start_ray(self, log_dir):
@@ -90,12 +112,7 @@ class Cluster:
         world = cl.actor_world_size if self.has_actors else 0
         gpus = torch.cuda.is_available()
         if not ray.is_initialized():
-            env = {k: os.environ[k] for k in _WORKER_ENV if k in os.environ}
-            env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), *filter(None, [env.get("PYTHONPATH")])])
-            # Without GPUs, Ray gets enough logical CPUs for one per process, whatever the core count.
-            ray.init(address=os.environ.get("RAY_ADDRESS"), include_dashboard=False,
-                     num_cpus=None if os.environ.get("RAY_ADDRESS") else max(os.cpu_count() or 1, world + 2),
-                     runtime_env={"env_vars": env}, log_to_driver=True)
+            connect_ray(world)
         actor_bundle = {"CPU": 1, **({"GPU": 1} if gpus else {})}
         bundles = [dict(actor_bundle) for _ in range(world)]
         rollout_gpus = 0 if (cl.colocate or not gpus) else (cl.rollout_num_gpus or 1)
@@ -119,9 +136,16 @@ class Cluster:
         colocated_gpus = None
         if cl.colocate and gpus:
             colocated_gpus = sorted({g for a in self._actors for g in ray.get(a.gpu_ids.remote())})
+            self._hand_gpus_to_engines()
         self._manager = ray.remote(_ManagerWorker).options(
             num_cpus=1, num_gpus=rollout_gpus, scheduling_strategy=in_bundle(world)).remote()
         ray.get(self._manager.setup.remote(self.config, colocated_gpus, log_dir))
+
+    def _hand_gpus_to_engines(self) -> None:
+        """Colocated on GPUs: the trainer ranks release their memory before the engines start, since vLLM sizes
+        its KV cache from the memory free at start-up; the driver takes turns from then on (train.py)."""
+        if self.config.cluster.colocate and self._actors and self.layouts[0].get("device") == "cuda":
+            self.actors("release_memory")
 
     def actors(self, method: str, per_rank_args: list[tuple] | None = None) -> list[Any]:
         """Call ``method`` on every trainer rank (rank i gets ``per_rank_args[i]``) and wait for all."""

@@ -69,6 +69,10 @@ class Trainer:
         self.dp_size = layouts[0]["dp_size"]
         self.dp_rank = [l["dp_rank"] for l in layouts]
         self.reporters = [i for i, l in enumerate(layouts) if l.get("last_stage") and l["tp_rank"] == 0]
+        # Colocated on GPUs, the trainer ranks and the engines take turns with the accelerator memory: the
+        # cluster handed the ranks' memory over before the engines started (cluster.py).
+        self.handover = config.cluster.colocate and self.cluster.has_manager and self.cluster.has_actors and \
+            layouts[0].get("device") == "cuda"
         self.start_rollout = 0
         self.history: list[dict[str, float]] = []  # every logged metric dict, for tests and the demo's summary
 
@@ -86,6 +90,54 @@ class Trainer:
             self.cluster.manager("finish_weight_update", version)
         return time.perf_counter() - start
 
+    def to_trainer(self, times: dict[str, float], memory: dict[str, float]) -> None:
+        """Colocated: the engines sleep and the trainer ranks take their memory back (``memory/rollout_*`` is
+        the device as the rollout left it, ``memory/reload_*`` after the reload)."""
+        if not self.config.cluster.colocate or not self.cluster.has_manager:
+            return
+        if self.handover:
+            memory.update(_max_over_ranks(self.cluster.actors("memory"), "rollout"))
+        tick = time.perf_counter()
+        self.cluster.manager("sleep")
+        times["sleep"] = time.perf_counter() - tick
+        if self.handover:
+            tick = time.perf_counter()
+            memory.update(_max_over_ranks(self.cluster.actors("restore_memory"), "reload"))
+            times["reload"] = time.perf_counter() - tick
+
+    def to_engines(self, version: int, times: dict[str, float], memory: dict[str, float]) -> None:
+        """Push the weights of ``version`` to the engines; colocated, wake them around it. With the hand-over,
+        the trainer ranks release everything but the weights, the engines wake their weights, the push runs,
+        the ranks release the weights, and the engines wake their KV cache (the order that never holds two
+        full sets of memory at once)."""
+        colocated = self.config.cluster.colocate and self.cluster.has_manager
+        if not colocated:
+            times["weight_sync"] = self.push_weights(version)
+            return
+        if not self.handover:
+            tick = time.perf_counter()
+            self.cluster.manager("wake_up")
+            times["wake_up"] = time.perf_counter() - tick
+            times["weight_sync"] = self.push_weights(version)
+            return
+        memory.update(_max_over_ranks(self.cluster.actors("memory"), "train"))
+        tick = time.perf_counter()
+        memory.update(_max_over_ranks(self.cluster.actors("release_memory", [(True,)] * len(self.dp_rank)),
+                                      "offload"))
+        times["offload"] = time.perf_counter() - tick
+        tick = time.perf_counter()
+        self.cluster.manager("wake_up", ["weights"])
+        times["wake_up"] = time.perf_counter() - tick
+        times["weight_sync"] = self.push_weights(version)
+        memory.update(_max_over_ranks(self.cluster.actors("memory"), "push"))
+        tick = time.perf_counter()
+        self.cluster.actors("release_memory")
+        times["offload"] += time.perf_counter() - tick
+        tick = time.perf_counter()
+        self.cluster.manager("wake_up", ["kv_cache"])
+        times["wake_up"] += time.perf_counter() - tick
+        memory.update(_max_over_ranks(self.cluster.actors("memory"), "engines"))
+
     def save(self, rollout_id: int) -> float:
         start = time.perf_counter()
         data = self.cluster.manager("data_state") if self.cluster.has_manager else None
@@ -101,11 +153,13 @@ class Trainer:
             if path:
                 print(f"--load {path}: no checkpoint there yet; starting from --hf-checkpoint")
             return
+        times, memory = {}, {}
+        self.to_trainer(times, memory)
         state = self.cluster.actors("load", [(path,)] * len(self.dp_rank))[0]
         if self.cluster.has_manager and state["data"] is not None:
             self.cluster.manager("load_data_state", state["data"])
         self.start_rollout = int(state["next_rollout"])
-        self.push_weights(self.start_rollout)
+        self.to_engines(self.start_rollout, times, memory)
         print(f"resumed from {path} at rollout {self.start_rollout}")
 
     def evaluate(self, rollout_id: int) -> dict[str, float]:
@@ -140,37 +194,34 @@ class Trainer:
         metrics.update({f"rollout/{k}": float(v) for k, v in output.metrics.items()})
         metrics["rollout/tokens_per_s"] = sum(s.response_length for s in samples) / max(times["rollout"], 1e-9)
         prompts = [g[0].metadata.get("source", "") for g in output.groups]
+        memory: dict[str, float] = {}
         if self.cluster.has_actors:
-            metrics.update(self.train_on(rollout_id, samples, times))
-        if config.checkpoint.save and self.cluster.has_actors and (
-                (config.checkpoint.save_interval and (rollout_id + 1) % config.checkpoint.save_interval == 0)
-                or rollout_id + 1 == config.data.num_rollout):
-            times["save"] = self.save(rollout_id)
+            metrics.update(self.train_on(rollout_id, samples, times, memory))
         times["total"] = time.perf_counter() - start
         metrics.update({f"time/{k}": v for k, v in times.items()})
+        metrics.update({f"memory/{k}": v for k, v in memory.items()})
         self.tracker.log(metrics, rollout_id, {"prompts": prompts})
         self.history.append({"rollout": rollout_id, **metrics})
         return metrics
 
-    def train_on(self, rollout_id: int, samples: list[Sample], times: dict[str, float]) -> dict[str, float]:
-        """Advantages, the optimizer steps of one rollout on the trainer ranks, the weight push; train metrics."""
+    def train_on(self, rollout_id: int, samples: list[Sample], times: dict[str, float],
+                 memory: dict[str, float]) -> dict[str, float]:
+        """Advantages, the optimizer steps of one rollout on the trainer ranks, the save when one is due, the
+        weight push; train metrics. ``times`` and ``memory`` get each phase's seconds and GPU memory."""
         config = self.config
         sequences = self.convert(self.args, samples)
         if not isinstance(sequences, list) or not all(isinstance(q, TrainSequence) for q in sequences):
             raise RolloutError("the samples-to-train-data converter must return a list of TrainSequence")
         per_rank, totals = plan_steps(config, samples, sequences, self.dp_size)
-        if config.cluster.colocate:
-            tick = time.perf_counter()
-            self.cluster.manager("sleep")
-            times["sleep"] = time.perf_counter() - tick
+        self.to_trainer(times, memory)
         update_policy = rollout_id >= config.algorithm.num_critic_only_steps
         results = self.cluster.actors("train_rollout", [(per_rank[r], totals, update_policy)
                                                         for r in self.dp_rank])
-        if config.cluster.colocate:
-            tick = time.perf_counter()
-            self.cluster.manager("wake_up")
-            times["wake_up"] = time.perf_counter() - tick
-        times["weight_sync"] = self.push_weights(rollout_id + 1)
+        if config.checkpoint.save and (
+                (config.checkpoint.save_interval and (rollout_id + 1) % config.checkpoint.save_interval == 0)
+                or rollout_id + 1 == config.data.num_rollout):
+            times["save"] = self.save(rollout_id)  # before the hand-over: the ranks hold their weights
+        self.to_engines(rollout_id + 1, times, memory)
         reported = [results[i] for i in self.reporters]
         times["log_probs"] = max(r["log_prob_time"] for r in results)
         times["train"] = max(r["train_time"] for r in results)
@@ -217,6 +268,17 @@ class Trainer:
         if config.checkpoint.save:
             print(f"checkpoints: {config.checkpoint.save}")
         return self.history
+
+
+def _max_over_ranks(reports: list[dict[str, float]], phase: str) -> dict[str, float]:
+    """``{phase}_{key}``: the largest of each figure over the trainer ranks' reports (the rank that runs out of
+    memory first is the one that matters)."""
+    out: dict[str, float] = {}
+    for report in reports:
+        for key, value in (report or {}).items():
+            name = f"{phase}_{key}"
+            out[name] = max(out.get(name, value), value)
+    return out
 
 
 def _flat(tree: dict, prefix: str = "") -> dict:

@@ -168,9 +168,20 @@ def launch_router(worker_urls: list[str], policy: str = "consistent_hash", host:
     return _start("router", command, host, port, {}, log_dir)
 
 
-def wait_until_serving(engines: list[ServerProcess], timeout_s: float = 600.0) -> None:
-    """Block until every engine answers /health; an engine that exits or stays silent raises with its log."""
-    deadline = time.time() + timeout_s
+def last_log_line(server: ServerProcess, width: int = 160) -> str:
+    """The server's latest non-empty log line, shortened: what it is doing now."""
+    lines = [line.strip() for line in server.log_tail(4000).splitlines() if line.strip()]
+    return lines[-1][:width] if lines else "(nothing logged yet)"
+
+
+def wait_until_serving(engines: list[ServerProcess], timeout_s: float = 600.0,
+                       progress_every_s: float = 15.0) -> None:
+    """Block until every engine answers /health; an engine that exits or stays silent raises with its log. A
+    vLLM engine on a GPU takes a minute or two to start (loading weights, torch.compile, CUDA-graph capture, the
+    KV cache's profile run): every ``progress_every_s`` the wait prints how long it has been and each pending
+    server's latest log line."""
+    start = time.time()
+    deadline, next_report = start + timeout_s, start + progress_every_s
     pending = list(engines)
     while pending:
         for engine in list(pending):
@@ -185,5 +196,10 @@ def wait_until_serving(engines: list[ServerProcess], timeout_s: float = 600.0) -
         if pending and time.time() > deadline:
             raise TimeoutError(f"engines {[e.url for e in pending]} not serving after {timeout_s:.0f} s; "
                                f"last log lines:\n{pending[0].log_tail()}")
+        if pending and time.time() >= next_report:
+            next_report += progress_every_s
+            for server in pending:
+                print(f"waiting for {server.name} {server.url} to serve ({time.time() - start:.0f} s): "
+                      f"{last_log_line(server)}", flush=True)
         if pending:
             time.sleep(1.0)

@@ -69,6 +69,8 @@ class RolloutManager:
         self.restarts = 0
         try:
             self.engines = [launch_engine(c) for c in self.engine_configs]
+            print(f"starting {len(self.engines)} {cl.engine_backend} engine(s); logs: "
+                  f"{', '.join(str(e.log_path) for e in self.engines)}", flush=True)
             wait_until_serving(self.engines, timeout_s=900)
             self.router = launch_router([e.url for e in self.engines], policy=cl.router_policy, log_dir=log_dir)
             wait_until_serving([self.router], timeout_s=120)
@@ -153,8 +155,11 @@ class RolloutManager:
         self._post_all("/pause", mode="abort")
         self._post_all("/sleep", level=1)
 
-    def wake_up(self) -> None:
-        self._post_all("/wake_up")
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Give the engines their memory back: all of it, or only ``tags`` (vLLM's ``weights``, ``kv_cache``),
+        so that a colocated trainer can push its weights before the KV cache returns."""
+        for url in self.engine_urls():
+            self.sync.post(url, "/wake_up", params={"tags": tags} if tags else None)
 
     def shutdown(self) -> None:
         for server in [self.router, *self.engines]:

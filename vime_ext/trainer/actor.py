@@ -17,6 +17,7 @@ from vime_ext.algorithms.train_data import TrainSequence
 from vime_ext.arguments import TrainConfig
 from vime_ext.trainer.batching import MicroBatch, copy_rows, micro_batches
 from vime_ext.trainer.forward import forward_backward, forward_log_probs
+from vime_ext.trainer.memory_handover import MemoryHandover, memory_snapshot
 from vime_ext.trainer.rl_loss import LossSettings, micro_batch_loss
 
 if TYPE_CHECKING:
@@ -98,6 +99,7 @@ class TrainActor:
                                           a.kl_loss_type, a.entropy_coef, a.loss_aggregation, a.use_tis,
                                           a.tis_cap, config.rollout.rollout_temperature or 1.0)
         self.ps = parallel_state
+        self._handover = MemoryHandover(self._device().type)
         self._weight_sync = None  # the sender's (target, WeightSync), kept between pushes
         self._resumed_from = None  # the iteration this run loaded: --save-keep-last never deletes it
 
@@ -116,7 +118,34 @@ class TrainActor:
         ps = self.ps
         return {"rank": self.rank, "dp_rank": ps.get_data_parallel_rank(), "tp_rank": ps.get_tensor_model_parallel_rank(),
                 "pp_rank": ps.get_pipeline_model_parallel_rank(), "last_stage": ps.is_pipeline_last_stage(),
-                "dp_size": ps.get_data_parallel_world_size()}
+                "dp_size": ps.get_data_parallel_world_size(), "device": self._device().type}
+
+    # ---- colocated mode: the accelerator goes to the engines between training steps -----------------------
+
+    def release_memory(self, keep_weights: bool = False) -> dict[str, float]:
+        """Hand this rank's accelerator memory over (``memory_handover``): weights, gradient buffers, optimizer
+        state, the reference model and the critic. ``keep_weights`` keeps the policy's weights for a push; a
+        second call releases them. Returns what moved and the memory left."""
+        weights = list(self.model.parameters())
+        kept, zeroed = self.optimizer.handover_tensors()
+        constant = list(self.ref_model.parameters()) if self.ref_model is not None else []
+        if self.critic is not None:
+            critic_kept, critic_zeroed = self.critic.optimizer.handover_tensors()
+            kept += list(self.critic.model.parameters()) + critic_kept
+            zeroed += critic_zeroed
+        stats = self._handover.release(kept + weights, zeroed, constant, spare=weights if keep_weights else ())
+        return {"handover_gb": stats.released_gb, "handover_copied_gb": stats.copied_gb,
+                "handover_s": stats.seconds, "handover_skipped": float(len(stats.skipped)), **memory_snapshot()}
+
+    def restore_memory(self) -> dict[str, float]:
+        """Take back what ``release_memory`` handed over, values intact, gradient buffers zeroed."""
+        stats = self._handover.restore()
+        return {"handover_gb": stats.released_gb, "handover_copied_gb": stats.copied_gb,
+                "handover_s": stats.seconds, **memory_snapshot()}
+
+    def memory(self) -> dict[str, float]:
+        """This rank's accelerator memory now, and its peak since the last call (``memory_snapshot``)."""
+        return memory_snapshot()
 
     # ---- log-probs and training ---------------------------------------------------------------------------
 

@@ -89,6 +89,19 @@ class MegatronAdamW:
             self.step_count += 1
         return {"grad_norm": norm, "lr": lr, "skipped": 0.0 if updated else 1.0}
 
+    def handover_tensors(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """(tensors whose values must survive a memory hand-over, tensors that are zero between steps): DDP's
+        contiguous weight buffers (the parameters are views of them with the distributed optimizer) and the
+        optimizers' masters and states; DDP's gradient buffers, zeroed after every step."""
+        from vime_ext.trainer.memory_handover import optimizer_tensors
+
+        buffers = self.model.buffers + self.model.expert_parallel_buffers
+        kept = [b.param_data for b in buffers if b.param_data is not None]
+        for inner in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
+            if getattr(inner, "optimizer", None) is not None:  # a rank without parameters has none
+                kept += optimizer_tensors(inner.optimizer)
+        return kept, [b.grad_data for b in buffers]
+
     def params_ready(self) -> None:
         """Finish the all-gather of updated weights that ``--overlap-param-gather`` leaves to the next forward,
         before the weights are read directly (pushed to engines, saved)."""

@@ -76,6 +76,13 @@ class ActorOptimizer:
         for p in self.params + self.masters:
             p.grad = None
 
+    def handover_tensors(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """(tensors whose values must survive a memory hand-over, tensors that are zero between steps): the fp32
+        masters and Adam's states; gradients are dropped after each step, so there are none of the second kind."""
+        from vime_ext.trainer.memory_handover import optimizer_tensors
+
+        return optimizer_tensors(self.adam), []
+
     def _sync_grads(self) -> None:
         from megatron.core import parallel_state
 

@@ -1,0 +1,48 @@
+"""Colocated mode's memory hand-over (``vime_ext/trainer/memory_handover.py``) leaves training unchanged: a
+trainer that releases everything (policy weights last), restores it and trains on takes exactly the step of one
+that never let go. PPO with a KL reference, so the policy, its optimizer, the reference model and the critic all
+go through it. On the CPU the storages are freed and refilled in host memory; on CUDA (run on a GPU machine) the
+same code frees device memory, with megatron-core's DDP buffers and optimizer."""
+
+import json
+
+import pytest
+import torch
+
+from tests import dist_workers
+from tests.train.test_optimizer_resume import DISTRIBUTED, OFFLOAD, OFFLOAD_NEEDS_CUDA, trainer_flags
+from vime_ext.trainer.launch import run_on_ranks
+from vime_ext.trainer.memory_handover import MemoryHandover
+
+PPO = ["--advantage-estimator", "ppo", "--kl-coef", "0.05", "--critic-lr", "1e-3"]
+
+
+@pytest.mark.parametrize("cuda_flags", [pytest.param(DISTRIBUTED, id="distributed"),
+                                        pytest.param(OFFLOAD, id="offload", marks=OFFLOAD_NEEDS_CUDA)])
+def test_training_after_a_handover_equals_training_without(cuda_flags, tiny_hf_dirs, tmp_path):
+    flags = trainer_flags(tiny_hf_dirs, tmp_path, 1, cuda_flags) + PPO
+    for handover in (False, True):
+        run_on_ranks(dist_workers.handover_step, 1, str(tmp_path), flags, handover, isolate=True)
+    plain, moved = (json.loads((tmp_path / f"{tag}.json").read_text()) for tag in ("plain", "handover"))
+    assert moved["weights_kept"] and moved["others_released"] and moved["weights_released"]
+    assert moved["released_gb"] == pytest.approx(moved["restored_gb"]) and moved["released_gb"] > 0
+    # The reference model is copied out once; later rounds copy only what training changes.
+    assert 0 < moved["second_round_copied_gb"] < moved["first_round_copied_gb"]
+    assert plain["steps"][0]["grad_norm"] > 0 and moved["steps"] == plain["steps"]
+    before, after = (torch.load(tmp_path / f"{tag}_weights.pt") for tag in ("plain", "handover"))
+    assert sorted(before) == sorted(after) and all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_views_survive_and_zeroed_buffers_come_back_zero():
+    buffer = torch.arange(12, dtype=torch.float32)
+    view = buffer[4:8].view(2, 2)  # like a parameter viewing megatron's contiguous buffer
+    grads = torch.ones(6)
+    handover = MemoryHandover("cpu")
+    stats = handover.release([view], zeroed=[grads])
+    assert buffer.untyped_storage().nbytes() == 0 and grads.untyped_storage().nbytes() == 0
+    assert stats.copied_gb * 2**30 == 48 and stats.released_gb * 2**30 == 72  # only the kept one is copied
+    handover.restore()
+    assert torch.equal(buffer, torch.arange(12, dtype=torch.float32)) and torch.equal(view, buffer[4:8].view(2, 2))
+    assert torch.equal(grads, torch.zeros(6))
+    view.add_(1)  # the view still writes into the buffer's (new) memory
+    assert buffer[4].item() == 5.0

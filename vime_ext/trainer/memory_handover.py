@@ -1,0 +1,156 @@
+"""Colocated mode's memory hand-over: a trainer rank gives its accelerator memory to the engines while they
+generate, and takes it back to train (what slime's ``--offload-train`` does with torch_memory_saver).
+
+What leaves the GPU: the weights (the model's, the reference model's, the critic's), the gradient buffers and
+whatever optimizer state lives on the GPU (fp32 masters, Adam moments). Each tensor storage is freed in place
+(``resize_(0)``) and later re-allocated at the same size, so every view of it (megatron's parameters are views
+of its contiguous buffers, ``main_grad`` of the gradient buffer) stays valid without being re-bound; then the
+caching allocator's free blocks go back to the driver. Values that must survive are copied to pinned host
+buffers, which are allocated once and reused; gradient buffers are zero between optimizer steps, so they are
+freed without a copy and zeroed on return; the reference model never changes, so it is copied out once.
+
+The same code runs on CPU tensors (``resize_`` works there too), which is how the CPU tests check that a
+training run is unchanged by a hand-over; on a real CPU run there is nothing to hand over and the actor skips it.
+"""
+
+from dataclasses import dataclass, field
+
+import torch
+
+GiB = float(2**30)
+
+
+@dataclass
+class _Slot:
+    storage: torch.UntypedStorage
+    nbytes: int
+    policy: str  # "copy" (values survive), "constant" (copied once), "zero" (zeroed on return)
+    host: torch.Tensor | None = None
+
+
+def _bytes_of(storage: torch.UntypedStorage) -> torch.Tensor:
+    """A uint8 tensor over the whole storage, for copies."""
+    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+
+
+@dataclass
+class HandoverStats:
+    """What one hand-over moved: bytes copied, bytes released (the storages' sizes), seconds."""
+
+    copied_gb: float = 0.0
+    released_gb: float = 0.0
+    seconds: float = 0.0
+    skipped: list[str] = field(default_factory=list)  # storages that cannot be freed in place (not resizable)
+
+
+class MemoryHandover:
+    """Frees and restores a set of tensor storages. Tensors are named by group each time ``release`` is called
+    (optimizer states appear at the first step, so the set is gathered anew), and a storage keeps its host
+    buffer between hand-overs."""
+
+    def __init__(self, device_type: str = "cuda"):
+        self.device_type = device_type  # only storages on this kind of device are handed over
+        self._slots: dict[int, _Slot] = {}  # by the storage's C++ identity, stable across resizes
+        self._released: list[_Slot] = []
+
+    @property
+    def released(self) -> bool:
+        return bool(self._released)
+
+    def release(self, kept: list[torch.Tensor], zeroed: list[torch.Tensor] = (),
+                constant: list[torch.Tensor] = (), spare: list[torch.Tensor] = ()) -> HandoverStats:
+        """Free the storages of ``kept`` (copied out first), ``constant`` (copied out the first time) and
+        ``zeroed`` (not copied), except those of ``spare`` (still needed: released by a later call). A storage
+        named twice keeps the policy that preserves most; one released already is left as it is."""
+        import time
+
+        start = time.perf_counter()
+        stats = HandoverStats()
+        spared = {t.untyped_storage()._cdata for t in spare if t is not None}
+        chosen: dict[int, tuple[torch.UntypedStorage, str]] = {}
+        rank = {"zero": 0, "constant": 1, "copy": 2}
+        for policy, tensors in (("zero", zeroed), ("constant", constant), ("copy", kept)):
+            for tensor in tensors:
+                if tensor is None or tensor.device.type != self.device_type:
+                    continue
+                storage = tensor.untyped_storage()
+                if storage.nbytes() == 0 or storage._cdata in spared:
+                    continue
+                key = storage._cdata
+                if key not in chosen or rank[policy] > rank[chosen[key][1]]:
+                    chosen[key] = (storage, policy)
+        newly = []
+        for key, (storage, policy) in chosen.items():
+            if not storage.resizable():
+                stats.skipped.append(f"{storage.nbytes()} bytes on {storage.device}")
+                continue
+            slot = self._slots.get(key)
+            if slot is None or slot.nbytes != storage.nbytes():
+                slot = self._slots[key] = _Slot(storage, storage.nbytes(), policy)
+            slot.policy = policy
+            if policy == "copy" or (policy == "constant" and slot.host is None):
+                if slot.host is None:
+                    slot.host = torch.empty(slot.nbytes, dtype=torch.uint8,
+                                            pin_memory=storage.device.type == "cuda")
+                slot.host.copy_(_bytes_of(storage), non_blocking=True)
+                stats.copied_gb += slot.nbytes / GiB
+            newly.append(slot)
+        _synchronize()
+        for slot in newly:
+            slot.storage.resize_(0)
+            stats.released_gb += slot.nbytes / GiB
+        self._released += newly
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        stats.seconds = time.perf_counter() - start
+        return stats
+
+    def restore(self) -> HandoverStats:
+        """Re-allocate every released storage at its size and put its values back."""
+        import time
+
+        start = time.perf_counter()
+        stats = HandoverStats()
+        for slot in self._released:
+            slot.storage.resize_(slot.nbytes)
+            view = _bytes_of(slot.storage)
+            if slot.policy == "zero":
+                view.zero_()
+            else:
+                view.copy_(slot.host, non_blocking=True)
+                stats.copied_gb += slot.nbytes / GiB
+            stats.released_gb += slot.nbytes / GiB
+        _synchronize()
+        self._released = []
+        stats.seconds = time.perf_counter() - start
+        return stats
+
+
+def _synchronize() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def optimizer_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """Every tensor a torch optimizer holds: its parameters (megatron's fp32 masters) and their states, and those
+    of its sub-optimizers (megatron's hybrid CPU/GPU optimizer keeps its GPU share's fp32 copies there)."""
+    tensors = []
+    for group in optimizer.param_groups:
+        tensors += list(group["params"])
+    for state in optimizer.state.values():
+        tensors += [v for v in state.values() if isinstance(v, torch.Tensor)]
+    for inner in getattr(optimizer, "sub_optimizers", None) or []:
+        tensors += optimizer_tensors(inner)
+    return tensors
+
+
+def memory_snapshot() -> dict[str, float]:
+    """This rank's accelerator memory, GiB: allocated and reserved by its caching allocator, the peak allocated
+    since the last snapshot, and the whole device's use (every process on it: the engine, when colocated)."""
+    if not torch.cuda.is_available():
+        return {}
+    free, total = torch.cuda.mem_get_info()
+    snap = {"allocated_gb": torch.cuda.memory_allocated() / GiB, "reserved_gb": torch.cuda.memory_reserved() / GiB,
+            "peak_allocated_gb": torch.cuda.max_memory_allocated() / GiB, "device_used_gb": (total - free) / GiB}
+    torch.cuda.reset_peak_memory_stats()
+    return snap
