@@ -21,10 +21,20 @@ fi
 export NUM_GPUS
 
 start_ray() {
-  # A head node on this machine, with its GPUs; a no-op when one is already running here.
+  # Ray for train.py. RAY_ADDRESS set: that cluster (several nodes: `ray start` on each first), used as it is.
+  # Otherwise a Ray already running on this machine, or a head started here (on RAY_PORT) and stopped when the
+  # script exits; train.py finds it through RAY_ADDRESS.
+  if [ -n "${RAY_ADDRESS:-}" ]; then return 0; fi
   if ray status >/dev/null 2>&1; then return 0; fi
-  ray start --head --node-ip-address 127.0.0.1 --num-gpus "${NUM_GPUS}" --disable-usage-stats \
-    --include-dashboard=false >/dev/null
+  local port=${RAY_PORT:-6379} cpus
+  cpus=$(nproc)
+  # Without GPUs every trainer rank and the rollout manager take a logical CPU, whatever the core count.
+  if [ "${NUM_GPUS}" -eq 0 ] && [ "${cpus}" -lt 8 ]; then cpus=8; fi
+  echo "starting a Ray head on 127.0.0.1:${port} (${NUM_GPUS} GPUs, ${cpus} CPUs); stopped when this script exits"
+  ray start --head --node-ip-address 127.0.0.1 --port "${port}" --num-cpus "${cpus}" --num-gpus "${NUM_GPUS}" \
+    --disable-usage-stats --include-dashboard=false >/dev/null
+  export RAY_ADDRESS="127.0.0.1:${port}"
+  trap stop_ray EXIT
 }
 
 stop_ray() {
@@ -46,40 +56,80 @@ latest_iteration() {  # the iteration in a save directory's tracker file
 ensure_torch_dist() {  # ensure_torch_dist HF_DIR TORCH_DIST_DIR: convert once (the KL reference) when missing
   if [ ! -f "$2/latest_checkpointed_iteration.txt" ]; then
     echo "TORCH_DIST $2 missing: converting $1 (the KL reference)"
-    python tools/convert_hf_to_torch_dist.py --hf-checkpoint "$1" --save "$2" --dtype bfloat16
+    # bf16 like the trainer on GPUs; without GPUs the trainer computes in the checkpoint's own dtype.
+    python tools/convert_hf_to_torch_dist.py --hf-checkpoint "$1" --save "$2" \
+      --dtype "$( [ "${NUM_GPUS}" -gt 0 ] && echo bfloat16 || echo auto )"
   fi
 }
 
-# vime's GRPO recipe for Qwen3-4B-class models on GPUs, shared by the examples' run-qwen3-4b-train.sh:
-# low-variance KL 0.001 to the reference, clip 0.2 (the upper clip is each example's), constant lr 1e-6, bf16,
-# full recompute, token-budget micro-batches; megatron-core's distributed optimizer (states sharded over the
-# data-parallel ranks) with the gradient reduction overlapped and accumulated in fp32.
-GRPO_RECIPE_ARGS=(--bf16 --recompute-granularity full --use-dynamic-batch-size --max-tokens-per-gpu 16384
+# vime's GRPO recipe for Qwen3-4B-class models, shared by the examples' run-qwen3-4b-train.sh: low-variance KL
+# 0.001 to the reference, clip 0.2 (the upper clip is each example's), constant lr 1e-6, full recompute,
+# token-budget micro-batches; on GPUs bf16 and megatron-core's distributed optimizer (states sharded over the
+# data-parallel ranks) with the gradient reduction overlapped and accumulated in fp32. Without GPUs (tests, a
+# tiny model) the same in fp32 with vime_ext's own AdamW, which takes none of megatron's optimizer flags.
+GRPO_RECIPE_ARGS=(--recompute-granularity full --use-dynamic-batch-size --max-tokens-per-gpu 16384
   --use-kl-loss --kl-loss-coef 0.001 --kl-loss-type low_var_kl --eps-clip 0.2
-  --lr 1e-6 --lr-decay-style constant --weight-decay 0.1 --adam-beta2 0.98 --clip-grad 1.0
-  --use-distributed-optimizer --overlap-grad-reduce --accumulate-allreduce-grads-in-fp32)
+  --lr 1e-6 --lr-decay-style constant --weight-decay 0.1 --adam-beta2 0.98 --clip-grad 1.0)
+if [ "${NUM_GPUS}" -gt 0 ]; then
+  GRPO_RECIPE_ARGS+=(--bf16 --use-distributed-optimizer --overlap-grad-reduce --accumulate-allreduce-grads-in-fp32)
+fi
 
-# The examples' Qwen3-4B GRPO launch on one node: trainer and engines on GPUs of their own, the KL reference
-# converted once, saves resumed. The calling script sets TRAIN_DATA, SAVE_PATH,
-# ROLLOUT_BATCH_SIZE and GLOBAL_BATCH_SIZE; HF_CKPT, TORCH_DIST, NUM_ROLLOUT, N_SAMPLES_PER_PROMPT,
-# SAVE_INTERVAL, ACTOR_GPUS, ROLLOUT_GPUS and TP default here. Arguments (the example's plug-ins and settings,
-# then the user's) go to train.py after the recipe.
+# How a machine's GPUs are used, from its GPU count unless the variables say otherwise (each example's README
+# has the table): COLOCATE (1: engines share the trainer's GPUs and sleep while it trains; the default on one
+# GPU), ACTOR_NODES (nodes for trainer ranks), ACTOR_GPUS (trainer GPUs per node), ROLLOUT_GPUS (engine GPUs,
+# not with COLOCATE=1), TP, and OPTIMIZER_OFFLOAD (1: Adam's states and fp32 masters on the host; the default
+# with one trainer GPU, where a 4B model's 48 GB of them do not fit beside its weights and gradients).
+gpu_layout() {
+  local gpus=$(( NUM_GPUS > 0 ? NUM_GPUS : 1 ))
+  COLOCATE=${COLOCATE:-$(( gpus == 1 ? 1 : 0 ))}
+  ACTOR_NODES=${ACTOR_NODES:-1}
+  if [ "${COLOCATE}" = 1 ]; then
+    if [ -n "${ROLLOUT_GPUS:-}" ]; then
+      echo "$(basename "$0"): ROLLOUT_GPUS=${ROLLOUT_GPUS} with COLOCATE=1: colocated engines use the trainer's GPUs" >&2
+      exit 2
+    fi
+    ACTOR_GPUS=${ACTOR_GPUS:-${gpus}}
+  else
+    ACTOR_GPUS=${ACTOR_GPUS:-$(( gpus / 2 > 0 ? gpus / 2 : 1 ))}
+    ROLLOUT_GPUS=${ROLLOUT_GPUS:-$(( gpus - ACTOR_GPUS > 0 ? gpus - ACTOR_GPUS : 1 ))}
+  fi
+  TP=${TP:-$(( ACTOR_GPUS >= 4 ? 2 : 1 ))}
+  OPTIMIZER_OFFLOAD=${OPTIMIZER_OFFLOAD:-$(( NUM_GPUS > 0 && ACTOR_NODES * ACTOR_GPUS == 1 ? 1 : 0 ))}
+  LAYOUT_ARGS=(--actor-num-nodes "${ACTOR_NODES}" --actor-num-gpus-per-node "${ACTOR_GPUS}"
+    --tensor-model-parallel-size "${TP}")
+  if [ "${COLOCATE}" = 1 ]; then LAYOUT_ARGS+=(--colocate); else LAYOUT_ARGS+=(--rollout-num-gpus "${ROLLOUT_GPUS}"); fi
+  if [ "${OPTIMIZER_OFFLOAD}" = 1 ]; then LAYOUT_ARGS+=(--optimizer-cpu-offload); fi
+  echo "layout: ${ACTOR_NODES} node(s) x ${ACTOR_GPUS} trainer GPU(s), TP ${TP}, $( [ "${COLOCATE}" = 1 ] \
+    && echo "engines colocated" || echo "${ROLLOUT_GPUS} engine GPU(s)"), optimizer offload ${OPTIMIZER_OFFLOAD}"
+}
+
+# The examples' Qwen3-4B GRPO launch: the GPU layout above, the KL reference converted once, saves resumed. The
+# calling script sets TRAIN_DATA, SAVE_PATH, ROLLOUT_BATCH_SIZE and GLOBAL_BATCH_SIZE; HF_CKPT, TORCH_DIST,
+# MODEL_ARGS_SCRIPT (the checked architecture flags; empty: read config.json alone), NUM_ROLLOUT,
+# N_SAMPLES_PER_PROMPT, SAVE_INTERVAL, SAVE_OPTIM (0: weights only, --no-save-optim) and ENGINE_MEMORY (vLLM's
+# --gpu-memory-utilization) default here. Arguments (the example's plug-ins and settings, then the user's) go to
+# train.py after the recipe, so a user's flag overrides the recipe's.
 grpo_qwen3_4b_train() {
   HF_CKPT=${HF_CKPT:-/models/Qwen3-4B}
   TORCH_DIST=${TORCH_DIST:-${HF_CKPT%/}_torch_dist}
+  MODEL_ARGS_SCRIPT=${MODEL_ARGS_SCRIPT-${VIME_EXT_ROOT}/scripts/models/qwen3-4B.sh}
   NUM_ROLLOUT=${NUM_ROLLOUT:-100} N_SAMPLES_PER_PROMPT=${N_SAMPLES_PER_PROMPT:-8}
-  SAVE_INTERVAL=${SAVE_INTERVAL:-50} ACTOR_GPUS=${ACTOR_GPUS:-4} ROLLOUT_GPUS=${ROLLOUT_GPUS:-4} TP=${TP:-2}
+  SAVE_INTERVAL=${SAVE_INTERVAL:-50} SAVE_OPTIM=${SAVE_OPTIM:-1} ENGINE_MEMORY=${ENGINE_MEMORY:-0.8}
   need "${HF_CKPT}/config.json" HF_CKPT
   need "${TRAIN_DATA}" TRAIN_DATA
+  gpu_layout
   ensure_torch_dist "${HF_CKPT}" "${TORCH_DIST}"
-  source "${VIME_EXT_ROOT}/scripts/models/qwen3-4B.sh"
+  MODEL_ARGS=()
+  if [ -n "${MODEL_ARGS_SCRIPT}" ]; then source "${MODEL_ARGS_SCRIPT}"; fi
+  local extra=()
+  if [ "${SAVE_OPTIM}" = 0 ]; then extra+=(--no-save-optim); fi
+  if [ "${NUM_GPUS}" -gt 0 ]; then extra+=(--vllm-gpu-memory-utilization "${ENGINE_MEMORY}"); fi
   start_ray
   python train.py "${MODEL_ARGS[@]}" \
     --hf-checkpoint "${HF_CKPT}" --ref-load "${TORCH_DIST}" --prompt-data "${TRAIN_DATA}" --rollout-shuffle \
-    --actor-num-nodes 1 --actor-num-gpus-per-node "${ACTOR_GPUS}" --rollout-num-gpus "${ROLLOUT_GPUS}" \
-    --tensor-model-parallel-size "${TP}" "${GRPO_RECIPE_ARGS[@]}" \
+    "${LAYOUT_ARGS[@]}" "${GRPO_RECIPE_ARGS[@]}" \
     --num-rollout "${NUM_ROLLOUT}" --rollout-batch-size "${ROLLOUT_BATCH_SIZE}" \
     --n-samples-per-prompt "${N_SAMPLES_PER_PROMPT}" --global-batch-size "${GLOBAL_BATCH_SIZE}" \
     --rollout-temperature 1.0 --save "${SAVE_PATH}" --save-interval "${SAVE_INTERVAL}" --load "${SAVE_PATH}" \
-    --vllm-gpu-memory-utilization 0.8 "$@"
+    "${extra[@]}" "$@"
 }

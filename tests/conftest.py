@@ -29,17 +29,18 @@ def run_workers(worker, parallel, out_dir: Path, result_file: str, *args) -> dic
     return json.loads((Path(out_dir) / result_file).read_text())
 
 
-def run_launch_script(script: str, env: dict[str, str], cwd: Path, timeout: int = 1800) -> None:
-    """Run a launch script as a user would: ``python`` is this environment's, PYTHONPATH unset, the variables in
-    ``env`` set; a failure shows the end of its output."""
+def run_launch_script(script: str, env: dict[str, str], cwd: Path, timeout: int = 1800, args: tuple = ()) -> str:
+    """Run a launch script as a user would: ``python`` (and ``ray``) are this environment's, PYTHONPATH unset,
+    the variables in ``env`` set, ``args`` after the script; returns its output, and a failure shows its end."""
     import subprocess
     import sys
 
     full = {**os.environ, **env, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     full.pop("PYTHONPATH", None)
-    done = subprocess.run(["bash", str(Path(__file__).resolve().parents[1] / script)], env=full, cwd=cwd,
+    done = subprocess.run(["bash", str(Path(__file__).resolve().parents[1] / script), *args], env=full, cwd=cwd,
                           capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, (done.stdout + done.stderr)[-5000:]
+    return done.stdout + done.stderr
 
 
 def tiny_config(family: str, **overrides):

@@ -8,10 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 NVIDIA_SMI = """#!/bin/bash
-if [ "$1" = -L ]; then for i in 0 1 2 3; do echo "GPU $i: NVIDIA H200 (UUID: GPU-$i)"; done; else echo "NVIDIA H200"; fi
+if [ "$1" = -L ]; then for ((i = 0; i < ${STAND_IN_GPUS:-4}; i++)); do echo "GPU $i: NVIDIA H200 (UUID: GPU-$i)"; done
+else echo "NVIDIA H200"; fi
 """
 RAY = """#!/bin/bash
 [ "$1" = status ] && exit 1 || exit 0
@@ -92,12 +95,48 @@ def test_mem_update_qwen3_4b_recipe(tmp_path):
                                  {"HF_CKPT": str(tmp_path / "qwen3-4b"), "TRAIN_DATA": str(tmp_path / "train.jsonl"),
                                   "SAVE_PATH": str(tmp_path / "ckpt")})
     assert last(args, "--ref-load") == str(tmp_path / "qwen3-4b_torch_dist")
-    assert [last(args, flag) for flag in ("--actor-num-gpus-per-node", "--rollout-num-gpus",
-                                          "--tensor-model-parallel-size")] == ["4", "4", "2"]
     assert (last(args, "--eps-clip-high"), last(args, "--rollout-max-response-len")) == ("0.28", "512")
     assert last(args, "--save") == last(args, "--load") == str(tmp_path / "ckpt")
     assert (last(args, "--rollout-batch-size"), last(args, "--global-batch-size")) == ("16", "128")
     assert any(a.startswith("examples.mem_update.") for a in args) and "--use-distributed-optimizer" in args
+
+
+# GPUs on the machine, the variables set -> (trainer GPUs, engine GPUs or "colocated", TP, optimizer offload)
+LAYOUTS = [(1, {}, ("1", "colocated", "1", True)),
+           (2, {}, ("1", "1", "1", True)),
+           (4, {}, ("2", "2", "1", False)),
+           (8, {}, ("4", "4", "2", False)),
+           (8, {"COLOCATE": "1"}, ("8", "colocated", "2", False)),
+           (2, {"COLOCATE": "1", "OPTIMIZER_OFFLOAD": "0"}, ("2", "colocated", "1", False)),
+           (8, {"ACTOR_NODES": "2", "ROLLOUT_GPUS": "8"}, ("4", "8", "2", False))]
+
+
+@pytest.mark.parametrize("gpus,variables,expected", LAYOUTS)
+def test_the_layout_follows_the_gpu_count(gpus, variables, expected, tmp_path):
+    stand_in_checkpoints(tmp_path / "qwen3-4b", tmp_path / "qwen3-4b_torch_dist")
+    (tmp_path / "train.jsonl").write_text("")
+    env = {"HF_CKPT": str(tmp_path / "qwen3-4b"), "TRAIN_DATA": str(tmp_path / "train.jsonl"),
+           "SAVE_PATH": str(tmp_path / "ckpt"), "STAND_IN_GPUS": str(gpus), **variables}
+    args, stdout = run_with_stand_ins(tmp_path, "examples/mem_agent/run-qwen3-4b-train.sh", env)
+    actors, engines, tp, offload = expected
+    assert last(args, "--actor-num-gpus-per-node") == actors and last(args, "--tensor-model-parallel-size") == tp
+    assert last(args, "--actor-num-nodes") == variables.get("ACTOR_NODES", "1")
+    if engines == "colocated":
+        assert "--colocate" in args and "--rollout-num-gpus" not in args
+    else:
+        assert "--colocate" not in args and last(args, "--rollout-num-gpus") == engines
+    assert ("--optimizer-cpu-offload" in args) == offload
+    assert last(args, "--vllm-gpu-memory-utilization") == "0.8" and "layout: " in stdout
+
+
+def test_colocated_engines_take_no_gpus_of_their_own(tmp_path):
+    stand_in_checkpoints(tmp_path / "qwen3-4b", tmp_path / "qwen3-4b_torch_dist")
+    env = {**os.environ, "HF_CKPT": str(tmp_path / "qwen3-4b"), "TRAIN_DATA": str(tmp_path / "qwen3-4b/config.json"),
+           "COLOCATE": "1", "ROLLOUT_GPUS": "2"}
+    env["PATH"] = f"{stand_ins(tmp_path, tmp_path / 'train_args.json')}{os.pathsep}{env['PATH']}"
+    done = subprocess.run(["bash", str(ROOT / "examples/mem_agent/run-qwen3-4b-train.sh")], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "ROLLOUT_GPUS=2 with COLOCATE=1" in done.stderr
 
 
 def test_multi_gpu_parts_are_named_and_need_two_gpus(tmp_path):

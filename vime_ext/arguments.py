@@ -37,6 +37,9 @@ class CheckpointConfig:
     save_interval: int | None = _help("save every N rollouts (and after the last)")
     save_keep_last: int | None = _help("keep only the newest N saved iterations (each holds the full optimizer "
                                        "state); the one a run resumed from is kept too. Default: keep all")
+    no_save_optim: bool = _help("save weights, RNG state and data position but not the optimizer state (12 of a "
+                                "checkpoint's 14 bytes a parameter); a run resumed from such a save starts its "
+                                "optimizer afresh from the loaded weights (megatron's flag)", False)
     critic_load: str | None = _help("with --advantage-estimator ppo: start the critic from this checkpoint (a "
                                     "PPO run's save directory or iter_* directory); default: --hf-checkpoint's "
                                     "weights and a zero value head")
@@ -424,6 +427,8 @@ def _check(config: TrainConfig) -> None:
         problems.append("--save-keep-last needs --save and a count of at least 1")
     if c.save_interval is not None and not c.save:
         problems.append("--save-interval needs --save")
+    if c.no_save_optim and not c.save:
+        problems.append("--no-save-optim needs --save")
     if e.eval_interval is not None and not e.eval_prompt_data:
         problems.append("--eval-interval needs --eval-prompt-data")
     if len(e.eval_prompt_data) % 2:

@@ -67,3 +67,23 @@ def test_a_non_finite_gradient_skips_the_step(cuda_flags, tiny_hf_dirs, tmp_path
     assert poisoned["skipped"] == 1.0 and not math.isfinite(poisoned["grad_norm"])
     assert clean["skipped"] == 0.0 and math.isfinite(clean["grad_norm"]) and clean["grad_norm"] > 0
     assert result["changed_by_poisoned"] == 0 and result["changed_by_clean"] > 0
+
+
+def test_a_save_without_optimizer_state_resumes_from_its_weights(tiny_hf_dirs, tmp_path):
+    """``--no-save-optim``: the checkpoint holds the weights but no optimizer tensors, and a run that loads it
+    takes its next step from those weights (same loss and gradient norm as the uninterrupted run) with a fresh
+    optimizer (so different weights after the step: Adam's moments start again)."""
+    flags = trainer_flags(tiny_hf_dirs, tmp_path, 1, DISTRIBUTED) + ["--save", str(tmp_path / "unused"),
+                                                                      "--no-save-optim"]
+    for resume in (False, True):
+        run_on_ranks(dist_workers.resume_step, 1, str(tmp_path), flags, resume, isolate=True)
+    from megatron.core import dist_checkpointing
+
+    saved = dist_checkpointing.load_tensors_metadata(str(tmp_path / "checkpoint" / "iter_0000001"))
+    assert saved and not any(key.startswith("optimizer") for key in saved)
+    expected, got = (json.loads(Path(tmp_path, f"{tag}_steps_dp0.json").read_text())[0]
+                     for tag in ("whole", "resumed"))
+    assert got["grad_norm"] == pytest.approx(expected["grad_norm"], rel=1e-5)
+    assert got["loss"] == pytest.approx(expected["loss"], rel=1e-5, abs=1e-7)
+    whole, resumed = (torch.load(tmp_path / f"{tag}_weights_pp0.pt") for tag in ("whole", "resumed"))
+    assert max((whole[k] - resumed[k]).abs().max().item() for k in whole) > 0

@@ -286,9 +286,12 @@ class TrainActor:
         from vime_ext.trainer.checkpoint import save_model_checkpoint
         from vime_ext.trainer.critic import CRITIC_DIR
 
-        inner = {} if self.critic is None else {CRITIC_DIR: (self.critic.model, self.critic.optimizer)}
-        saved = save_model_checkpoint(self.model, self.shape, save_dir, iteration, extra_state,
-                                      {"rng": _rng_state()}, self.optimizer, inner)
+        with_optimizer = not self.config.checkpoint.no_save_optim
+        inner = {} if self.critic is None else {
+            CRITIC_DIR: (self.critic.model, self.critic.optimizer if with_optimizer else None)}
+        saved = save_model_checkpoint(self.model, self.shape, save_dir, iteration,
+                                      {**extra_state, "optimizer_saved": with_optimizer}, {"rng": _rng_state()},
+                                      self.optimizer if with_optimizer else None, inner)
         keep = self.config.checkpoint.save_keep_last
         if keep is not None and self.rank == 0:
             from vime_ext.trainer.checkpoint import prune_checkpoints
@@ -301,14 +304,25 @@ class TrainActor:
         from vime_ext.trainer.checkpoint import (checkpoint_common_state, load_model_checkpoint, load_rank_state,
                                                  resolve_checkpoint_dir)
 
-        load_model_checkpoint(self.model, path, self.optimizer)
+        state = checkpoint_common_state(path).get("vime_ext", {})
+        # A save made with --no-save-optim has weights only: the optimizer starts afresh from them.
+        with_optimizer = state.get("optimizer_saved", True)
+        if not with_optimizer and self.rank == 0:
+            print(f"--load {path}: saved without optimizer state (--no-save-optim); the optimizer starts afresh "
+                  "from the loaded weights, so the run does not continue exactly as an uninterrupted one would")
+        optimizers = [self.optimizer] + ([self.critic.optimizer] if self.critic is not None else [])
+        load_model_checkpoint(self.model, path, self.optimizer if with_optimizer else None)
         self._resumed_from = resolve_checkpoint_dir(path)
         if self.critic is not None:
             from vime_ext.trainer.critic import critic_checkpoint_dir
 
-            load_model_checkpoint(self.critic.model, critic_checkpoint_dir(path), self.critic.optimizer)
+            load_model_checkpoint(self.critic.model, critic_checkpoint_dir(path),
+                                  self.critic.optimizer if with_optimizer else None)
+        if not with_optimizer:
+            for optimizer in optimizers:
+                optimizer.reload_model_params()
         _set_rng_state(load_rank_state(path)["rng"])
-        return checkpoint_common_state(path).get("vime_ext", {})
+        return state
 
     def shutdown(self) -> None:
         from vime_ext.trainer.parallel import destroy_distributed

@@ -89,6 +89,11 @@ class MegatronAdamW:
             self.step_count += 1
         return {"grad_norm": norm, "lr": lr, "skipped": 0.0 if updated else 1.0}
 
+    def reload_model_params(self) -> None:
+        """Take the fp32 masters from the model's weights (loaded from a checkpoint saved without optimizer
+        state)."""
+        self.optimizer.reload_model_params()
+
     def handover_tensors(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """(tensors whose values must survive a memory hand-over, tensors that are zero between steps): DDP's
         contiguous weight buffers (the parameters are views of them with the distributed optimizer) and the

@@ -76,6 +76,13 @@ class ActorOptimizer:
         for p in self.params + self.masters:
             p.grad = None
 
+    @torch.no_grad()
+    def reload_model_params(self) -> None:
+        """Take the masters from the model's weights (loaded from a checkpoint saved without optimizer state)."""
+        for p, m in zip(self.params, self.masters):
+            if m is not p:
+                m.copy_(p.float())
+
     def handover_tensors(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """(tensors whose values must survive a memory hand-over, tensors that are zero between steps): the fp32
         masters and Adam's states; gradients are dropped after each step, so there are none of the second kind."""

@@ -1,0 +1,56 @@
+"""A GPU recipe's launch script started for real on the CPU: MemAgent's ``run-qwen3-4b-train.sh`` with its
+variables pointing at a tiny model, with no stand-ins: the script starts a Ray head with the real ``ray``
+binary, the real ``train.py`` joins it (the path that failed on GPUs when the driver asked a running cluster for
+CPUs), trains two GRPO rollouts, saves, and the script stops Ray when it exits. The transformers engine stands
+in for vLLM only because it starts in seconds on two cores; the engine is not what this test is about."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import make_tiny_hf_dir, run_launch_script
+from vime_ext.trainer.launch import free_port
+
+
+def ray_running(address: str) -> bool:
+    ray = Path(sys.executable).parent / "ray"
+    return subprocess.run([str(ray), "status", "--address", address], capture_output=True,
+                          timeout=120).returncode == 0
+
+
+@pytest.mark.slow
+def test_qwen3_4b_script_starts_ray_and_trains_on_the_cpu(tmp_path):
+    model = make_tiny_hf_dir("llama", tmp_path / "tiny", seed=3, cache_dir=tmp_path, hidden_size=128,
+                             max_position_embeddings=2048)
+    data = tmp_path / "data"
+    subprocess.run([sys.executable, "-m", "examples.mem_agent.prepare_data", "--generate", "--num", "16",
+                    "--num-docs", "2", "--hops", "1", "--seed", "0", "--out", str(data / "train.jsonl")],
+                   check=True, cwd=Path(__file__).resolve().parents[1], capture_output=True)
+    port = free_port()
+    env = {"HF_CKPT": str(model), "TRAIN_DATA": str(data / "train.jsonl"), "SAVE_PATH": str(tmp_path / "ckpt"),
+           "MODEL_ARGS_SCRIPT": "", "NUM_ROLLOUT": "2", "ROLLOUT_BATCH_SIZE": "2", "N_SAMPLES_PER_PROMPT": "2",
+           "GLOBAL_BATCH_SIZE": "4", "MEM_CHUNK_TOKENS": "64", "MEM_MAX_MEMORY": "8", "MEM_MAX_FINAL": "8",
+           "RAY_PORT": str(port), "VIME_EXT_LOG_DIR": str(tmp_path / "engines")}
+    env_without_ray = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    os.environ.pop("RAY_ADDRESS", None)
+    try:
+        output = run_launch_script("examples/mem_agent/run-qwen3-4b-train.sh", env, tmp_path,
+                                   args=("--engine-backend", "hf", "--lr", "1e-4"))
+    finally:
+        os.environ.clear()
+        os.environ.update(env_without_ray)
+    assert f"starting a Ray head on 127.0.0.1:{port}" in output
+    assert "layout: 1 node(s) x 1 trainer GPU(s), TP 1, engines colocated, optimizer offload 0" in output
+    rows = [json.loads(line) for line in (tmp_path / "ckpt/tensorboard/metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1]
+    # A random tiny model earns no reward, so the gradient may be ~0; that the steps ran and pushed is the point.
+    assert all(r["train/sequences"] >= 4 and math.isfinite(r["train/grad_norm"]) and "time/weight_sync" in r
+               for r in rows)
+    assert (tmp_path / "ckpt/latest_checkpointed_iteration.txt").read_text().strip() == "2"
+    assert (tmp_path / "tiny_torch_dist/latest_checkpointed_iteration.txt").is_file()  # the KL reference
+    assert not ray_running(f"127.0.0.1:{port}")  # stopped when the script exited
