@@ -75,7 +75,7 @@ def test_scaling_bench_splits_the_gpus_and_tabulates(tmp_path):
     run, model = tmp_path / "out" / "mem_agent_scaling_4gpu", tmp_path / "qwen3-4b-random"
     stand_in_checkpoints(model, tmp_path / "qwen3-4b-random_torch_dist")
     args, stdout = run_with_stand_ins(tmp_path, "tools/bench_mem_agent_scaling.sh",
-                                      {"OUT": str(tmp_path / "out"), "MODEL_DIR": str(model), "NUM_ROLLOUT": "2"},
+                                      {"VIME_EXT_OUT": str(tmp_path / "out"), "MODEL_DIR": str(model), "NUM_ROLLOUT": "2"},
                                       "--seed", "3")
     assert [last(args, flag) for flag in ("--actor-num-gpus-per-node", "--rollout-num-gpus",
                                           "--tensor-model-parallel-size", "--num-rollout")] == ["2", "2", "2", "2"]
@@ -140,7 +140,7 @@ def test_colocated_engines_take_no_gpus_of_their_own(tmp_path):
 
 
 def test_multi_gpu_parts_are_named_and_need_two_gpus(tmp_path):
-    env = {**os.environ, "OUT": str(tmp_path / "out")}
+    env = {**os.environ, "VIME_EXT_OUT": str(tmp_path / "out")}
     env["PATH"] = os.pathsep.join(d for d in env["PATH"].split(os.pathsep) if not (Path(d) / "nvidia-smi").exists())
     done = subprocess.run(["bash", str(ROOT / "tools/run_multi_gpu.sh"), "tests"], env=env, capture_output=True,
                           text=True, timeout=60)

@@ -5,7 +5,7 @@
 # checkpoint (bf16 weights, fp32 masters and two moments: 14 bytes a parameter, 56 GB for 4B). Prints the row.
 # Run it on machines of 2, 4 and 8 GPUs, then pass the run folders to tools/scaling_table.py for how each phase
 # scales. Needs the GPU wheel set of tools/gpu_wheels.py (vLLM, Ray, megatron-core); extra arguments go to train.py.
-#   OUT=/tmp/scaling NUM_ROLLOUT=3 NUM_DOCS=200 bash tools/bench_mem_agent_scaling.sh
+#   VIME_EXT_OUT=/tmp/scaling NUM_ROLLOUT=3 NUM_DOCS=200 bash tools/bench_mem_agent_scaling.sh
 #   python tools/scaling_table.py /tmp/scaling/mem_agent_scaling_{2,4,8}gpu --out scaling.json
 set -euo pipefail
 source "$(dirname "$0")/../_common.sh"
@@ -14,12 +14,12 @@ if (( NUM_GPUS < 2 )); then
   echo "$(basename "$0"): needs 2 or more GPUs (trainer and engines on GPUs of their own); found ${NUM_GPUS}" >&2
   exit 1
 fi
-ROOT=${OUT:-/tmp}/mem_agent_scaling_${NUM_GPUS}gpu
+ROOT=${VIME_EXT_OUT:-/tmp}/mem_agent_scaling_${NUM_GPUS}gpu
 ACTOR_GPUS=$((NUM_GPUS / 2))
 ROLLOUT_GPUS=$((NUM_GPUS - ACTOR_GPUS))
 TP=$((ACTOR_GPUS >= 2 ? 2 : 1))
 mkdir -p "${ROOT}"
-# The 8 GB model and its torch_dist copy live outside OUT (which may be copied back) and are made once.
+# The 8 GB model and its torch_dist copy live outside VIME_EXT_OUT (which may be copied back) and are made once.
 MODEL_DIR=${MODEL_DIR:-/tmp/qwen3-4b-random}
 if [ ! -f "${MODEL_DIR}/config.json" ]; then
   python tools/make_random_hf.py --shape qwen3-4b --out "${MODEL_DIR}"

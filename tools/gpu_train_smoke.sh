@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} HF_HUB_OFFLINE=1 VIME_EXT_CACHE=${VIME_EXT_CACHE:-/tmp/vime_ext_cache}
 ENGINE=${ENGINE:-vllm} DTYPE=${DTYPE:-bf16} NUM_ROLLOUT=${NUM_ROLLOUT:-8}
-OUT_DIR=${OUT:-/tmp}/gpu_train_${ENGINE}_${DTYPE}
+OUT_DIR=${VIME_EXT_OUT:-/tmp}/gpu_train_${ENGINE}_${DTYPE}
 mkdir -p "$OUT_DIR"
 HF_DIR=$(python3 -c "from vime_ext.models.packaged import smollm2_hf_dir; print(smollm2_hf_dir())" | tail -1)
 python3 -m vime_ext.data.synthetic --task one_word --num 256 --out "$OUT_DIR/yesno.jsonl"
@@ -32,4 +32,4 @@ python3 -m vime_ext.train --hf-checkpoint "$HF_DIR" --prompt-data "$OUT_DIR/yesn
   --custom-rm-path vime_ext.rollout.rewards.first_word_match --lr 1e-5 --use-kl-loss --kl-loss-coef 0.01 \
   --num-rollout "$NUM_ROLLOUT" --save "$OUT_DIR/ckpt" --tensorboard-dir "$OUT_DIR/tb" "$@" 2>&1 \
   | grep -v "it/s\]\|sample/s\]\|tensor/s\]\|s/it\]\|s/sample\]" | tail -40
-cp "$OUT_DIR/tb/metrics.jsonl" "${OUT:-/tmp}/gpu_train_${ENGINE}_${DTYPE}_metrics.jsonl"
+cp "$OUT_DIR/tb/metrics.jsonl" "${VIME_EXT_OUT:-/tmp}/gpu_train_${ENGINE}_${DTYPE}_metrics.jsonl"

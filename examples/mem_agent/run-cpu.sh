@@ -15,9 +15,9 @@ export MEM_CHUNK_TOKENS=${MEM_CHUNK_TOKENS:-128} MEM_MAX_MEMORY=${MEM_MAX_MEMORY
 export MEM_MAX_FINAL=${MEM_MAX_FINAL:-16} MEM_MAX_CHUNKS=${MEM_MAX_CHUNKS:-8}
 export MEM_ANSWER_FORMAT=${MEM_ANSWER_FORMAT:-answer_is} MEM_ANSWER_PREFIX=${MEM_ANSWER_PREFIX-The answer is}
 source "$(dirname "$0")/common.sh"
-OUT=${OUT:-runs/mem_agent_cpu}
-DATA_ROOT=${DATA_ROOT:-${OUT}/data}
-SAVE_PATH=${SAVE_PATH:-${OUT}/ckpt}
+VIME_EXT_OUT=${VIME_EXT_OUT:-runs/mem_agent_cpu}
+DATA_ROOT=${DATA_ROOT:-${VIME_EXT_OUT}/data}
+SAVE_PATH=${SAVE_PATH:-${VIME_EXT_OUT}/ckpt}
 NUM_ROLLOUT=${NUM_ROLLOUT:-12} ROLLOUT_BATCH_SIZE=${ROLLOUT_BATCH_SIZE:-4} N_SAMPLES_PER_PROMPT=${N_SAMPLES_PER_PROMPT:-4}
 TRAIN_DOCS=${TRAIN_DOCS:-2} LENGTH=${LENGTH:-"2 4"} HOPS=${HOPS:-1} EVAL_NUM=${EVAL_NUM:-32}
 ENGINE_BACKEND=${ENGINE_BACKEND:-vllm} SEED=${SEED:-0} MAX_MODEL_LEN=${MAX_MODEL_LEN:-2048}
@@ -43,7 +43,7 @@ python train.py "${MEM_PLUGIN_ARGS[@]}" "${ADVANTAGE_ARGS[@]}" \
   --eps-clip-high 0.3 --save "${SAVE_PATH}" "${ENGINE_ARGS[@]}" "$@"
 
 # The base model and the last iteration, converted back to HF, on the same generated eval files.
-export N_PROC=${N_PROC:-8} SAVE_DIR=${SAVE_DIR:-${OUT}/eval}
+export N_PROC=${N_PROC:-8} SAVE_DIR=${SAVE_DIR:-${VIME_EXT_OUT}/eval}
 EVAL_ARGS=()
 [ "${ENGINE_BACKEND}" = "vllm" ] && EVAL_ARGS+=(--vllm-enforce-eager)  # no graph capture: a short evaluation
 MODEL_PATH="${HF_CKPT}" SAVE_FILE=base bash "${MEM_AGENT_DIR}/run-eval.sh" "${EVAL_ARGS[@]}"

