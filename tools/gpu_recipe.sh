@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# An example's Qwen3-4B recipe run on this machine's GPUs the way a new user runs it: the example's own
+# run-qwen3-4b-train.sh with only its documented variables, then CONVERT=1 evaluation of the saved iteration.
+# The model is a random-weight Qwen3-4B (tools/make_random_hf.py: the real shape and Qwen's tokenizer) and the
+# data is generated, since neither can be downloaded here; speed and memory are what a run of the real model
+# would show, rewards are not. One stage per call, so that each fits a device call; work files persist in WORK:
+#   EXAMPLE=mem_agent bash tools/gpu_recipe.sh prepare   # the 8 GB model, its torch_dist copy, the data
+#   EXAMPLE=mem_agent bash tools/gpu_recipe.sh train [train.py flags]   # NUM_ROLLOUT rollouts, push, save
+#   EXAMPLE=mem_agent bash tools/gpu_recipe.sh eval      # CONVERT=1 run-eval.sh on the last iteration
+# Logs and metrics go to VIME_EXT_OUT (default WORK/out). The layout is the script's default for the GPU count
+# (one GPU: colocated, optimizer offload); any of the script's variables may be set around this.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+STAGE=${1:?usage: gpu_recipe.sh prepare|train|eval [train.py flags]}
+shift
+EXAMPLE=${EXAMPLE:-mem_agent}
+WORK=${WORK:-/tmp/gpu_recipe}
+OUT_DIR=${VIME_EXT_OUT:-${WORK}/out}
+mkdir -p "${OUT_DIR}" "${WORK}"
+export HF_CKPT=${WORK}/qwen3-4b-random
+export TORCH_DIST=${HF_CKPT}_torch_dist SAVE_PATH=${WORK}/${EXAMPLE}_ckpt DATA_ROOT=${WORK}/${EXAMPLE}_data
+# A short run: 3 rollouts of 4 prompts x 4 samples, saved once at the end without optimizer state (a 4B model's
+# Adam state would add 48 GB to a 64 GB disk).
+export NUM_ROLLOUT=${NUM_ROLLOUT:-3} ROLLOUT_BATCH_SIZE=${ROLLOUT_BATCH_SIZE:-4}
+export N_SAMPLES_PER_PROMPT=${N_SAMPLES_PER_PROMPT:-4} GLOBAL_BATCH_SIZE=${GLOBAL_BATCH_SIZE:-16}
+export SAVE_INTERVAL=${SAVE_INTERVAL:-${NUM_ROLLOUT}} SAVE_OPTIM=${SAVE_OPTIM:-0}
+export VIME_EXT_LOG_DIR=${VIME_EXT_LOG_DIR:-${OUT_DIR}/${EXAMPLE}_engines}
+# MemAgent: 2-hop questions over NUM_DOCS generated documents (~43 Qwen tokens each: 100 make 3 chunks of 2048).
+NUM_DOCS=${NUM_DOCS:-100} EVAL_NUM=${EVAL_NUM:-16}
+
+case "${STAGE}" in
+  prepare)
+    if [ ! -f "${HF_CKPT}/config.json" ]; then
+      python tools/make_random_hf.py --shape qwen3-4b --out "${HF_CKPT}"
+    fi
+    (source _common.sh && ensure_torch_dist "${HF_CKPT}" "${TORCH_DIST}")
+    case "${EXAMPLE}" in
+      mem_agent)
+        python -m examples.mem_agent.prepare_data --generate --num 256 --num-docs "${NUM_DOCS}" --hops 2 \
+          --seed 0 --out "${DATA_ROOT}/hotpotqa_train.jsonl" --eval-dir "${DATA_ROOT}/ruler_hqa" \
+          --eval-lengths "${NUM_DOCS}" --eval-num "${EVAL_NUM}" ;;
+      mem_update)
+        python -m examples.mem_update.prepare_data --generate --out-dir "${DATA_ROOT}" ;;
+      *) echo "EXAMPLE=${EXAMPLE}: choose mem_agent or mem_update" >&2; exit 2 ;;
+    esac
+    df -h "${WORK}" | tail -1 ;;
+  train)
+    export TRAIN_DATA=${DATA_ROOT}/$([ "${EXAMPLE}" = mem_agent ] && echo hotpotqa_train.jsonl || echo train.jsonl)
+    set +e
+    bash "examples/${EXAMPLE}/run-qwen3-4b-train.sh" "$@" 2>&1 | tee "${OUT_DIR}/${EXAMPLE}_train.log" \
+      | grep --line-buffered -v "it/s\]\|s/it\]"
+    status=${PIPESTATUS[0]}
+    set -e
+    cp "${SAVE_PATH}/tensorboard/metrics.jsonl" "${OUT_DIR}/${EXAMPLE}_metrics.jsonl" 2>/dev/null || true
+    exit "${status}" ;;
+  eval)
+    case "${EXAMPLE}" in
+      mem_agent)
+        CONVERT=1 DATA_ROOT="${DATA_ROOT}/ruler_hqa" LENGTH="${NUM_DOCS}" SAVE_DIR="${OUT_DIR}/mem_agent_eval" \
+          N_PROC="${EVAL_NUM}" bash examples/mem_agent/run-eval.sh "$@" ;;
+      mem_update)
+        CONVERT=1 TEST_DATA="${DATA_ROOT}/test.jsonl" RESULTS="${OUT_DIR}/mem_update_eval" \
+          bash examples/mem_update/run-eval.sh "$@" ;;
+    esac 2>&1 | tee "${OUT_DIR}/${EXAMPLE}_eval.log" | grep --line-buffered -v "it/s\]\|s/it\]" ;;
+  *) echo "usage: gpu_recipe.sh prepare|train|eval" >&2; exit 2 ;;
+esac
