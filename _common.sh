@@ -114,10 +114,12 @@ grpo_qwen3_4b_train() {
   TORCH_DIST=${TORCH_DIST:-${HF_CKPT%/}_torch_dist}
   MODEL_ARGS_SCRIPT=${MODEL_ARGS_SCRIPT-${VIME_EXT_ROOT}/scripts/models/qwen3-4B.sh}
   NUM_ROLLOUT=${NUM_ROLLOUT:-100} N_SAMPLES_PER_PROMPT=${N_SAMPLES_PER_PROMPT:-8}
-  SAVE_INTERVAL=${SAVE_INTERVAL:-50} SAVE_OPTIM=${SAVE_OPTIM:-1} ENGINE_MEMORY=${ENGINE_MEMORY:-0.8}
+  SAVE_INTERVAL=${SAVE_INTERVAL:-50} SAVE_OPTIM=${SAVE_OPTIM:-1}
   need "${HF_CKPT}/config.json" HF_CKPT
   need "${TRAIN_DATA}" TRAIN_DATA
   gpu_layout
+  # Colocated engines leave room for what the trainer cannot hand back (its CUDA context, allocator fragments).
+  ENGINE_MEMORY=${ENGINE_MEMORY:-$( [ "${COLOCATE}" = 1 ] && echo 0.7 || echo 0.8 )}
   ensure_torch_dist "${HF_CKPT}" "${TORCH_DIST}"
   MODEL_ARGS=()
   if [ -n "${MODEL_ARGS_SCRIPT}" ]; then source "${MODEL_ARGS_SCRIPT}"; fi

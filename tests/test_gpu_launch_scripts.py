@@ -126,7 +126,8 @@ def test_the_layout_follows_the_gpu_count(gpus, variables, expected, tmp_path):
     else:
         assert "--colocate" not in args and last(args, "--rollout-num-gpus") == engines
     assert ("--optimizer-cpu-offload" in args) == offload
-    assert last(args, "--vllm-gpu-memory-utilization") == "0.8" and "layout: " in stdout
+    assert last(args, "--vllm-gpu-memory-utilization") == ("0.7" if engines == "colocated" else "0.8")
+    assert "layout: " in stdout
 
 
 def test_colocated_engines_take_no_gpus_of_their_own(tmp_path):

@@ -131,10 +131,17 @@ class Trainer:
         times["weight_sync"] = self.push_weights(version)
         memory.update(_max_over_ranks(self.cluster.actors("memory"), "push"))
         tick = time.perf_counter()
-        self.cluster.actors("release_memory")
+        released = _max_over_ranks(self.cluster.actors("release_memory"), "released")
+        memory.update(released)
         times["offload"] += time.perf_counter() - tick
         tick = time.perf_counter()
-        self.cluster.manager("wake_up", ["kv_cache"])
+        try:
+            self.cluster.manager("wake_up", ["kv_cache"])
+        except Exception as error:
+            left = ", ".join(f"{k} {v:.2f} GiB" for k, v in released.items() if k.endswith("_gb"))
+            raise RuntimeError(f"the engines could not take their KV cache back after the weight push; the "
+                               f"trainer ranks had released their memory ({left}); lower "
+                               f"--vllm-gpu-memory-utilization") from error
         times["wake_up"] += time.perf_counter() - tick
         memory.update(_max_over_ranks(self.cluster.actors("memory"), "engines"))
 
@@ -200,6 +207,9 @@ class Trainer:
         times["total"] = time.perf_counter() - start
         metrics.update({f"time/{k}": v for k, v in times.items()})
         metrics.update({f"memory/{k}": v for k, v in memory.items()})
+        if memory:  # printed too, so that a run that fails in its next phase still shows where memory went
+            tqdm.write("memory (GiB): " + ", ".join(f"{k} {v:.1f}" for k, v in memory.items()
+                                                    if k.endswith(("reserved_gb", "device_used_gb", "peak_allocated_gb"))))
         self.tracker.log(metrics, rollout_id, {"prompts": prompts})
         self.history.append({"rollout": rollout_id, **metrics})
         return metrics

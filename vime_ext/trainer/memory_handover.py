@@ -13,6 +13,7 @@ The same code runs on CPU tensors (``resize_`` works there too), which is how th
 training run is unchanged by a hand-over; on a real CPU run there is nothing to hand over and the actor skips it.
 """
 
+import gc
 from dataclasses import dataclass, field
 
 import torch
@@ -101,6 +102,10 @@ class MemoryHandover:
             stats.released_gb += slot.nbytes / GiB
         self._released += newly
         if torch.cuda.is_available():
+            # Memory shared with an engine over CUDA IPC (the weight push) is only freed once torch collects
+            # the handles the engine has closed; until then the allocator cannot give it back to the driver.
+            gc.collect()
+            torch.cuda.ipc_collect()
             torch.cuda.empty_cache()
         stats.seconds = time.perf_counter() - start
         return stats
