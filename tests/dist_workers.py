@@ -457,9 +457,12 @@ def handover_step(out_dir: str, flags: list[str], handover: bool) -> None:
     report = {}
     if handover:
         weights = list(actor.model.parameters())
+        # What the hand-over takes: the device's tensors (Adam's step counters and offloaded states stay on the
+        # host), other than the policy weights' storages.
+        device = weights[0].device.type
         others = [t for t in actor.optimizer.handover_tensors()[0] + list(actor.ref_model.parameters())
-                  + list(actor.critic.model.parameters()) if t.untyped_storage().data_ptr() not in
-                  {w.untyped_storage().data_ptr() for w in weights}]
+                  + list(actor.critic.model.parameters()) if t.device.type == device and
+                  t.untyped_storage().data_ptr() not in {w.untyped_storage().data_ptr() for w in weights}]
         first = actor.release_memory(keep_weights=True)
         report["weights_kept"] = all(w.untyped_storage().nbytes() > 0 for w in weights)
         report["others_released"] = all(t.untyped_storage().nbytes() == 0 for t in others)

@@ -17,7 +17,7 @@ from vime_ext.algorithms.train_data import TrainSequence
 from vime_ext.arguments import TrainConfig
 from vime_ext.trainer.batching import MicroBatch, copy_rows, micro_batches
 from vime_ext.trainer.forward import forward_backward, forward_log_probs
-from vime_ext.trainer.memory_handover import MemoryHandover, memory_snapshot
+from vime_ext.trainer.memory_handover import MemoryHandover, memory_snapshot, releasable_training_memory
 from vime_ext.trainer.rl_loss import LossSettings, micro_batch_loss
 
 if TYPE_CHECKING:
@@ -214,6 +214,12 @@ class TrainActor:
 
     def train_rollout(self, steps: list[list[TrainSequence]], totals: list[tuple[float, float]],
                       update_policy: bool = True) -> dict:
+        """Train on one rollout (``_train_rollout``); colocated on GPUs, in memory it can hand back whole."""
+        with releasable_training_memory(self.config.cluster.colocate):
+            return self._train_rollout(steps, totals, update_policy)
+
+    def _train_rollout(self, steps: list[list[TrainSequence]], totals: list[tuple[float, float]],
+                       update_policy: bool = True) -> dict:
         """Train on one rollout: ``steps[i]`` is this rank's data-parallel share of optimizer step i, ``totals[i]``
         that step's (loss tokens, sequences) over all ranks. With a critic (PPO) each step also updates it;
         ``update_policy=False`` updates only the critic. Returns per-step weighted statistic sums (last stage;

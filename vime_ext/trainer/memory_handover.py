@@ -13,6 +13,7 @@ The same code runs on CPU tensors (``resize_`` works there too), which is how th
 training run is unchanged by a hand-over; on a real CPU run there is nothing to hand over and the actor skips it.
 """
 
+import contextlib
 import gc
 from dataclasses import dataclass, field
 
@@ -159,3 +160,31 @@ def memory_snapshot() -> dict[str, float]:
             "peak_allocated_gb": torch.cuda.max_memory_allocated() / GiB, "device_used_gb": (total - free) / GiB}
     torch.cuda.reset_peak_memory_stats()
     return snap
+
+
+def _set_expandable_segments(enabled: bool) -> None:
+    setting = f"expandable_segments:{enabled}"
+    try:
+        torch._C._accelerator_setAllocatorSettings(setting)
+    except AttributeError:  # torch releases before the accelerator-generic allocator settings
+        torch.cuda.memory._set_allocator_settings(setting)
+
+
+@contextlib.contextmanager
+def releasable_training_memory(enabled: bool):
+    """Train inside this so that what training leaves behind can go back to the driver. On an H100 with a
+    colocated Qwen3-4B step, the allocator still reserved 23.6 GiB after the hand-over with 0.11 GiB allocated:
+    small tensors made during the step pinned the large activation segments they shared, and the engine's KV
+    cache could not wake. Expandable segments are returned page by page, so the step runs with them; they are
+    switched off again before the weight push, whose tensors go to the engine over CUDA IPC, which takes
+    ordinary allocations (the same switch verl and miles make around their weight sync)."""
+    if not (enabled and torch.cuda.is_available()):
+        yield
+        return
+    _set_expandable_segments(True)
+    try:
+        yield
+    finally:
+        _set_expandable_segments(False)
+        gc.collect()
+        torch.cuda.empty_cache()
