@@ -22,11 +22,19 @@ export NUM_GPUS
 
 start_ray() {
   # Ray for train.py. RAY_ADDRESS set: that cluster (several nodes: `ray start` on each first), used as it is.
-  # Otherwise a Ray already running on this machine, or a head started here (on RAY_PORT) and stopped when the
-  # script exits; train.py finds it through RAY_ADDRESS.
+  # Otherwise the head on this machine's RAY_PORT: used if one runs there, else started here and stopped when the
+  # script exits. train.py is given its address, so it never joins another Ray that happens to run here.
   if [ -n "${RAY_ADDRESS:-}" ]; then return 0; fi
-  if ray status >/dev/null 2>&1; then return 0; fi
   local port=${RAY_PORT:-6379} cpus
+  # Token authentication, Ray's recommendation, for the head and train.py alike: where a token file exists
+  # (~/.ray/auth_token, left by any earlier Ray), `ray start` turns it on while a driver left at Ray's default
+  # does not, and the driver is refused.
+  export RAY_AUTH_MODE=${RAY_AUTH_MODE:-token}
+  if [ "${RAY_AUTH_MODE}" = token ]; then ray get-auth-token --generate >/dev/null; fi
+  if ray status --address "127.0.0.1:${port}" >/dev/null 2>&1; then
+    export RAY_ADDRESS="127.0.0.1:${port}"
+    return 0
+  fi
   cpus=$(nproc)
   # Without GPUs every trainer rank and the rollout manager take a logical CPU, whatever the core count.
   if [ "${NUM_GPUS}" -eq 0 ] && [ "${cpus}" -lt 8 ]; then cpus=8; fi

@@ -40,7 +40,8 @@ def test_qwen3_4b_script_starts_ray_and_trains_on_the_cpu(tmp_path):
     os.environ.pop("RAY_ADDRESS", None)
     try:
         output = run_launch_script("examples/mem_agent/run-qwen3-4b-train.sh", env, tmp_path,
-                                   args=("--engine-backend", "hf", "--lr", "1e-4"))
+                                   args=("--engine-backend", "hf", "--lr", "1e-4",
+                                         "--save-debug-rollout-data", str(tmp_path / "rollouts")))
     finally:
         os.environ.clear()
         os.environ.update(env_without_ray)
@@ -54,3 +55,32 @@ def test_qwen3_4b_script_starts_ray_and_trains_on_the_cpu(tmp_path):
     assert (tmp_path / "ckpt/latest_checkpointed_iteration.txt").read_text().strip() == "2"
     assert (tmp_path / "tiny_torch_dist/latest_checkpointed_iteration.txt").is_file()  # the KL reference
     assert not ray_running(f"127.0.0.1:{port}")  # stopped when the script exited
+
+    # The loop against its parts (tools/loop_efficiency.py): the saved rollout 1 replayed on an engine alone,
+    # the saved rollouts through the trainer alone, and the table.
+    root = Path(__file__).resolve().parents[1]
+    replay = tmp_path / "replay.json"
+    subprocess.run([sys.executable, "tools/replay_rollout.py", "--rollout-data", str(tmp_path / "rollouts"),
+                    "--rollout-id", "1", "--hf-checkpoint", str(model), "--engine-backend", "hf", "--out",
+                    str(replay)], check=True, cwd=root, capture_output=True, timeout=600)
+    from vime_ext.rollout.debug_data import load_rollout
+
+    groups, _ = load_rollout(str(tmp_path / "rollouts"), 1)
+    saved = [s for g in groups for s in g]
+    figures = json.loads(replay.read_text())
+    assert figures["samples"] == 4 and figures["seconds"] > 0
+    assert figures["sequences"] == sum(len(s.turns) + 1 for s in saved)
+    assert figures["generated_tokens"] == sum(s.response_length + sum(len(t.loss_mask) for t in s.turns)
+                                              for s in saved)  # every length reproduced
+    train_only = tmp_path / "train_only"
+    subprocess.run([sys.executable, "train.py", "--hf-checkpoint", str(model), "--prompt-data",
+                    str(data / "train.jsonl"), "--no-ray", "--debug-train-only", "--load-debug-rollout-data",
+                    str(tmp_path / "rollouts"), "--num-rollout", "2", "--rollout-batch-size", "2",
+                    "--n-samples-per-prompt", "2", "--global-batch-size", "4", "--lr", "1e-4",
+                    "--tensorboard-dir", str(train_only)], check=True, cwd=root, capture_output=True, timeout=600)
+    done = subprocess.run([sys.executable, "tools/loop_efficiency.py", "--loop",
+                           str(tmp_path / "ckpt/tensorboard/metrics.jsonl"), "--replay", str(replay),
+                           "--train-only", str(train_only / "metrics.jsonl")], cwd=root, capture_output=True,
+                          text=True, timeout=120, check=True)
+    assert "| rollout | generation |" in done.stdout and "| train | optimizer steps |" in done.stdout
+    assert "loop efficiency" in done.stdout and "not measured standalone: weight_sync" in done.stdout

@@ -69,7 +69,7 @@ class HFEngine:
         for row, prompt in enumerate(prompts):  # left padding keeps every prompt's end aligned
             input_ids[row, width - len(prompt):] = torch.tensor(prompt)
             attention[row, width - len(prompt):] = 1
-        stop_ids = sorted(self.eos_ids | set(params.stop_token_ids))
+        stop_ids = [] if params.ignore_eos else sorted(self.eos_ids | set(params.stop_token_ids))
         kwargs = dict(max_new_tokens=params.max_new_tokens, eos_token_id=stop_ids, pad_token_id=self.pad_id,
                       output_logits=True, return_dict_in_generate=True)
         if params.temperature == 0.0:

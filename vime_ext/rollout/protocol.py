@@ -22,6 +22,8 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
+    # Generate exactly max_new_tokens whatever the model samples: replays that must reproduce a rollout's lengths.
+    ignore_eos: bool = False
 
     def validate(self) -> None:
         if not 0.0 <= self.temperature <= 100.0:
@@ -38,13 +40,16 @@ class SamplingParams:
                   "skip_special_tokens": False}
         if self.seed is not None:
             params["seed"] = self.seed
+        if self.ignore_eos:
+            params["ignore_eos"] = True
         return params
 
     @classmethod
     def from_vllm(cls, params: dict) -> "SamplingParams":
         return cls(temperature=float(params.get("temperature", 1.0)), top_p=float(params.get("top_p", 1.0)),
                    max_new_tokens=int(params.get("max_tokens") or 16), stop=tuple(params.get("stop") or ()),
-                   stop_token_ids=tuple(params.get("stop_token_ids") or ()), seed=params.get("seed"))
+                   stop_token_ids=tuple(params.get("stop_token_ids") or ()), seed=params.get("seed"),
+                   ignore_eos=bool(params.get("ignore_eos", False)))
 
 
 @dataclass

@@ -1,0 +1,103 @@
+"""The RL loop against its parts: each phase's seconds in the loop beside its standalone limit on the same GPU,
+and loop efficiency = (sum of the standalone phases) / (the loop's step time).
+
+    python tools/loop_efficiency.py --loop RUN/tensorboard/metrics.jsonl --replay replay.json \
+        --train-only TRAIN_ONLY/tensorboard/metrics.jsonl [--weight-sync weight_sync.json] [--skip-first 1]
+
+- ``--loop``: the loop run's metrics (``time/*`` and ``memory/*`` per rollout).
+- ``--replay``: ``tools/replay_rollout.py`` on one of the loop's saved rollouts, the engine alone: rollout.
+- ``--train-only``: ``train.py`` with the loop's flags plus ``--debug-train-only --load-debug-rollout-data``
+  (the same saved rollouts through the trainer, no engine on the GPU): log-probs and training.
+- ``--weight-sync``: ``tools/bench_weight_sync.py`` with the loop's transport: the push.
+Loop figures are medians over the rollouts after ``--skip-first`` (warm-up). Prints a Markdown table.
+"""
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+# (metric, what it is); the loop's step time is time/total.
+PHASES = [("rollout", "generation"), ("sleep", "engines to sleep"), ("reload", "trainer memory back"),
+          ("log_probs", "old and reference log-probs"), ("train", "optimizer steps"), ("save", "checkpoint"),
+          ("offload", "trainer memory to the engines"), ("wake_up", "engines awake"),
+          ("weight_sync", "weight push")]
+STANDALONE = ("rollout", "log_probs", "train", "weight_sync")
+
+
+def read_metrics(path: Path) -> list[dict]:
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{number}: not a JSON line ({err.msg})") from err
+    if not rows:
+        raise ValueError(f"{path}: no rollouts logged")
+    return rows
+
+
+def median_of(rows: list[dict], key: str, where: Path) -> float | None:
+    values = [r[key] for r in rows if key in r]
+    if not values:
+        return None
+    if not all(isinstance(v, (int, float)) for v in values):
+        raise ValueError(f"{where}: {key} is not a number in every rollout")
+    return float(statistics.median(values))
+
+
+def efficiency(loop: list[dict], replay: dict, train_only: list[dict], weight_sync: dict | None,
+               paths: dict[str, Path]) -> tuple[list[tuple[str, str, float | None, float | None]], dict]:
+    """Table rows (phase, meaning, loop seconds, standalone seconds) and the summary figures."""
+    if "seconds" not in replay:
+        raise ValueError(f"{paths['replay']}: no 'seconds' (not tools/replay_rollout.py output)")
+    standalone = {"rollout": float(replay["seconds"]),
+                  "log_probs": median_of(train_only, "time/log_probs", paths["train_only"]),
+                  "train": median_of(train_only, "time/train", paths["train_only"]),
+                  "weight_sync": None if weight_sync is None else float(weight_sync["push_s_median"])}
+    rows = [(name, meaning, median_of(loop, f"time/{name}", paths["loop"]), standalone.get(name))
+            for name, meaning in PHASES]
+    rows = [r for r in rows if r[2] is not None or r[3] is not None]
+    step = median_of(loop, "time/total", paths["loop"])
+    if step is None:
+        raise ValueError(f"{paths['loop']}: no time/total")
+    missing = [name for name in STANDALONE if standalone[name] is None]
+    summary = {"loop_step_s": step, "standalone_sum_s": sum(v for v in standalone.values() if v is not None),
+               "standalone_missing": missing}
+    summary["efficiency"] = summary["standalone_sum_s"] / step
+    loop_rollout = median_of(loop, "time/rollout", paths["loop"])
+    summary["rollout_vs_standalone"] = loop_rollout / standalone["rollout"] if loop_rollout else None
+    return rows, summary
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--loop", type=Path, required=True)
+    parser.add_argument("--replay", type=Path, required=True)
+    parser.add_argument("--train-only", type=Path, required=True)
+    parser.add_argument("--weight-sync", type=Path)
+    parser.add_argument("--skip-first", type=int, default=1, help="warm-up rollouts left out of the medians")
+    args = parser.parse_args(argv)
+    paths = {"loop": args.loop, "replay": args.replay, "train_only": args.train_only}
+    loop = [r for r in read_metrics(args.loop) if r.get("step", 0) >= args.skip_first] or read_metrics(args.loop)
+    train_only = [r for r in read_metrics(args.train_only) if r.get("step", 0) >= args.skip_first] \
+        or read_metrics(args.train_only)
+    replay = json.loads(args.replay.read_text())
+    weight_sync = json.loads(args.weight_sync.read_text()) if args.weight_sync else None
+    rows, summary = efficiency(loop, replay, train_only, weight_sync, paths)
+    print("| phase | | loop s | standalone s |\n|---|---|---|---|")
+    for name, meaning, in_loop, alone in rows:
+        print(f"| {name} | {meaning} | {'-' if in_loop is None else f'{in_loop:.2f}'} | "
+              f"{'-' if alone is None else f'{alone:.2f}'} |")
+    print(f"| step | | {summary['loop_step_s']:.2f} | {summary['standalone_sum_s']:.2f} |")
+    ratio = summary["rollout_vs_standalone"]
+    print(f"\nloop efficiency {summary['efficiency']:.2f} (goal >= 0.9); rollout in the loop "
+          f"{'-' if ratio is None else f'{ratio:.2f}x'} its standalone time (goal <= 1.10x)"
+          + (f"; not measured standalone: {', '.join(summary['standalone_missing'])}"
+             if summary["standalone_missing"] else ""))
+    return summary
+
+
+if __name__ == "__main__":
+    main()
