@@ -7,11 +7,16 @@
 #   EXAMPLE=mem_agent bash tools/gpu_recipe.sh prepare   # the 8 GB model, its torch_dist copy, the data
 #   EXAMPLE=mem_agent bash tools/gpu_recipe.sh train [train.py flags]   # NUM_ROLLOUT rollouts, push, save
 #   EXAMPLE=mem_agent bash tools/gpu_recipe.sh eval      # CONVERT=1 run-eval.sh on the last iteration
+# and the loop's parts alone on the same GPU, then the table (tools/loop_efficiency.py):
+#   ... gpu_recipe.sh train_only   # the saved rollouts through the same script's trainer, no engine
+#   ... gpu_recipe.sh replay       # rollout 1's requests on the loop's engine flags, the engine alone
+#   ... gpu_recipe.sh weight_sync  # tools/bench_weight_sync.py, CUDA IPC as colocated
+#   ... gpu_recipe.sh table
 # Logs and metrics go to VIME_EXT_OUT (default WORK/out). The layout is the script's default for the GPU count
 # (one GPU: colocated, optimizer offload); any of the script's variables may be set around this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-STAGE=${1:?usage: gpu_recipe.sh prepare|train|eval [train.py flags]}
+STAGE=${1:?usage: gpu_recipe.sh prepare|train|eval|train_only|replay|weight_sync|table [flags]}
 shift
 EXAMPLE=${EXAMPLE:-mem_agent}
 WORK=${WORK:-/tmp/gpu_recipe}
@@ -25,6 +30,7 @@ export NUM_ROLLOUT=${NUM_ROLLOUT:-3} ROLLOUT_BATCH_SIZE=${ROLLOUT_BATCH_SIZE:-4}
 export N_SAMPLES_PER_PROMPT=${N_SAMPLES_PER_PROMPT:-4} GLOBAL_BATCH_SIZE=${GLOBAL_BATCH_SIZE:-16}
 export SAVE_INTERVAL=${SAVE_INTERVAL:-${NUM_ROLLOUT}} SAVE_OPTIM=${SAVE_OPTIM:-0}
 export VIME_EXT_LOG_DIR=${VIME_EXT_LOG_DIR:-${OUT_DIR}/${EXAMPLE}_engines}
+ROLLOUTS=${WORK}/${EXAMPLE}_rollouts  # the loop's rollouts, saved for the standalone parts
 # MemAgent: 2-hop questions over NUM_DOCS generated documents (~43 Qwen tokens each: 100 make 3 chunks of 2048).
 NUM_DOCS=${NUM_DOCS:-100} EVAL_NUM=${EVAL_NUM:-16}
 
@@ -47,7 +53,8 @@ case "${STAGE}" in
   train)
     export TRAIN_DATA=${DATA_ROOT}/$([ "${EXAMPLE}" = mem_agent ] && echo hotpotqa_train.jsonl || echo train.jsonl)
     set +e
-    bash "examples/${EXAMPLE}/run-qwen3-4b-train.sh" "$@" 2>&1 | tee "${OUT_DIR}/${EXAMPLE}_train.log" \
+    bash "examples/${EXAMPLE}/run-qwen3-4b-train.sh" --save-debug-rollout-data "${ROLLOUTS}" "$@" 2>&1 \
+      | tee "${OUT_DIR}/${EXAMPLE}_train.log" \
       | grep --line-buffered -v "it/s\]\|s/it\]"
     status=${PIPESTATUS[0]}
     set -e
@@ -62,5 +69,23 @@ case "${STAGE}" in
         CONVERT=1 TEST_DATA="${DATA_ROOT}/test.jsonl" RESULTS="${OUT_DIR}/mem_update_eval" \
           bash examples/mem_update/run-eval.sh "$@" ;;
     esac 2>&1 | tee "${OUT_DIR}/${EXAMPLE}_eval.log" | grep --line-buffered -v "it/s\]\|s/it\]" ;;
-  *) echo "usage: gpu_recipe.sh prepare|train|eval" >&2; exit 2 ;;
+  train_only)
+    export TRAIN_DATA=${DATA_ROOT}/$([ "${EXAMPLE}" = mem_agent ] && echo hotpotqa_train.jsonl || echo train.jsonl)
+    SAVE_PATH=${WORK}/${EXAMPLE}_train_only bash "examples/${EXAMPLE}/run-qwen3-4b-train.sh" --debug-train-only \
+      --load-debug-rollout-data "${ROLLOUTS}" "$@" 2>&1 | tee "${OUT_DIR}/${EXAMPLE}_train_only.log" \
+      | grep --line-buffered -v "it/s\]\|s/it\]"
+    cp "${WORK}/${EXAMPLE}_train_only/tensorboard/metrics.jsonl" "${OUT_DIR}/${EXAMPLE}_train_only_metrics.jsonl" ;;
+  replay)
+    # The loop's engine flags on one GPU: colocated sleep mode (its allocator) and 0.7 of the memory.
+    python tools/replay_rollout.py --rollout-data "${ROLLOUTS}" --rollout-id 1 --hf-checkpoint "${HF_CKPT}" \
+      --vllm-enable-sleep-mode --vllm-gpu-memory-utilization "${ENGINE_MEMORY:-0.7}" \
+      --out "${OUT_DIR}/${EXAMPLE}_replay.json" "$@" ;;
+  weight_sync)
+    python tools/bench_weight_sync.py --shape qwen3-4b --transport ipc --pushes 3 \
+      --out "${OUT_DIR}/weight_sync_ipc.json" ;;
+  table)
+    python tools/loop_efficiency.py --loop "${OUT_DIR}/${EXAMPLE}_metrics.jsonl" \
+      --replay "${OUT_DIR}/${EXAMPLE}_replay.json" --train-only "${OUT_DIR}/${EXAMPLE}_train_only_metrics.jsonl" \
+      --weight-sync "${OUT_DIR}/weight_sync_ipc.json" | tee "${OUT_DIR}/${EXAMPLE}_loop_efficiency.md" ;;
+  *) echo "usage: gpu_recipe.sh prepare|train|eval|train_only|replay|weight_sync|table" >&2; exit 2 ;;
 esac
