@@ -22,8 +22,9 @@ export NUM_GPUS
 
 start_ray() {
   # Ray for train.py. RAY_ADDRESS set: that cluster (several nodes: `ray start` on each first), used as it is.
-  # Otherwise the head on this machine's RAY_PORT: used if one runs there, else started here and stopped when the
-  # script exits. train.py is given its address, so it never joins another Ray that happens to run here.
+  # Otherwise a head on this machine's RAY_PORT, started here in a temporary folder of its own and stopped when
+  # the script exits (only its processes: other Ray clusters on the machine are left alone); train.py is given
+  # its address.
   if [ -n "${RAY_ADDRESS:-}" ]; then return 0; fi
   local port=${RAY_PORT:-6379} cpus
   # Token authentication, Ray's recommendation, for the head and train.py alike: where a token file exists
@@ -31,22 +32,27 @@ start_ray() {
   # does not, and the driver is refused.
   export RAY_AUTH_MODE=${RAY_AUTH_MODE:-token}
   if [ "${RAY_AUTH_MODE}" = token ]; then ray get-auth-token --generate >/dev/null; fi
-  if ray status --address "127.0.0.1:${port}" >/dev/null 2>&1; then
-    export RAY_ADDRESS="127.0.0.1:${port}"
-    return 0
-  fi
   cpus=$(nproc)
   # Without GPUs every trainer rank and the rollout manager take a logical CPU, whatever the core count.
   if [ "${NUM_GPUS}" -eq 0 ] && [ "${cpus}" -lt 8 ]; then cpus=8; fi
+  VIME_EXT_RAY_DIR=$(mktemp -d /tmp/vime_ext_ray.XXXXXX)
   echo "starting a Ray head on 127.0.0.1:${port} (${NUM_GPUS} GPUs, ${cpus} CPUs); stopped when this script exits"
-  ray start --head --node-ip-address 127.0.0.1 --port "${port}" --num-cpus "${cpus}" --num-gpus "${NUM_GPUS}" \
-    --disable-usage-stats --include-dashboard=false >/dev/null
-  export RAY_ADDRESS="127.0.0.1:${port}"
   trap stop_ray EXIT
+  ray start --head --node-ip-address 127.0.0.1 --port "${port}" --num-cpus "${cpus}" --num-gpus "${NUM_GPUS}" \
+    --temp-dir "${VIME_EXT_RAY_DIR}" --disable-usage-stats --include-dashboard=false >/dev/null
+  export RAY_ADDRESS="127.0.0.1:${port}"
 }
 
 stop_ray() {
-  ray stop --force >/dev/null 2>&1 || true
+  # The head start_ray started, and nothing else: every process of it names its temporary folder.
+  if [ -z "${VIME_EXT_RAY_DIR:-}" ]; then return 0; fi
+  pkill -TERM -f -- "${VIME_EXT_RAY_DIR}" 2>/dev/null || true
+  for _ in 1 2 3 4 5 6 7 8 9 10; do
+    pgrep -f -- "${VIME_EXT_RAY_DIR}" >/dev/null || break
+    sleep 1
+  done
+  pkill -KILL -f -- "${VIME_EXT_RAY_DIR}" 2>/dev/null || true
+  rm -rf "${VIME_EXT_RAY_DIR}"
 }
 
 need() {  # need PATH VARIABLE: stop at once, naming the variable, when an input is missing

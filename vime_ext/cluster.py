@@ -24,10 +24,11 @@ _WORKER_ENV = ("HF_HUB_OFFLINE", "TOKENIZERS_PARALLELISM", "VIME_EXT_CACHE", "VI
 
 
 def connect_ray(world: int) -> None:
-    """Join the Ray cluster that ``RAY_ADDRESS`` names or that runs on this machine (``ray start``, e.g. a launch
-    script's ``start_ray``); start a private one only when there is none. A running cluster's resources are its
-    own (Ray refuses ``num_cpus`` when connecting); a private one gets a logical CPU per process, whatever the
-    core count, since on a machine without GPUs every trainer rank and the rollout manager take one."""
+    """Join the Ray cluster ``RAY_ADDRESS`` names (the launch scripts' ``start_ray`` sets it; several nodes: the
+    head's), or start a private one for this run, never joining another Ray that happens to run on the machine
+    (``address="local"``). A running cluster's resources are its own (Ray refuses ``num_cpus`` when joining); a
+    private one gets a logical CPU per process whatever the core count, since without GPUs every trainer rank and
+    the rollout manager take one."""
     import ray
 
     env = {k: os.environ[k] for k in _WORKER_ENV if k in os.environ}
@@ -36,12 +37,8 @@ def connect_ray(world: int) -> None:
     address = os.environ.get("RAY_ADDRESS")
     if address:
         ray.init(address=address, **common)
-        return
-    try:
-        ray.init(address="auto", **common)
-        print(f"ray: joined the cluster running on this machine ({ray.get_runtime_context().gcs_address})")
-    except ConnectionError:  # none running: a private one, gone when this process ends
-        ray.init(num_cpus=max(os.cpu_count() or 1, world + 2), **common)
+    else:
+        ray.init(address="local", num_cpus=max(os.cpu_count() or 1, world + 2), **common)
 
 
 class _TrainWorker:
