@@ -6,7 +6,6 @@ in for vLLM only because it starts in seconds on two cores; the engine is not wh
 
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +22,7 @@ def ray_running(port: int) -> bool:
 
 
 @pytest.mark.slow
-def test_qwen3_4b_script_starts_ray_and_trains_on_the_cpu(tmp_path):
+def test_qwen3_4b_script_starts_ray_and_trains_on_the_cpu(tmp_path, monkeypatch):
     model = make_tiny_hf_dir("llama", tmp_path / "tiny", seed=3, cache_dir=tmp_path, hidden_size=128,
                              max_position_embeddings=2048)
     data = tmp_path / "data"
@@ -35,15 +34,10 @@ def test_qwen3_4b_script_starts_ray_and_trains_on_the_cpu(tmp_path):
            "MODEL_ARGS_SCRIPT": "", "NUM_ROLLOUT": "2", "ROLLOUT_BATCH_SIZE": "2", "N_SAMPLES_PER_PROMPT": "2",
            "GLOBAL_BATCH_SIZE": "4", "MEM_CHUNK_TOKENS": "64", "MEM_MAX_MEMORY": "8", "MEM_MAX_FINAL": "8",
            "RAY_PORT": str(port), "VIME_EXT_LOG_DIR": str(tmp_path / "engines")}
-    env_without_ray = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    os.environ.pop("RAY_ADDRESS", None)
-    try:
-        output = run_launch_script("examples/mem_agent/run-qwen3-4b-train.sh", env, tmp_path,
-                                   args=("--engine-backend", "hf", "--lr", "1e-4",
-                                         "--save-debug-rollout-data", str(tmp_path / "rollouts")))
-    finally:
-        os.environ.clear()
-        os.environ.update(env_without_ray)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)  # the script starts its own head
+    output = run_launch_script("examples/mem_agent/run-qwen3-4b-train.sh", env, tmp_path,
+                               args=("--engine-backend", "hf", "--lr", "1e-4",
+                                     "--save-debug-rollout-data", str(tmp_path / "rollouts")))
     assert f"starting a Ray head on 127.0.0.1:{port}" in output
     assert "layout: 1 node(s) x 1 trainer GPU(s), TP 1, engines colocated, optimizer offload 0" in output
     rows = [json.loads(line) for line in (tmp_path / "ckpt/tensorboard/metrics.jsonl").read_text().splitlines()]

@@ -31,6 +31,7 @@ export N_SAMPLES_PER_PROMPT=${N_SAMPLES_PER_PROMPT:-4} GLOBAL_BATCH_SIZE=${GLOBA
 export SAVE_INTERVAL=${SAVE_INTERVAL:-${NUM_ROLLOUT}} SAVE_OPTIM=${SAVE_OPTIM:-0}
 export VIME_EXT_LOG_DIR=${VIME_EXT_LOG_DIR:-${OUT_DIR}/${EXAMPLE}_engines}
 ROLLOUTS=${WORK}/${EXAMPLE}_rollouts  # the loop's rollouts, saved for the standalone parts
+export TRAIN_DATA=${DATA_ROOT}/$([ "${EXAMPLE}" = mem_agent ] && echo hotpotqa_train.jsonl || echo train.jsonl)
 # MemAgent: 2-hop questions over NUM_DOCS generated documents (~43 Qwen tokens each: 100 make 3 chunks of 2048).
 NUM_DOCS=${NUM_DOCS:-100} EVAL_NUM=${EVAL_NUM:-16}
 
@@ -51,7 +52,6 @@ case "${STAGE}" in
     esac
     df -h "${WORK}" | tail -1 ;;
   train)
-    export TRAIN_DATA=${DATA_ROOT}/$([ "${EXAMPLE}" = mem_agent ] && echo hotpotqa_train.jsonl || echo train.jsonl)
     set +e
     bash "examples/${EXAMPLE}/run-qwen3-4b-train.sh" --save-debug-rollout-data "${ROLLOUTS}" "$@" 2>&1 \
       | tee "${OUT_DIR}/${EXAMPLE}_train.log" \
@@ -70,7 +70,6 @@ case "${STAGE}" in
           bash examples/mem_update/run-eval.sh "$@" ;;
     esac 2>&1 | tee "${OUT_DIR}/${EXAMPLE}_eval.log" | grep --line-buffered -v "it/s\]\|s/it\]" ;;
   train_only)
-    export TRAIN_DATA=${DATA_ROOT}/$([ "${EXAMPLE}" = mem_agent ] && echo hotpotqa_train.jsonl || echo train.jsonl)
     SAVE_PATH=${WORK}/${EXAMPLE}_train_only bash "examples/${EXAMPLE}/run-qwen3-4b-train.sh" --debug-train-only \
       --load-debug-rollout-data "${ROLLOUTS}" "$@" 2>&1 | tee "${OUT_DIR}/${EXAMPLE}_train_only.log" \
       | grep --line-buffered -v "it/s\]\|s/it\]"

@@ -38,6 +38,11 @@ def read_metrics(path: Path) -> list[dict]:
     return rows
 
 
+def after_warmup(rows: list[dict], skip_first: int) -> list[dict]:
+    """The rollouts after the first ``skip_first``; all of them when a run is no longer than that."""
+    return [r for r in rows if r.get("step", 0) >= skip_first] or rows
+
+
 def median_of(rows: list[dict], key: str, where: Path) -> float | None:
     values = [r[key] for r in rows if key in r]
     if not values:
@@ -80,9 +85,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--skip-first", type=int, default=1, help="warm-up rollouts left out of the medians")
     args = parser.parse_args(argv)
     paths = {"loop": args.loop, "replay": args.replay, "train_only": args.train_only}
-    loop = [r for r in read_metrics(args.loop) if r.get("step", 0) >= args.skip_first] or read_metrics(args.loop)
-    train_only = [r for r in read_metrics(args.train_only) if r.get("step", 0) >= args.skip_first] \
-        or read_metrics(args.train_only)
+    loop, train_only = (after_warmup(read_metrics(path), args.skip_first) for path in (args.loop, args.train_only))
     replay = json.loads(args.replay.read_text())
     weight_sync = json.loads(args.weight_sync.read_text()) if args.weight_sync else None
     rows, summary = efficiency(loop, replay, train_only, weight_sync, paths)

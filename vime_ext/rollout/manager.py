@@ -158,8 +158,7 @@ class RolloutManager:
     def wake_up(self, tags: list[str] | None = None) -> None:
         """Give the engines their memory back: all of it, or only ``tags`` (vLLM's ``weights``, ``kv_cache``),
         so that a colocated trainer can push its weights before the KV cache returns."""
-        for url in self.engine_urls():
-            self.sync.post(url, "/wake_up", params={"tags": tags} if tags else None)
+        self._post_all("/wake_up", **({"tags": tags} if tags else {}))
 
     def shutdown(self) -> None:
         for server in [self.router, *self.engines]:

@@ -134,14 +134,11 @@ class TrainActor:
             kept += list(self.critic.model.parameters()) + critic_kept
             zeroed += critic_zeroed
         stats = self._handover.release(kept + weights, zeroed, constant, spare=weights if keep_weights else ())
-        return {"handover_gb": stats.released_gb, "handover_copied_gb": stats.copied_gb,
-                "handover_s": stats.seconds, "handover_skipped": float(len(stats.skipped)), **memory_snapshot()}
+        return {**stats.metrics(), **memory_snapshot()}
 
     def restore_memory(self) -> dict[str, float]:
         """Take back what ``release_memory`` handed over, values intact, gradient buffers zeroed."""
-        stats = self._handover.restore()
-        return {"handover_gb": stats.released_gb, "handover_copied_gb": stats.copied_gb,
-                "handover_s": stats.seconds, **memory_snapshot()}
+        return {**self._handover.restore().metrics(), **memory_snapshot()}
 
     def memory(self) -> dict[str, float]:
         """This rank's accelerator memory now, and its peak since the last call (``memory_snapshot``)."""

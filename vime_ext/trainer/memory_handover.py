@@ -15,6 +15,7 @@ training run is unchanged by a hand-over; on a real CPU run there is nothing to 
 
 import contextlib
 import gc
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -44,6 +45,10 @@ class HandoverStats:
     seconds: float = 0.0
     skipped: list[str] = field(default_factory=list)  # storages that cannot be freed in place (not resizable)
 
+    def metrics(self) -> dict[str, float]:
+        return {"handover_gb": self.released_gb, "handover_copied_gb": self.copied_gb, "handover_s": self.seconds,
+                "handover_skipped": float(len(self.skipped))}
+
 
 class MemoryHandover:
     """Frees and restores a set of tensor storages. Tensors are named by group each time ``release`` is called
@@ -55,17 +60,11 @@ class MemoryHandover:
         self._slots: dict[int, _Slot] = {}  # by the storage's C++ identity, stable across resizes
         self._released: list[_Slot] = []
 
-    @property
-    def released(self) -> bool:
-        return bool(self._released)
-
     def release(self, kept: list[torch.Tensor], zeroed: list[torch.Tensor] = (),
                 constant: list[torch.Tensor] = (), spare: list[torch.Tensor] = ()) -> HandoverStats:
         """Free the storages of ``kept`` (copied out first), ``constant`` (copied out the first time) and
         ``zeroed`` (not copied), except those of ``spare`` (still needed: released by a later call). A storage
         named twice keeps the policy that preserves most; one released already is left as it is."""
-        import time
-
         start = time.perf_counter()
         stats = HandoverStats()
         spared = {t.untyped_storage()._cdata for t in spare if t is not None}
@@ -113,8 +112,6 @@ class MemoryHandover:
 
     def restore(self) -> HandoverStats:
         """Re-allocate every released storage at its size and put its values back."""
-        import time
-
         start = time.perf_counter()
         stats = HandoverStats()
         for slot in self._released:
