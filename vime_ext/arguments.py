@@ -31,7 +31,9 @@ class ConfigError(ValueError):
 class CheckpointConfig:
     hf_checkpoint: str = field(default="", metadata={"help": "HF model directory: shape, tokenizer, first weights",
                                                      "required": True})
-    ref_load: str | None = _help("torch_dist checkpoint of the KL reference (default: --hf-checkpoint's weights)")
+    ref_load: str | None = _help("torch_dist checkpoint (a save directory or iter_* directory) the run starts from "
+                                 "when --load holds none, and the KL reference's weights (slime's convention; e.g. "
+                                 "an SFT run's save); default: --hf-checkpoint's weights")
     load: str | None = _help("resume from this save directory (or iter_* directory) when it holds a checkpoint")
     save: str | None = _help("save directory for torch_dist checkpoints")
     save_interval: int | None = _help("save every N rollouts (and after the last)")
@@ -109,6 +111,10 @@ class TrainerConfig:
 
 @dataclass(frozen=True)
 class AlgorithmConfig:
+    loss_type: Literal["policy_loss", "sft_loss"] = _help(
+        "policy_loss (RL: GRPO or PPO on generated rollouts) or sft_loss (supervised: the negative log-likelihood "
+        "of the assistant turns of chat data, with --rollout-function-path "
+        "vime_ext.rollout.sft_rollout.generate_rollout; no engine starts)", "policy_loss")
     advantage_estimator: Literal["grpo", "ppo"] = _help(
         "grpo (group-relative, no critic) or ppo (GAE with a critic)", "grpo")
     disable_grpo_std_normalization: bool = _help(
@@ -191,6 +197,12 @@ class DataConfig:
     input_key: str = _help("JSONL field holding the prompt (a string or chat messages)", "prompt")
     label_key: str | None = _help("JSONL field holding the label the reward reads", "label")
     metadata_key: str | None = _help("JSONL field holding per-prompt metadata for the plug-ins", "metadata")
+    tool_key: str | None = _help("SFT chats: JSONL field holding the tool definitions the chat was held with",
+                                 "tools")
+    sft_max_len: int | None = _help("SFT: the most tokens a chat may render to (default: no limit)")
+    sft_overlong: Literal["error", "truncate", "skip"] = _help(
+        "SFT, a chat over --sft-max-len: stop the run naming it (error), cut it at the limit (truncate), or leave it "
+        "out (skip); truncated and skipped chats are counted in the metrics", "error")
     rollout_shuffle: bool = _help("shuffle the prompts every epoch (reproducibly, from --seed)", False)
     num_rollout: int = _help("rollouts (generate, reward, train) in the run", 1)
     seed: int = _help("seed of data order, initialisation and the trainer's RNG", 1234)
@@ -310,6 +322,21 @@ class TrainConfig:
         return plugin_args(sections, self.custom)
 
     @property
+    def sft(self) -> bool:
+        """Supervised fine-tuning: chats in, no engines, no reference model."""
+        return self.algorithm.loss_type == "sft_loss"
+
+    def read_data(self, path: str) -> list:
+        """The records of a prompt-data or evaluation file: prompts and labels, or (SFT) checked chats."""
+        from vime_ext.data.chat_dataset import read_chats
+        from vime_ext.data.prompt_dataset import read_jsonl
+
+        d = self.data
+        if self.sft:
+            return read_chats(path, d.input_key, d.tool_key, d.metadata_key)
+        return read_jsonl(path, d.input_key, d.label_key, d.metadata_key)
+
+    @property
     def data_parallel_size(self) -> int:
         return self.cluster.actor_world_size // self.trainer.parallel.model_parallel_size
 
@@ -368,6 +395,8 @@ def _check(config: TrainConfig) -> None:
                      for k in AlgorithmConfig.PPO_ONLY if getattr(a, k) != getattr(defaults, k)]
         problems += [f"{flag_name(k)} is a PPO setting; it needs --advantage-estimator ppo"
                      for k, v in (("critic_load", c.critic_load), ("critic_lr", o.critic_lr)) if v is not None]
+    if config.sft:
+        problems += _sft_problems(config)
     if a.kl_coef < 0:
         problems.append(f"--kl-coef {a.kl_coef} must be >= 0")
     if a.value_clip is not None and a.value_clip <= 0:
@@ -463,6 +492,29 @@ def _check(config: TrainConfig) -> None:
         problems.append(f"--prompt-data {config.data.prompt_data}: no such file")
     if problems:
         raise ConfigError("\n  ".join(["invalid flags:", *problems]))
+
+
+SFT_ROLLOUT = "vime_ext.rollout.sft_rollout.generate_rollout"
+
+
+def _sft_problems(config: TrainConfig) -> list[str]:
+    """What --loss-type sft_loss cannot go with: it trains on chats, generates nothing, has no reference."""
+    a, r, cl, d = config.algorithm, config.rollout, config.cluster, config.data
+    problems = []
+    if r.rollout_function_path == RolloutConfig().rollout_function_path:
+        problems.append(f"--loss-type sft_loss trains on chat data: add --rollout-function-path {SFT_ROLLOUT}")
+    if r.n_samples_per_prompt != 1:
+        problems.append("--loss-type sft_loss trains on each chat once: add --n-samples-per-prompt 1")
+    if a.advantage_estimator == "ppo" or a.use_kl_loss or a.use_tis or a.entropy_coef:
+        problems.append("--loss-type sft_loss has no advantages, reference model or engine log-probs: drop "
+                        "--advantage-estimator ppo, --use-kl-loss, --use-tis and --entropy-coef")
+    if cl.colocate or cl.rollout_num_gpus is not None:
+        problems.append("--loss-type sft_loss starts no engines: drop --colocate and --rollout-num-gpus")
+    if config.debug.debug_rollout_only:
+        problems.append("--loss-type sft_loss with --debug-rollout-only has nothing to do")
+    if d.sft_max_len is not None and d.sft_max_len < 2:
+        problems.append("--sft-max-len must be at least 2")
+    return problems
 
 
 def _cuda() -> bool:

@@ -4,7 +4,8 @@ this process.
 Placement: one bundle per trainer rank (1 GPU each, packed onto as few nodes as possible) and, unless
 ``--colocate``, one bundle with the rollout GPUs. Colocated engines use the trainer ranks' GPUs and sleep while
 they train. Without GPUs the bundles hold CPUs only and the counts mean processes. ``--debug-train-only`` starts
-no rollout manager (no engines), ``--debug-rollout-only`` no trainer ranks.
+no rollout manager (no engines), ``--debug-rollout-only`` no trainer ranks; an SFT run (``--loss-type sft_loss``)
+a rollout manager without engines (it reads the chats), on a CPU.
 
 Every Ray worker gets the launch directory (the driver's working directory) on its module path, through Ray's
 runtime environment, so plug-ins named by dotted path import there as they do in the driver.
@@ -83,6 +84,7 @@ class Cluster:
         self.use_ray = not config.cluster.no_ray
         self.has_manager = not config.debug.debug_train_only
         self.has_actors = not config.debug.debug_rollout_only
+        self.has_engines = self.has_manager and not config.sft
         self._actors, self._manager, self.layouts = [], None, [{"dp_size": 1, "dp_rank": 0}]
         if self.use_ray:
             self._start_ray(log_dir)
@@ -112,7 +114,7 @@ class Cluster:
             connect_ray(world)
         actor_bundle = {"CPU": 1, **({"GPU": 1} if gpus else {})}
         bundles = [dict(actor_bundle) for _ in range(world)]
-        rollout_gpus = 0 if (cl.colocate or not gpus) else (cl.rollout_num_gpus or 1)
+        rollout_gpus = 0 if (cl.colocate or not gpus or not self.has_engines) else (cl.rollout_num_gpus or 1)
         if self.has_manager:
             bundles.append({"CPU": 1, **({"GPU": rollout_gpus} if rollout_gpus else {})})
         self.placement_group = placement_group(bundles, strategy="PACK")

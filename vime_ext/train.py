@@ -17,11 +17,10 @@ from tqdm import tqdm
 from vime_ext.algorithms.train_data import TrainSequence
 from vime_ext.arguments import TrainConfig, parse_train_args
 from vime_ext.cluster import Cluster
-from vime_ext.data.prompt_dataset import read_jsonl
 from vime_ext.rollout.debug_data import load_rollout, save_rollout
 from vime_ext.rollout.plugins import load_function
 from vime_ext.rollout.rollout import RolloutOutput, rollout_metrics
-from vime_ext.rollout.sample import Sample
+from vime_ext.rollout.sample import TRAINABLE, Sample
 from vime_ext.rollout.validate import RolloutError, check_groups
 from vime_ext.trainer.batching import split_data_parallel
 from vime_ext.trainer.checkpoint import has_checkpoint
@@ -58,7 +57,7 @@ class Trainer:
         # The rollout manager reads the prompt data; reading it here first stops a malformed line (named by file,
         # line and field) before any process or model starts.
         for path in [d.prompt_data, *config.eval.datasets().values()]:
-            read_jsonl(path, d.input_key, d.label_key, d.metadata_key)
+            config.read_data(path)
         self.args = config.plugin_args()
         self.convert = load_function(config.rollout.custom_convert_samples_to_train_data_path,
                                      "--custom-convert-samples-to-train-data-path")
@@ -71,7 +70,7 @@ class Trainer:
         self.reporters = [i for i, l in enumerate(layouts) if l.get("last_stage") and l["tp_rank"] == 0]
         # Colocated on GPUs, the trainer ranks and the engines take turns with the accelerator memory: the
         # cluster handed the ranks' memory over before the engines started (cluster.py).
-        self.handover = config.cluster.colocate and self.cluster.has_manager and self.cluster.has_actors and \
+        self.handover = config.cluster.colocate and self.cluster.has_engines and self.cluster.has_actors and \
             layouts[0].get("device") == "cuda"
         self.start_rollout = 0
         self.history: list[dict[str, float]] = []  # every logged metric dict, for tests and the demo's summary
@@ -79,7 +78,7 @@ class Trainer:
     # ---- pieces of one rollout ------------------------------------------------------------------------------
 
     def push_weights(self, version: int) -> float:
-        if not (self.cluster.has_manager and self.cluster.has_actors):  # a debug run with one side only
+        if not (self.cluster.has_engines and self.cluster.has_actors):  # SFT, or a debug run with one side only
             return 0.0
         start = time.perf_counter()
         self.cluster.manager("begin_weight_update")
@@ -93,7 +92,7 @@ class Trainer:
     def to_trainer(self, times: dict[str, float], memory: dict[str, float]) -> None:
         """Colocated: the engines sleep and the trainer ranks take their memory back (``memory/rollout_*`` is
         the device as the rollout left it, ``memory/reload_*`` after the reload)."""
-        if not self.config.cluster.colocate or not self.cluster.has_manager:
+        if not self.config.cluster.colocate or not self.cluster.has_engines:
             return
         if self.handover:
             memory.update(_max_over_ranks(self.cluster.actors("memory"), "rollout"))
@@ -110,7 +109,7 @@ class Trainer:
         the trainer ranks release everything but the weights, the engines wake their weights, the push runs,
         the ranks release the weights, and the engines wake their KV cache (the order that never holds two
         full sets of memory at once)."""
-        colocated = self.config.cluster.colocate and self.cluster.has_manager
+        colocated = self.config.cluster.colocate and self.cluster.has_engines
         if not colocated:
             times["weight_sync"] = self.push_weights(version)
             return
@@ -153,12 +152,19 @@ class Trainer:
         return time.perf_counter() - start
 
     def resume(self) -> None:
-        path = self.config.checkpoint.load
+        """``--load``'s checkpoint when it holds one; else the weights the ranks started from (``--ref-load``'s,
+        which the engines, started from ``--hf-checkpoint``, then receive)."""
+        path, ref_load = self.config.checkpoint.load, self.config.checkpoint.ref_load
         if not self.cluster.has_actors:
             return
         if not path or not has_checkpoint(path):
+            start = f"--ref-load {ref_load}" if ref_load else "--hf-checkpoint"
             if path:
-                print(f"--load {path}: no checkpoint there yet; starting from --hf-checkpoint")
+                print(f"--load {path}: no checkpoint there yet; starting from {start}")
+            if ref_load and self.cluster.has_engines:
+                times, memory = {}, {}
+                self.to_trainer(times, memory)
+                self.to_engines(0, times, memory)
             return
         times, memory = {}, {}
         self.to_trainer(times, memory)
@@ -170,14 +176,30 @@ class Trainer:
         print(f"resumed from {path} at rollout {self.start_rollout}")
 
     def evaluate(self, rollout_id: int) -> dict[str, float]:
+        """Every evaluation set: the policy's answers and their rewards, or (SFT) the loss on its chats."""
         metrics = {}
         if self.cluster.has_manager:
             for name, output in self.cluster.manager("evaluate", rollout_id).items():
-                metrics.update(rollout_metrics([s for g in output.groups for s in g], f"eval/{name}"))
+                samples = [s for g in output.groups for s in g]
+                metrics.update(self.eval_loss(samples, f"eval/{name}") if self.config.sft
+                               else rollout_metrics(samples, f"eval/{name}"))
         if metrics:
             self.tracker.log(metrics, rollout_id)
             self.history.append({"rollout": rollout_id, **metrics})
         return metrics
+
+    def eval_loss(self, samples: list[Sample], prefix: str) -> dict[str, float]:
+        """SFT: the mean negative log-likelihood per trained token of ``samples`` (``<prefix>/loss``), forward
+        only on the trainer ranks, each its data-parallel share."""
+        if not self.cluster.has_actors:
+            return {}
+        sequences = self.convert(self.args, samples)
+        shares = split_data_parallel(sequences, self.dp_size)
+        results = self.cluster.actors("eval_loss", [(shares[r],) for r in self.dp_rank])
+        total = sum(results[i][0] for i in self.reporters)
+        count = sum(results[i][1] for i in self.reporters)
+        return {f"{prefix}/loss": total / max(count, 1.0), f"{prefix}/tokens": count,
+                f"{prefix}/skipped": float(sum(s.status not in TRAINABLE for s in samples))}
 
     def rollout(self, rollout_id: int) -> RolloutOutput:
         """Generated by the engines, or (``--load-debug-rollout-data``) read back from a saved rollout."""
@@ -198,6 +220,8 @@ class Trainer:
         samples = [s for g in output.groups for s in g]
         times["rollout"] = time.perf_counter() - start
         metrics = rollout_metrics(samples, "rollout")
+        if config.sft:  # SFT samples carry no reward
+            metrics = {k: v for k, v in metrics.items() if "reward" not in k}
         metrics.update({f"rollout/{k}": float(v) for k, v in output.metrics.items()})
         metrics["rollout/tokens_per_s"] = sum(s.response_length for s in samples) / max(times["rollout"], 1e-9)
         prompts = [g[0].metadata.get("source", "") for g in output.groups]
@@ -236,19 +260,19 @@ class Trainer:
         times["log_probs"] = max(r["log_prob_time"] for r in results)
         times["train"] = max(r["train_time"] for r in results)
         train_tokens = sum(r["tokens"] for r in reported)
-        mismatch = [r["mismatch"] for r in reported]
-        count = sum(m[2] for m in mismatch)
-        metrics = {}
-        if config.algorithm.advantage_estimator != "ppo":
+        metrics = {"train/sequences": float(len(sequences)),
+                   "train/tokens_per_s": train_tokens / max(times["train"], 1e-9)}
+        if config.sft:
+            metrics["train/trained_tokens"] = sum(total for total, _ in totals)
+        else:
+            mismatch = [r["mismatch"] for r in reported]
+            count = sum(m[2] for m in mismatch)
+            metrics.update({"train/logprob_abs_diff_mean": sum(m[0] for m in mismatch) / max(count, 1.0),
+                            "train/logprob_abs_diff_max": max(m[1] for m in mismatch)})
+        if config.algorithm.advantage_estimator != "ppo" and not config.sft:
             metrics["rollout/advantage_abs_mean"] = float(np.mean([abs(q.advantage) for q in sequences] or [0.0]))
-        if self.cluster.has_manager:
+        if self.cluster.has_engines:
             metrics["rollout/engine_restarts"] = float(self.cluster.manager("restart_count"))
-        metrics.update({
-            "train/sequences": float(len(sequences)),
-            "train/tokens_per_s": train_tokens / max(times["train"], 1e-9),
-            "train/logprob_abs_diff_mean": sum(m[0] for m in mismatch) / max(count, 1.0),
-            "train/logprob_abs_diff_max": max(m[1] for m in mismatch),
-        })
         for key in reported[0]["steps"][0]:
             if key in _PER_STEP:
                 values = [step[key] for step in reported[0]["steps"]]
@@ -266,8 +290,8 @@ class Trainer:
             bar = tqdm(range(self.start_rollout, config.data.num_rollout), desc="train", unit="rollout")
             for rollout_id in bar:
                 m = self.train_one(rollout_id)
-                bar.set_postfix(reward=f"{m['rollout/reward_mean']:.3f}", loss=f"{m.get('train/loss', 0.0):.4f}",
-                                step_s=f"{m['time/total']:.1f}")
+                shown = {} if config.sft else {"reward": f"{m['rollout/reward_mean']:.3f}"}
+                bar.set_postfix(**shown, loss=f"{m.get('train/loss', 0.0):.4f}", step_s=f"{m['time/total']:.1f}")
                 tqdm.write(json.dumps({"rollout": rollout_id, **{k: float(f"{v:.6g}") for k, v in m.items()}}))
                 if config.eval.eval_interval and (rollout_id + 1) % config.eval.eval_interval == 0:
                     self.evaluate(rollout_id + 1)

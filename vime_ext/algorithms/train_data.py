@@ -85,8 +85,9 @@ def trajectory_sequences(sample: Sample, advantage: float, reward: float) -> lis
 
 def samples_to_train_data(args, samples: list[Sample]) -> list[TrainSequence]:
     """The default converter (``--custom-convert-samples-to-train-data-path`` replaces it): GRPO advantages
-    over each group (PPO: 0, the critic's GAE replaces them), shared or split over a trajectory's sequences."""
-    if args.advantage_estimator == "ppo":
+    over each group (PPO: 0, the critic's GAE replaces them; SFT: 0, unused), shared or split over a trajectory's
+    sequences."""
+    if args.advantage_estimator == "ppo" or args.loss_type == "sft_loss":  # the critic's GAE, or no advantage
         advantages = torch.zeros(len(samples))
     else:
         advantages = compute_advantages(samples, args.n_samples_per_prompt,

@@ -38,12 +38,12 @@ def _check_prompt(value: Any, where: str, key: str) -> str | list[dict[str, Any]
                     f"{{'role': str, 'content': str}} messages, got {str(value)[:80]!r}")
 
 
-def read_jsonl(path: str | Path, input_key: str = "prompt", label_key: str | None = "label",
-               metadata_key: str | None = "metadata") -> list[PromptRecord]:
+def jsonl_rows(path: str | Path, input_key: str, label_key: str | None = None):
+    """``(where, row)`` for every non-blank line of ``path`` (``where`` is "file:line"): a JSON object holding
+    ``input_key`` (and ``label_key`` when given); anything else raises ``DataError`` naming the line."""
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"{path}: no such prompt-data file")
-    records = []
+        raise DataError(f"{path}: no such data file")
     with path.open(encoding="utf-8") as f:
         for number, line in enumerate(f, start=1):
             where = f"{path}:{number}"
@@ -59,11 +59,21 @@ def read_jsonl(path: str | Path, input_key: str = "prompt", label_key: str | Non
                 raise DataError(f"{where}: missing field {input_key!r} (--input-key); fields: {sorted(row)}")
             if label_key and label_key not in row:
                 raise DataError(f"{where}: missing field {label_key!r} (--label-key); fields: {sorted(row)}")
-            metadata = row.get(metadata_key) if metadata_key else None
-            if metadata is not None and not isinstance(metadata, dict):
-                raise DataError(f"{where}: field {metadata_key!r} must be an object")
-            records.append(PromptRecord(_check_prompt(row[input_key], where, input_key),
-                                        row.get(label_key) if label_key else None, dict(metadata or {}), where))
+            yield where, row
+
+
+def row_metadata(row: dict, metadata_key: str | None, where: str) -> dict[str, Any]:
+    metadata = row.get(metadata_key) if metadata_key else None
+    if metadata is not None and not isinstance(metadata, dict):
+        raise DataError(f"{where}: field {metadata_key!r} must be an object")
+    return dict(metadata or {})
+
+
+def read_jsonl(path: str | Path, input_key: str = "prompt", label_key: str | None = "label",
+               metadata_key: str | None = "metadata") -> list[PromptRecord]:
+    records = [PromptRecord(_check_prompt(row[input_key], where, input_key),
+                            row.get(label_key) if label_key else None, row_metadata(row, metadata_key, where), where)
+               for where, row in jsonl_rows(path, input_key, label_key)]
     if not records:
         raise DataError(f"{path}: no records")
     return records

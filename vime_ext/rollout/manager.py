@@ -10,7 +10,6 @@ set, and runs the rollout function with the plug-in ``args`` (tokenizer and rout
 import os
 
 from vime_ext.arguments import TrainConfig
-from vime_ext.data.prompt_dataset import read_jsonl
 from vime_ext.rollout.data_source import DataSource
 from vime_ext.rollout.engines import (EngineConfig, ServerProcess, has_flag, launch_engine, launch_router,
                                       wait_until_serving)
@@ -34,13 +33,23 @@ class RolloutManager:
         self.tokenizer = AutoTokenizer.from_pretrained(model)
         self.args = config.plugin_args()
         self.args.tokenizer = self.tokenizer
-        read = lambda path: read_jsonl(path, d.input_key, d.label_key, d.metadata_key)  # noqa: E731
-        self.data_source = DataSource(read(d.prompt_data), config.rollout.n_samples_per_prompt,
+        self.data_source = DataSource(config.read_data(d.prompt_data), config.rollout.n_samples_per_prompt,
                                       config.rollout.rollout_batch_size, shuffle=d.rollout_shuffle, seed=d.seed)
         self.eval_sources = {}
         for name, path in e.datasets().items():
-            records = read(path)
+            records = config.read_data(path)
             self.eval_sources[name] = DataSource(records, e.n_samples_per_eval_prompt, len(records))
+        self.engines: list[ServerProcess] = []
+        self.router: ServerProcess | None = None
+        self.restarts = 0
+        self.weight_version = 0
+        self.generation = 0  # engine restarts so far that the sender must know of (a new NCCL group)
+        self.sync: WeightSync | None = None
+        if not config.sft:  # SFT reads its chats; nothing is generated
+            self._start_engines(model, gpu_ids, log_dir)
+
+    def _start_engines(self, model: str, gpu_ids: list[int] | None, log_dir: str | None) -> None:
+        config, cl = self.config, self.config.cluster
         extra = list(config.vllm_args)
         # Colocated vLLM on GPUs: weights arrive over CUDA IPC from the trainer on the same GPU, the engine sleeps
         # while the trainer trains, and it takes a share of the GPU the trainer leaves free (vLLM's default,
@@ -64,9 +73,6 @@ class RolloutManager:
                 model, backend=cl.engine_backend, host=cl.engine_host, port=free_port(), dtype=cl.engine_dtype,
                 max_model_len=cl.engine_max_model_len, extra_args=extra, env=env, log_dir=log_dir,
                 weight_transport=self.transport))
-        self.engines: list[ServerProcess] = []
-        self.router: ServerProcess | None = None
-        self.restarts = 0
         try:
             self.engines = [launch_engine(c) for c in self.engine_configs]
             print(f"starting {len(self.engines)} {cl.engine_backend} engine(s); logs: "
@@ -79,8 +85,6 @@ class RolloutManager:
             raise
         self.sync = WeightSync(self.engine_urls(), transport=self.transport)
         self.sync.init()
-        self.weight_version = 0
-        self.generation = 0  # engine restarts so far that the sender must know of (a new NCCL group)
 
     def engine_urls(self) -> list[str]:
         return [e.url for e in self.engines]
@@ -101,7 +105,8 @@ class RolloutManager:
     def _run(self, rollout_id: int, source: DataSource, evaluation: bool) -> RolloutOutput:
         self._check_engines()
         self.args.weight_version = self.weight_version
-        return run_rollout(self.args, self.router.url, rollout_id, source, evaluation=evaluation)
+        return run_rollout(self.args, self.router.url if self.router else None, rollout_id, source,
+                           evaluation=evaluation)
 
     def data_state(self) -> dict:
         return self.data_source.state()
@@ -111,7 +116,7 @@ class RolloutManager:
 
     def _check_engines(self) -> None:
         dead = [e for e in self.engines if not e.alive()]
-        if len(dead) == len(self.engines):
+        if dead and len(dead) == len(self.engines):
             raise RuntimeError("every engine has exited; last log lines of the first:\n" + dead[0].log_tail())
 
     # ---- weights and memory, around a training step -----------------------------------------------------

@@ -111,14 +111,16 @@ async def generate_rollout(args: PluginArgs, rollout_id: int, data_source: DataS
         progress.close()
 
 
-def run_rollout(args: PluginArgs, url: str, rollout_id: int, data_source: DataSource,
+def run_rollout(args: PluginArgs, url: str | None, rollout_id: int, data_source: DataSource,
                 evaluation: bool = False) -> RolloutOutput:
     """Run ``--rollout-function-path`` against the engine or router at ``url`` to completion (a fresh client and
-    event loop per call, reachable as ``args.rollout_client`` and ``args.loop``) and check its groups."""
+    event loop per call, reachable as ``args.rollout_client`` and ``args.loop``; no client without ``url``, as in
+    SFT) and check its groups."""
     rollout = load_function(args.rollout_function_path, "--rollout-function-path")
 
     async def run():
-        client = RolloutClient(url, max_concurrency=256, timeout_s=max(300.0, args.rollout_max_response_len / 5.0))
+        client = RolloutClient(url, max_concurrency=256, timeout_s=max(300.0, args.rollout_max_response_len / 5.0)) \
+            if url else None
         args.rollout_client, args.loop = client, asyncio.get_running_loop()
         try:
             if inspect.iscoroutinefunction(rollout):
@@ -128,7 +130,8 @@ def run_rollout(args: PluginArgs, url: str, rollout_id: int, data_source: DataSo
             return await asyncio.to_thread(rollout, args, rollout_id, data_source, evaluation=evaluation)
         finally:
             args.rollout_client = args.loop = None
-            await client.close()
+            if client:
+                await client.close()
 
     output = asyncio.run(run())
     if not isinstance(output, RolloutOutput):

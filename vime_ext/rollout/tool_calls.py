@@ -11,7 +11,9 @@
 - ``check_arguments(schema, arguments)``: the arguments against the tool's JSON schema (``jsonschema``); the first
   problem as one line naming the argument, or None.
 - ``tools_prompt(tools)``: the tool list as system-prompt text, for chat templates that ignore ``tools=`` (the
-  ``Trajectory`` adds it by itself when the template does).
+  ``Trajectory`` and SFT's chat masks add it by themselves when the template does: ``tools_in_system``).
+- ``calls_as_text(tool_calls)``: OpenAI-format ``tool_calls`` as the blocks above, for chat templates that drop
+  them (SFT demonstrations then train on what the policy writes in a rollout).
 """
 
 import json
@@ -95,6 +97,50 @@ def tools_prompt(tools: list[dict[str, Any]]) -> str:
             f"between tags, one call per block:\n{OPEN}\n"
             '{"name": <function-name>, "arguments": <args-json-object>}\n'
             f"{CLOSE}")
+
+
+_PROBE = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+
+
+def template_ignores_tools(tokenizer, chat_template_kwargs: dict[str, Any] | None = None) -> bool:
+    """Whether ``tokenizer``'s chat template renders a chat the same with and without ``tools=``."""
+    kwargs = chat_template_kwargs or {}
+    tool = {"type": "function", "function": {"name": "probe", "description": "d", "parameters": {}}}
+    return tokenizer.apply_chat_template(_PROBE, tools=[tool], tokenize=False, **kwargs) == \
+        tokenizer.apply_chat_template(_PROBE, tokenize=False, **kwargs)
+
+
+def template_drops_tool_calls(tokenizer, chat_template_kwargs: dict[str, Any] | None = None) -> bool:
+    """Whether ``tokenizer``'s chat template leaves an assistant message's ``tool_calls`` out of its text."""
+    mark = "vime_probe_function"
+    call = {"role": "assistant", "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": mark, "arguments": {}}}]}
+    return mark not in tokenizer.apply_chat_template(_PROBE + [call], tokenize=False, **(chat_template_kwargs or {}))
+
+
+def tools_in_system(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` with ``tools_prompt(tools)`` after the system message's content (a system message is added
+    when there is none)."""
+    text, messages = tools_prompt(tools), list(messages)
+    if messages and messages[0]["role"] == "system":
+        messages[0] = {**messages[0], "content": f"{messages[0]['content']}\n\n{text}"}
+    else:
+        messages.insert(0, {"role": "system", "content": text})
+    return messages
+
+
+def calls_as_text(tool_calls: list[dict[str, Any]]) -> str:
+    """OpenAI-format tool calls (``{"function": {"name", "arguments"}}``, arguments an object or a JSON string)
+    as the blocks a policy writes; ``parse_tool_calls`` reads them back."""
+    blocks = []
+    for call in tool_calls:
+        function = call["function"]
+        arguments = function.get("arguments", {})
+        if isinstance(arguments, str):
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        body = json.dumps({"name": function["name"], "arguments": arguments}, ensure_ascii=False)
+        blocks.append(f"{OPEN}\n{body}\n{CLOSE}")
+    return "\n".join(blocks)
 
 
 def tool_message(content: Any) -> dict[str, str]:

@@ -26,8 +26,9 @@ from typing import Any
 from vime_ext.rollout.client import EngineUnavailable, RolloutClient
 from vime_ext.rollout.protocol import InvalidRequest, SamplingParams
 from vime_ext.rollout.sample import Sample, Status
+from vime_ext.rollout.tool_calls import template_ignores_tools, tools_in_system
 
-_SYSTEM = {"role": "system", "content": "S"}
+_SYSTEM = {"role": "system", "content": "S"}  # a stand-in system message for reading the template
 _MARK = "\u2063vime-reply\u2063"
 
 
@@ -54,25 +55,12 @@ class Trajectory:
     error: str | None = field(init=False, default=None)
 
     def __post_init__(self):
-        if self.tools and self._template_ignores_tools():
+        if self.tools and template_ignores_tools(self.tokenizer, self.chat_template_kwargs):
             # Templates without tool support (plain ChatML: SmolLM2's, the packaged Qwen tokenizer's) would
             # drop the tool list: it goes into the system message instead, as Qwen's template writes it.
-            from vime_ext.rollout.tool_calls import tools_prompt
-
-            text = tools_prompt(self.tools)
-            messages = list(self.messages)
-            if messages and messages[0]["role"] == "system":
-                messages[0] = {**messages[0], "content": f"{messages[0]['content']}\n\n{text}"}
-            else:
-                messages.insert(0, {"role": "system", "content": text})
-            self.messages, self.tools = messages, None
+            self.messages, self.tools = tools_in_system(self.messages, self.tools), None
         self.tokens = self._ids(self._render(self.messages, add_generation_prompt=True))
         self.prompt_length = len(self.tokens)
-
-    def _template_ignores_tools(self) -> bool:
-        probe = [_SYSTEM, {"role": "user", "content": "U"}]
-        return self._render(probe) == self.tokenizer.apply_chat_template(
-            probe, tokenize=False, **self.chat_template_kwargs)
 
     # ---- rendering -------------------------------------------------------------------------------------------
 

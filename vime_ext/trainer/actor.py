@@ -18,7 +18,7 @@ from vime_ext.arguments import TrainConfig
 from vime_ext.trainer.batching import MicroBatch, copy_rows, micro_batches
 from vime_ext.trainer.forward import forward_backward, forward_log_probs
 from vime_ext.trainer.memory_handover import MemoryHandover, memory_snapshot, releasable_training_memory
-from vime_ext.trainer.rl_loss import LossSettings, micro_batch_loss
+from vime_ext.trainer.rl_loss import LossSettings, micro_batch_loss, micro_batch_sft_loss
 
 if TYPE_CHECKING:
     from vime_ext.rollout.weight_sync import WeightTarget
@@ -67,12 +67,18 @@ class TrainActor:
         self.model = self._build(build_gpt_model, parallel, recompute=config.trainer.recompute_granularity,
                                  recompute_num_layers=config.trainer.recompute_num_layers)
         hf = HFCheckpointReader(config.checkpoint.hf_checkpoint)
-        load_hf_weights(self.model, self.shape, hf.get, progress=rank == 0)
+        ref_load = config.checkpoint.ref_load
+        # --ref-load (slime's convention): the run starts from that checkpoint's weights, unless --load resumes
+        # one (actor.load, later); loaded before the optimizer exists, so its fp32 masters start from them too.
+        if ref_load:
+            load_model_checkpoint(self.model, ref_load)
+        else:
+            load_hf_weights(self.model, self.shape, hf.get, progress=rank == 0)
         self.ref_model = None
         if config.algorithm.use_kl_loss or config.algorithm.kl_coef > 0:
             self.ref_model = self._build(build_gpt_model, parallel)
-            if config.checkpoint.ref_load:
-                load_model_checkpoint(self.ref_model, config.checkpoint.ref_load)
+            if ref_load:
+                load_model_checkpoint(self.ref_model, ref_load)
             else:
                 load_hf_weights(self.ref_model, self.shape, hf.get)
             self.ref_model.requires_grad_(False)
@@ -206,7 +212,11 @@ class TrainActor:
             return micro_batch_loss(logits, batch, self.shape, self.loss_settings, total_tokens, total_sequences,
                                     self.config.trainer.log_probs_chunk_size)
 
-        stats = forward_backward(self.model, batches, loss_fn)
+        def sft_loss_fn(logits: torch.Tensor, batch: MicroBatch):
+            return micro_batch_sft_loss(logits, batch, self.shape, self.loss_settings.aggregation, total_tokens,
+                                        total_sequences, self.config.trainer.log_probs_chunk_size)
+
+        stats = forward_backward(self.model, batches, sft_loss_fn if self.config.sft else loss_fn)
         return {**stats, **self.optimizer.step()}
 
     def train_rollout(self, steps: list[list[TrainSequence]], totals: list[tuple[float, float]],
@@ -230,9 +240,10 @@ class TrainActor:
                         for seqs, first in zip(steps, offsets)]
         every_batch = [b for bs in step_batches for b in bs]
         start = time.perf_counter()
-        self._forward_only_passes(every_batch, [s for seqs in steps for s in seqs])
-        if self.ps.is_pipeline_last_stage():
-            self._fill_advantages(every_batch)
+        if not self.config.sft:  # SFT's loss needs neither old log-probs nor advantages
+            self._forward_only_passes(every_batch, [s for seqs in steps for s in seqs])
+            if self.ps.is_pipeline_last_stage():
+                self._fill_advantages(every_batch)
         log_prob_time = time.perf_counter() - start
         result = {"steps": [], "log_prob_time": log_prob_time, "mismatch": self._engine_mismatch(step_batches),
                   "tokens": sum(b.num_tokens for b in every_batch)}
@@ -248,7 +259,7 @@ class TrainActor:
 
     def _engine_mismatch(self, step_batches: list[list[MicroBatch]]) -> tuple[float, float, float] | None:
         """(sum |trainer - engine| log-prob, max, tokens) over the loss tokens of this rank's share."""
-        if not self.ps.is_pipeline_last_stage():
+        if not self.ps.is_pipeline_last_stage() or self.config.sft:
             return None
         total, worst, count = 0.0, 0.0, 0.0
         for batch in (b for bs in step_batches for b in bs):
@@ -257,6 +268,26 @@ class TrainActor:
             worst = max(worst, float(diff.max()))
             count += float(batch.loss_mask.sum())
         return total, worst, count
+
+    @torch.no_grad()
+    def eval_loss(self, sequences: list[TrainSequence]) -> tuple[float, float] | None:
+        """(summed negative log-likelihood, token count) of ``sequences``' trained tokens under the current
+        weights, forward only, in the training micro-batches; last pipeline stage, TP rank 0 (None elsewhere)."""
+        t = self.config.trainer
+        device = self._device()
+        batches = [b.to(device) for b in micro_batches(
+            sequences, t.micro_batch_size, t.max_tokens_per_gpu if t.use_dynamic_batch_size else None,
+            pack_multiple=self.pack_multiple)]
+        total, count = 0.0, 0.0
+        for batch in batches:
+            log_probs = forward_log_probs(self.model, self.shape, batch.tokens, t.log_probs_chunk_size, 1.0,
+                                          batch.packing)
+            if log_probs is not None:
+                total -= float((log_probs.float() * batch.loss_mask).sum())
+                count += float(batch.loss_mask.sum())
+        if not self.ps.is_pipeline_last_stage() or self.ps.get_tensor_model_parallel_rank() != 0:
+            return None
+        return total, count
 
     # ---- weights out: engines and checkpoints --------------------------------------------------------------
 

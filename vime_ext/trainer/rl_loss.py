@@ -1,5 +1,6 @@
-"""The policy loss (from vocab-sharded logits) and the critic's value loss of one micro-batch, computed on the
-last pipeline stage.
+"""The losses of one micro-batch, computed on the last pipeline stage from vocab-sharded logits: the policy
+loss (RL), the negative log-likelihood of the trained tokens (SFT, ``--loss-type sft_loss``), and the critic's
+value loss.
 
 Each micro-batch contributes ``sum(per_token_loss * token_weights)``, with weights normalised over the whole
 optimizer step (every micro-batch on every data-parallel rank), so summing gradients over micro-batches and
@@ -102,6 +103,18 @@ def micro_batch_loss(logits: torch.Tensor, batch: MicroBatch, shape: ModelShape,
         advantage_abs=(batch.advantages.abs() * weights).sum(),
     )
     return loss, stats
+
+
+def micro_batch_sft_loss(logits: torch.Tensor, batch: MicroBatch, shape: ModelShape, aggregation: str,
+                         total_tokens: float, total_sequences: float,
+                         chunk_tokens: int = 4096) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """SFT: -log p of every trained token (the mask covers assistant turns), weighted as the policy loss is, so
+    with ``token_mean`` the step's loss is the mean negative log-likelihood per trained token."""
+    weights = token_weights(batch.loss_mask, aggregation, total_tokens, total_sequences)
+    log_probs, entropy = position_log_probs(logits, batch.tokens, batch.packing, shape, chunk_tokens,
+                                            with_entropy=True)
+    loss = -(torch.where(batch.loss_mask > 0, log_probs, 0.0) * weights).sum()
+    return loss, {"loss": loss.detach(), "entropy": (entropy.detach() * weights).sum()}
 
 
 def micro_batch_value_loss(values: torch.Tensor, batch: MicroBatch, aggregation: str, value_clip: float | None,

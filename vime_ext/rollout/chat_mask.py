@@ -1,0 +1,110 @@
+"""A chat as training tokens: the tokenizer's chat template renders it, and only the assistant turns are trained.
+
+For each assistant message i, the tokens the model writes in that turn are the template's rendering of
+``messages[:i+1]`` minus its rendering of ``messages[:i]`` with the generation prompt (``<|im_start|>assistant\\n``
+and the like), up to and including the end-of-turn token (the tokenizer's EOS; what the template writes after
+it, such as ChatML's newline, is never generated and not trained). System, user and tool turns, and the
+generation prompts, are masked.
+
+Templates that render every turn the same whatever follows it (ChatML: SmolLM2, Qwen2.5) give one sequence,
+the whole chat, with every assistant span trained. Templates that rewrite earlier turns once later ones follow
+(Qwen3 drops the reasoning of turns before the last user query) give one sequence per assistant turn, each with
+exactly the context the template shows the model at that turn; ``MaskedChat.split`` says so.
+
+Checks, each a ``ChatTemplateError`` naming the message: the generation prompt must be a token prefix of the
+turn it opens; every assistant turn's content and tool-call names must appear in its trained span, and every other
+turn's content in the rendering (a template that drops content would train on something else). Chat templates
+that ignore ``tools=`` or drop ``tool_calls`` get the tool list in the system message and the calls as
+``<tool_call>`` blocks in the content, as the rollout's ``Trajectory`` renders them.
+"""
+
+from dataclasses import dataclass
+from typing import Any
+
+from vime_ext.rollout.tool_calls import calls_as_text, template_drops_tool_calls, template_ignores_tools, \
+    tools_in_system
+
+
+class ChatTemplateError(ValueError):
+    """The chat template cannot give this chat's assistant tokens exactly."""
+
+
+@dataclass(frozen=True)
+class MaskedSequence:
+    tokens: list[int]
+    mask: list[int]  # one per token: 1 where the token is an assistant token (trained)
+
+    @property
+    def num_trained(self) -> int:
+        return sum(self.mask)
+
+
+@dataclass(frozen=True)
+class MaskedChat:
+    sequences: list[MaskedSequence]
+    split: bool  # one sequence per assistant turn (the template rewrites earlier turns)
+
+
+class ChatMasker:
+    """Renders chats with one tokenizer's template; the template's tool support is probed once."""
+
+    def __init__(self, tokenizer, chat_template_kwargs: dict[str, Any] | None = None):
+        self.tokenizer = tokenizer
+        self.kwargs = dict(chat_template_kwargs or {})
+        self.tools_in_system = template_ignores_tools(tokenizer, self.kwargs)
+        self.calls_as_text = template_drops_tool_calls(tokenizer, self.kwargs)
+        self.eos = tokenizer.eos_token_id
+
+    def _normalise(self, messages: list[dict], tools: list[dict] | None) -> tuple[list[dict], list[dict] | None]:
+        if self.calls_as_text:
+            messages = [_calls_in_content(m) if m.get("tool_calls") else m for m in messages]
+        if tools and self.tools_in_system:
+            messages, tools = tools_in_system(messages, tools), None
+        return messages, tools
+
+    def _ids(self, messages: list[dict], tools, generation_prompt: bool) -> tuple[list[int], str]:
+        text = self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
+                                                  add_generation_prompt=generation_prompt, **self.kwargs)
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"]), text
+
+    def __call__(self, messages: list[dict], tools: list[dict] | None = None) -> MaskedChat:
+        messages, tools = self._normalise(messages, tools)
+        full, full_text = self._ids(messages, tools, False)
+        turns = []  # (tokens of messages[:i+1], start, end) per assistant message i
+        for i, message in enumerate(messages):
+            if message["role"] != "assistant":
+                content = (message.get("content") or "").strip()
+                if content and content not in full_text:
+                    raise ChatTemplateError(f"the chat template drops the content of messages[{i}] "
+                                            f"({message['role']})")
+                continue
+            opening, _ = self._ids(messages[:i], tools, True)
+            closed, _ = self._ids(messages[:i + 1], tools, False)
+            if closed[:len(opening)] != opening:
+                raise ChatTemplateError(f"messages[{i}]: the template's generation prompt is not a token prefix of "
+                                        "the assistant turn it opens, so the turn's tokens cannot be told apart")
+            end = len(closed)
+            if self.eos is not None and self.eos in closed[len(opening):]:
+                end = len(closed) - closed[::-1].index(self.eos)  # up to and including the last EOS
+            span = self.tokenizer.decode(closed[len(opening):end], skip_special_tokens=False)
+            expected = [(message.get("content") or "").strip()] + \
+                [c["function"]["name"] for c in message.get("tool_calls") or ()]
+            missing = next((text for text in expected if text and text not in span), None)
+            if missing is not None or end == len(opening):
+                raise ChatTemplateError(f"the chat template drops the content of messages[{i}] (assistant): "
+                                        f"{(missing or '')[:60]!r} is not in the tokens of its turn")
+            turns.append((closed, len(opening), end))
+        if all(full[:len(closed)] == closed for closed, _, _ in turns):
+            mask = [0] * turns[-1][2]
+            for _, start, end in turns:
+                mask[start:end] = [1] * (end - start)
+            return MaskedChat([MaskedSequence(full[:len(mask)], mask)], split=False)
+        return MaskedChat([MaskedSequence(closed[:end], [0] * start + [1] * (end - start))
+                           for closed, start, end in turns], split=True)
+
+
+def _calls_in_content(message: dict) -> dict:
+    content = (message.get("content") or "").strip()
+    text = calls_as_text(message["tool_calls"])
+    message = {k: v for k, v in message.items() if k != "tool_calls"}
+    return {**message, "content": f"{content}\n{text}" if content else text}

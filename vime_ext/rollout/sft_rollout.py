@@ -1,0 +1,80 @@
+"""The rollout function of supervised fine-tuning (slime's ``--rollout-function-path`` convention):
+
+    train.py --loss-type sft_loss --rollout-function-path vime_ext.rollout.sft_rollout.generate_rollout \\
+        --prompt-data chats.jsonl --input-key messages --n-samples-per-prompt 1 ...
+
+No engine generates anything: each chat of the data (``vime_ext/data/chat_dataset.py``) becomes a Sample whose
+tokens are the chat as the tokenizer's template renders it and whose loss mask covers the assistant turns
+(``chat_mask.py``); a template that rewrites earlier turns gives one training sequence per assistant turn, as
+``Sample.turns``. Chats longer than ``--sft-max-len`` tokens stop the run (``--sft-overlong error``), are cut
+(``truncate``: the tokens past the limit go, with their mask) or are left out (``skip``: the sample fails and
+trains on nothing); each is counted in ``rollout/sft_truncated`` and ``rollout/sft_skipped``.
+"""
+
+from vime_ext.rollout.chat_mask import ChatMasker, ChatTemplateError, MaskedSequence
+from vime_ext.rollout.data_source import DataSource
+from vime_ext.rollout.plugins import PluginArgs
+from vime_ext.rollout.rollout import RolloutOutput
+from vime_ext.rollout.sample import Sample, Status, Turn
+from vime_ext.rollout.validate import RolloutError, where
+
+_maskers: dict[int, ChatMasker] = {}  # by tokenizer: the template's tool support is probed once per process
+
+
+def masker_for(tokenizer) -> ChatMasker:
+    if id(tokenizer) not in _maskers:
+        _maskers[id(tokenizer)] = ChatMasker(tokenizer)
+    return _maskers[id(tokenizer)]
+
+
+def _cut(sequences: list[MaskedSequence], max_len: int | None, overlong: str, sample: Sample) -> tuple[list, bool]:
+    """The sequences within ``max_len`` tokens, by ``--sft-overlong``; and whether any was cut."""
+    longest = max(len(s.tokens) for s in sequences)
+    if max_len is None or longest <= max_len:
+        return sequences, False
+    if overlong == "error":
+        raise RolloutError(f"{where(sample)}: the chat renders to {longest} tokens, more than --sft-max-len "
+                           f"{max_len}; --sft-overlong truncate or skip goes on without it")
+    if overlong == "skip":
+        return [], True
+    cut = [MaskedSequence(s.tokens[:max_len], s.mask[:max_len]) for s in sequences]
+    return [s for s in cut if s.num_trained], True
+
+
+def chat_sample(sample: Sample, masker: ChatMasker, max_len: int | None = None, overlong: str = "error") -> Sample:
+    """``sample`` (its prompt a chat, its tools in ``metadata["tools"]``) as an SFT training sample."""
+    try:
+        chat = masker(sample.prompt, sample.metadata.get("tools"))
+    except ChatTemplateError as err:
+        raise RolloutError(f"{where(sample)}: {err}") from None
+    sequences, cut = _cut(chat.sequences, max_len, overlong, sample)
+    sample.metrics.update(sft_truncated=float(cut and overlong == "truncate"), sft_skipped=float(not sequences),
+                          sft_split=float(chat.split))
+    sample.reward = 0.0
+    if not sequences:
+        return sample.fail(Status.FAILED, f"over --sft-max-len {max_len} tokens (--sft-overlong {overlong})")
+    first, *rest = sequences
+    start = first.mask.index(1)
+    sample.tokens, sample.response_length = list(first.tokens), len(first.tokens) - start
+    sample.loss_mask = list(first.mask[start:])
+    sample.rollout_log_probs = [0.0] * sample.response_length
+    sample.turns = [Turn(list(s.tokens), *_response_of(s)) for s in rest]
+    sample.metrics["sft_trained_tokens"] = float(sum(s.num_trained for s in sequences))
+    sample.status = Status.COMPLETED
+    return sample
+
+
+def _response_of(sequence: MaskedSequence) -> tuple[list[int], list[float]]:
+    start = sequence.mask.index(1)
+    return list(sequence.mask[start:]), [0.0] * (len(sequence.tokens) - start)
+
+
+def generate_rollout(args: PluginArgs, rollout_id: int, data_source: DataSource,
+                     evaluation: bool = False) -> RolloutOutput:
+    """``--rollout-batch-size`` chats of the training data (an evaluation set: all of its chats) as samples."""
+    masker = masker_for(args.tokenizer)
+    groups = data_source.get_samples(len(data_source) if evaluation else args.rollout_batch_size)
+    for group in groups:
+        for sample in group:
+            chat_sample(sample, masker, args.sft_max_len, args.sft_overlong)
+    return RolloutOutput(groups)
