@@ -480,3 +480,39 @@ def handover_step(out_dir: str, flags: list[str], handover: bool) -> None:
     torch.save(_hf_weights(actor.model, config.shape), Path(out_dir, f"{tag}_weights.pt"))
     Path(out_dir, f"{tag}.json").write_text(json.dumps({"steps": result["steps"], **report}))
     actor.shutdown()
+
+
+SFT_CHATS = [
+    [{"role": "system", "content": "Answer in a box."}, {"role": "user", "content": "What is 17 x 23?"},
+     {"role": "assistant", "content": None,
+      "tool_calls": [{"type": "function", "function": {"name": "calculator", "arguments": {"expr": "17*23"}}}]},
+     {"role": "tool", "content": "391"}, {"role": "assistant", "content": "\\boxed{391}"}],
+    [{"role": "user", "content": "Name a prime."}, {"role": "assistant", "content": "7"},
+     {"role": "user", "content": "Another?"}, {"role": "assistant", "content": "Eleven, \\boxed{11}."}],
+    [{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "Hi!"}],
+    [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Capital of France?"},
+     {"role": "assistant", "content": "Paris."}],
+]
+
+
+def sft_loss_step(out_dir: str, flags: list[str]) -> None:
+    """One SFT step on ``SFT_CHATS`` (masked by the checkpoint's own chat template) in the layout ``flags``
+    describe; writes the step's loss (each data-parallel rank its weighted share) and the training sequences."""
+    from transformers import AutoTokenizer
+
+    from vime_ext.algorithms.train_data import samples_to_train_data
+    from vime_ext.rollout.chat_mask import ChatMasker
+    from vime_ext.rollout.sample import Sample
+    from vime_ext.rollout.sft_rollout import chat_sample
+    from vime_ext.train import plan_steps
+
+    config, actor, layout = _rank_actor(flags)
+    masker = ChatMasker(AutoTokenizer.from_pretrained(config.checkpoint.hf_checkpoint))
+    samples = [chat_sample(Sample(prompt=chat, index=i, group_index=i), masker) for i, chat in enumerate(SFT_CHATS)]
+    sequences = samples_to_train_data(config.plugin_args(), samples)
+    per_rank, totals = plan_steps(config, samples, sequences, layout["dp_size"])
+    result = actor.train_rollout(per_rank[layout["dp_rank"]], totals)
+    if "steps" in result:
+        Path(out_dir, f"sft_dp{layout['dp_rank']}.json").write_text(json.dumps(
+            {"loss": result["steps"][0]["loss"], "sequences": [[s.tokens, s.loss_mask] for s in sequences]}))
+    actor.shutdown()

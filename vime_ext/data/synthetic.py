@@ -1,6 +1,8 @@
-"""Generated prompt data in the ``--prompt-data`` JSONL format, for tests and the offline demo.
+"""Generated data in the ``--prompt-data`` JSONL formats, for tests and the offline demo: prompts with labels
+for RL, and (``sft_*`` tasks) chats for SFT (``--input-key messages``).
 
     python -m vime_ext.data.synthetic --task arithmetic --num 64 --out data/arith.jsonl
+    python -m vime_ext.data.synthetic --task sft_arithmetic --num 64 --out data/chats.jsonl
 """
 
 import argparse
@@ -22,7 +24,29 @@ def one_word(rng: random.Random) -> dict:
             "label": "no"}
 
 
-TASKS = {"arithmetic": arithmetic, "one_word": one_word}
+CALCULATOR = {"type": "function", "function": {
+    "name": "calculator", "description": "Evaluate an arithmetic expression",
+    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}
+
+
+def sft_arithmetic(rng: random.Random) -> dict:
+    """A demonstration chat: a sum worked out and boxed, then (every other chat) a product done with the
+    calculator tool, boxed again; the tool's definition rides along as the chat's ``tools``."""
+    a, b, c = rng.randint(10, 99), rng.randint(10, 99), rng.randint(2, 9)
+    messages = [{"role": "system", "content": "Solve the problem. Put the final answer in \\boxed{}."},
+                {"role": "user", "content": f"What is {a} + {b}?"},
+                {"role": "assistant", "content": f"{a} + {b} = {a + b}. The answer is \\boxed{{{a + b}}}."}]
+    if rng.random() < 0.5:
+        call = {"type": "function", "function": {"name": "calculator",
+                                                 "arguments": {"expression": f"{a + b} * {c}"}}}
+        messages += [{"role": "user", "content": f"Now multiply that by {c}."},
+                     {"role": "assistant", "content": None, "tool_calls": [call]},
+                     {"role": "tool", "content": str((a + b) * c)},
+                     {"role": "assistant", "content": f"The answer is \\boxed{{{(a + b) * c}}}."}]
+    return {"messages": messages, "tools": [CALCULATOR]}
+
+
+TASKS = {"arithmetic": arithmetic, "one_word": one_word, "sft_arithmetic": sft_arithmetic}
 
 
 def write_jsonl(path: str | Path, task: str, num: int, seed: int = 0) -> Path:

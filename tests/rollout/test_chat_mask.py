@@ -1,0 +1,156 @@
+"""SFT's loss mask covers exactly the assistant tokens of a chat, as the chat template renders it.
+
+The reference is transformers' own assistant mask (``return_assistant_tokens_mask``), which needs a template that
+marks assistant text with ``{% generation %}``: the tool-aware ChatML template below, with Qwen's real tokenizer.
+Templates that rewrite earlier turns, drop content or ignore tools are checked against their own renderings."""
+
+import pytest
+from transformers import AutoTokenizer
+
+from vime_ext.models.packaged import CHATML_TEMPLATE, qwen_tokenizer_dir
+from vime_ext.rollout.chat_mask import ChatMasker, ChatTemplateError
+from vime_ext.rollout.sample import Sample, Status
+from vime_ext.rollout.sft_rollout import chat_sample
+from vime_ext.rollout.tool_calls import ToolCall, parse_tool_calls
+from vime_ext.rollout.validate import RolloutError, check_sample
+
+NL = "{{ '\\n' }}"
+# ChatML with tools: the tool list in the system turn, calls as <tool_call> blocks, results as user turns.
+TOOL_TEMPLATE = (
+    "{% if tools %}<|im_start|>system" + NL + "{% if messages[0].role == 'system' %}{{ messages[0].content }}"
+    + NL + NL + "{% endif %}Tools:" + NL + "{% for t in tools %}{{ t | tojson }}" + NL + "{% endfor %}<|im_end|>"
+    + NL + "{% elif messages[0].role == 'system' %}<|im_start|>system" + NL + "{{ messages[0].content }}<|im_end|>"
+    + NL + "{% endif %}"
+    "{% for m in messages %}{% if m.role == 'system' %}"
+    "{% elif m.role == 'assistant' %}<|im_start|>assistant" + NL + "{% generation %}"
+    "{% if m.content %}{{ m.content }}{% endif %}{% for c in m.tool_calls or [] %}"
+    "{% if loop.first and m.content %}" + NL + "{% endif %}<tool_call>" + NL
+    + "{{ {'name': c.function.name, 'arguments': c.function.arguments} | tojson }}" + NL + "</tool_call>"
+    "{% endfor %}<|im_end|>{% endgeneration %}" + NL +
+    "{% elif m.role == 'tool' %}<|im_start|>user" + NL + "<tool_response>" + NL + "{{ m.content }}" + NL
+    + "</tool_response><|im_end|>" + NL +
+    "{% else %}<|im_start|>{{ m.role }}" + NL + "{{ m.content }}<|im_end|>" + NL + "{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant" + NL + "{% endif %}")
+
+TOOLS = [{"type": "function", "function": {"name": "search_memory", "description": "Find stored facts",
+                                           "parameters": {"type": "object",
+                                                          "properties": {"query": {"type": "string"}}}}}]
+CHAT = [
+    {"role": "system", "content": "You keep a memory of the user's facts."},
+    {"role": "user", "content": "I moved to Lyon last spring."},
+    {"role": "assistant", "content": "Let me check what I know.",
+     "tool_calls": [{"type": "function", "function": {"name": "search_memory", "arguments": {"query": "city"}}}]},
+    {"role": "tool", "content": "[1] lives in Paris"},
+    {"role": "assistant", "content": None,
+     "tool_calls": [{"type": "function", "function": {"name": "search_memory", "arguments": {"query": "Lyon"}}},
+                    {"type": "function", "function": {"name": "search_memory", "arguments": {"query": "spring"}}}]},
+    {"role": "tool", "content": "nothing found"},
+    {"role": "assistant", "content": "Noted: you now live in Lyon."},
+    {"role": "user", "content": "Thanks!"},
+    {"role": "assistant", "content": "Anytime."},
+]
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory):
+    return AutoTokenizer.from_pretrained(qwen_tokenizer_dir(tmp_path_factory.mktemp("qwen")))
+
+
+def with_template(tokenizer, template: str):
+    tokenizer = tokenizer.__class__.from_pretrained(tokenizer.name_or_path)
+    tokenizer.chat_template = template
+    return tokenizer
+
+
+def test_mask_is_the_templates_assistant_tokens_token_by_token(qwen):
+    tokenizer = with_template(qwen, TOOL_TEMPLATE)
+    reference = tokenizer.apply_chat_template(CHAT, tools=TOOLS, tokenize=True, return_dict=True,
+                                              return_assistant_tokens_mask=True)
+    chat = ChatMasker(tokenizer)(CHAT, TOOLS)
+    assert not chat.split and len(chat.sequences) == 1
+    (sequence,) = chat.sequences
+    # The chat ends with an assistant turn, so the sequence is the whole rendering minus the newline after it.
+    assert sequence.tokens == reference["input_ids"][:len(sequence.tokens)]
+    assert len(reference["input_ids"]) - len(sequence.tokens) == 1
+    assert sequence.mask == reference["assistant_masks"][:len(sequence.tokens)]
+    trained = tokenizer.decode([t for t, m in zip(sequence.tokens, sequence.mask) if m])
+    assert trained.count("<|im_end|>") == 4 and "Paris" not in trained and "Thanks" not in trained
+    assert [c.arguments for c in parse_tool_calls(trained)] == [{"query": "city"}, {"query": "Lyon"},
+                                                                 {"query": "spring"}]
+
+
+def test_a_template_without_tools_gets_them_as_the_rollout_renders_them(qwen):
+    """Plain ChatML ignores tools= and drops tool_calls: the tool list goes into the system turn and the calls
+    into the reply as <tool_call> blocks, which the rollout's parser reads back."""
+    masker = ChatMasker(qwen)
+    assert masker.tools_in_system and masker.calls_as_text
+    (sequence,) = masker(CHAT, TOOLS).sequences
+    text = qwen.decode(sequence.tokens)
+    assert '"name": "search_memory"' in text.split("<|im_start|>user")[0]  # the tool list, in the system turn
+    replies = qwen.decode([t for t, m in zip(sequence.tokens, sequence.mask) if m]).split("<|im_end|>")[:-1]
+    assert parse_tool_calls(replies[1]) == [ToolCall("search_memory", {"query": "Lyon"}),
+                                            ToolCall("search_memory", {"query": "spring"})]
+    assert replies[0].startswith("Let me check what I know.\n<tool_call>") and replies[3] == "Anytime."
+
+
+def test_a_template_that_rewrites_earlier_turns_trains_each_turn_in_its_own_context(qwen):
+    """Like Qwen3, which drops the reasoning of earlier turns: the full rendering would train turn 1 on text the
+    model never wrote, so each assistant turn is its own sequence, after what the template shows at that turn."""
+    template = CHATML_TEMPLATE.replace("{{ message['content'] }}",
+                                       "{% if message['role'] == 'assistant' and not loop.last %}"
+                                       "{{ message['content'].split('</think>')[-1] }}"
+                                       "{% else %}{{ message['content'] }}{% endif %}")
+    tokenizer = with_template(qwen, template)
+    chat = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "<think>add</think>4"},
+            {"role": "user", "content": "and 3+3?"}, {"role": "assistant", "content": "<think>add again</think>6"}]
+    masked = ChatMasker(tokenizer)(chat)
+    assert masked.split and len(masked.sequences) == 2
+    for sequence, turn in zip(masked.sequences, (1, 3)):
+        start = sequence.mask.index(1)
+        assert set(sequence.mask[start:]) == {1}
+        context = tokenizer.apply_chat_template(chat[:turn], tokenize=False, add_generation_prompt=True)
+        assert tokenizer.decode(sequence.tokens[:start]) == context
+        assert tokenizer.decode(sequence.tokens[start:]) == chat[turn]["content"] + "<|im_end|>"
+    sample = chat_sample(Sample(prompt=chat), ChatMasker(tokenizer))
+    check_sample(sample)
+    assert len(sample.turns) == 1 and sample.metrics["sft_split"] == 1.0
+
+
+def test_a_template_that_drops_content_is_refused_naming_the_message(qwen):
+    skip_tools = CHATML_TEMPLATE.replace("{% for message in messages %}",
+                                         "{% for message in messages if message['role'] != 'tool' %}")
+    with pytest.raises(ChatTemplateError, match=r"drops the content of messages\[3\] \(tool\)"):
+        ChatMasker(with_template(qwen, skip_tools))(CHAT)
+    no_replies = CHATML_TEMPLATE.replace("{{ message['content'] }}",
+                                         "{% if message['role'] != 'assistant' %}{{ message['content'] }}{% endif %}")
+    with pytest.raises(ChatTemplateError, match=r"drops the content of messages\[1\] \(assistant\)"):
+        ChatMasker(with_template(qwen, no_replies))([{"role": "user", "content": "hi"},
+                                                     {"role": "assistant", "content": "hello"}])
+
+
+def test_over_long_chats_are_refused_cut_or_skipped_and_counted(qwen):
+    masker = ChatMasker(qwen)
+    length = len(masker(CHAT, TOOLS).sequences[0].tokens)
+
+    def sample():
+        return Sample(prompt=CHAT, metadata={"tools": TOOLS, "source": "chats.jsonl:7"})
+
+    with pytest.raises(RolloutError, match=f"chats.jsonl:7.*renders to {length} tokens, more than --sft-max-len"):
+        chat_sample(sample(), masker, length - 1, "error")
+    cut = chat_sample(sample(), masker, length - 5, "truncate")
+    check_sample(cut)
+    assert len(cut.tokens) == length - 5 and cut.metrics["sft_truncated"] == 1.0
+    skipped = chat_sample(sample(), masker, length - 5, "skip")
+    assert skipped.status == Status.FAILED and skipped.metrics["sft_skipped"] == 1.0 and not skipped.tokens
+    whole = chat_sample(sample(), masker, length, "error")
+    assert whole.status == Status.COMPLETED and whole.metrics["sft_truncated"] == 0.0
+    # prompt tokens are never trained: the response starts at the first assistant token
+    assert qwen.decode(whole.tokens[:whole.prompt_length]).endswith("<|im_start|>assistant\n")
+    assert whole.metrics["sft_trained_tokens"] == sum(whole.loss_mask)
+
+
+def test_a_cut_that_leaves_no_assistant_token_skips_the_chat(qwen):
+    masker = ChatMasker(qwen)
+    sample = chat_sample(Sample(prompt=CHAT, metadata={"tools": TOOLS}), masker, 20, "truncate")
+    assert sample.status == Status.FAILED and sample.metrics["sft_skipped"] == 1.0
+    assert "over --sft-max-len 20" in sample.error

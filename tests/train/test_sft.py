@@ -1,0 +1,101 @@
+"""Supervised fine-tuning through train.py (``--loss-type sft_loss``): no engine, router or reference model
+starts; held-out loss falls on the real SmolLM2; a resumed SFT run continues exactly; an RL run starts from an
+SFT save through ``--ref-load`` and pushes those weights to its engine before its first rollout."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.train.test_train_loop import ROOT, metrics, tiny_model, train  # noqa: F401 (fixture)
+from vime_ext.data.synthetic import write_jsonl
+from vime_ext.trainer.checkpoint import TRACKER_FILE
+
+SFT = ["--loss-type", "sft_loss", "--rollout-function-path", "vime_ext.rollout.sft_rollout.generate_rollout",
+       "--input-key", "messages", "--n-samples-per-prompt", "1"]
+
+
+def chats(tmp_path, num: int, seed: int):
+    return write_jsonl(tmp_path / f"chats_{seed}.jsonl", "sft_arithmetic", num, seed=seed)
+
+
+@pytest.mark.slow
+def test_sft_on_smollm2_lowers_held_out_loss_without_engines(smollm2_dir, tmp_path):
+    from vime_ext.arguments import parse_train_args
+    from vime_ext.train import Trainer
+
+    config = parse_train_args(["--hf-checkpoint", str(smollm2_dir), "--prompt-data", str(chats(tmp_path, 16, 0)),
+                               *SFT, "--rollout-batch-size", "4", "--num-rollout", "2", "--lr", "1e-4",
+                               "--micro-batch-size", "4", "--rollout-shuffle", "--no-ray",
+                               "--eval-prompt-data", "heldout", str(chats(tmp_path, 4, 1)), "--eval-interval", "2",
+                               "--tensorboard-dir", str(tmp_path / "tb")])
+    trainer = Trainer(config)
+    manager, (actor,) = trainer.cluster._manager, trainer.cluster._actors
+    assert manager.engines == [] and manager.router is None and manager.sync is None
+    assert actor.ref_model is None and actor.critic is None
+    history = trainer.run()
+    evals = [h["eval/heldout/loss"] for h in history if "eval/heldout/loss" in h]
+    steps = [h for h in history if "train/loss" in h]
+    assert len(evals) == 2 and evals[1] < 0.5 * evals[0], evals
+    assert len(steps) == 2 and all(s["train/tokens_per_s"] > 0 and s["train/trained_tokens"] > 0 for s in steps)
+    assert all(s["rollout/sft_skipped"] == 0 and "rollout/reward_mean" not in s for s in steps)
+
+
+@pytest.mark.slow
+def test_a_resumed_sft_run_continues_exactly(tiny_model, tmp_path):  # noqa: F811
+    flags = ["--hf-checkpoint", str(tiny_model), "--prompt-data", str(chats(tmp_path, 12, 0)), *SFT,
+             "--rollout-batch-size", "4", "--global-batch-size", "2", "--num-rollout", "4", "--lr", "1e-3",
+             "--rollout-shuffle", "--save-interval", "2", "--eval-prompt-data", "heldout",
+             str(chats(tmp_path, 3, 1)), "--eval-interval", "4", "--skip-eval-before-train"]
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    train(flags + ["--save", str(whole)], tmp_path / "whole.log")
+    resumed.mkdir()
+    shutil.copytree(whole / "iter_0000002", resumed / "iter_0000002")
+    (resumed / TRACKER_FILE).write_text("2")
+    train(flags + ["--save", str(resumed), "--load", str(resumed)], tmp_path / "resumed.log")
+    assert "resumed from" in (tmp_path / "resumed.log").read_text()
+    expected, got = metrics(whole / "tensorboard"), metrics(resumed / "tensorboard")
+    assert sorted(got) == [2, 3]
+    for step in (2, 3):
+        for key in ("train/loss", "train/grad_norm", "train/trained_tokens"):
+            assert got[step][key] == expected[step][key], (step, key)
+
+    def final_eval(run):
+        return [json.loads(line)["eval/heldout/loss"] for line in (run / "tensorboard/metrics.jsonl").open()
+                if "eval/heldout/loss" in line][-1]
+
+    assert final_eval(resumed) == final_eval(whole)
+
+
+def to_hf(iteration_dir, out, origin) -> dict[str, torch.Tensor]:
+    subprocess.run([sys.executable, str(ROOT / "tools/convert_torch_dist_to_hf.py"), "--input-dir",
+                    str(iteration_dir), "--output-dir", str(out), "--origin-hf-dir", str(origin)], check=True,
+                   capture_output=True)
+    return load_file(out / "model.safetensors")
+
+
+@pytest.mark.slow
+def test_rl_starts_from_an_sft_save_through_ref_load(tiny_model, tmp_path):  # noqa: F811
+    sft = tmp_path / "sft"
+    train(["--hf-checkpoint", str(tiny_model), "--prompt-data", str(chats(tmp_path, 4, 0)), *SFT,
+           "--rollout-batch-size", "4", "--num-rollout", "2", "--lr", "1e-3", "--save", str(sft)],
+          tmp_path / "sft.log")
+    rl = tmp_path / "rl"
+    # lr 0: the RL run's save holds the weights it started from; --use-kl-loss builds the reference from them too.
+    train(["--hf-checkpoint", str(tiny_model), "--prompt-data", str(write_jsonl(tmp_path / "a.jsonl", "arithmetic", 4)),
+           "--ref-load", str(sft), "--load", str(rl), "--save", str(rl), "--num-rollout", "1",
+           "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--rollout-max-response-len", "6",
+           "--lr", "0", "--use-kl-loss", "--kl-loss-coef", "0.1", "--engine-backend", "hf"], tmp_path / "rl.log")
+    assert f"no checkpoint there yet; starting from --ref-load {sft}" in (tmp_path / "rl.log").read_text()
+    base = load_file(tiny_model / "model.safetensors")
+    sft_weights = to_hf(sft / "iter_0000002", tmp_path / "sft_hf", tiny_model)
+    rl_weights = to_hf(rl / "iter_0000001", tmp_path / "rl_hf", tiny_model)
+    assert any(not torch.equal(sft_weights[k], base[k]) for k in base)  # SFT moved the weights
+    assert all(torch.equal(rl_weights[k], sft_weights[k]) for k in sft_weights)
+    row = metrics(rl / "tensorboard")[0]
+    # The engine started from --hf-checkpoint; it generated with the SFT weights, pushed before the rollout.
+    assert row["train/logprob_abs_diff_max"] < 1e-3 and row["train/kl"] == 0.0
