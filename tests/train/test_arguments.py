@@ -186,3 +186,35 @@ def test_a_malformed_prompt_line_stops_the_run_before_anything_starts(base, tmp_
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert f"train.py: {data}:2: missing field 'prompt' (--input-key)" in done.stderr
+
+
+SFT = ["--loss-type", "sft_loss", "--rollout-function-path", "vime_ext.rollout.sft_rollout.generate_rollout",
+       "--input-key", "messages", "--n-samples-per-prompt", "1"]
+
+
+@pytest.mark.parametrize("drop,add,message", [
+    (("--rollout-function-path",), (), "add --rollout-function-path vime_ext.rollout.sft_rollout.generate_rollout"),
+    (("--n-samples-per-prompt",), (), "add --n-samples-per-prompt 1"),
+    ((), ("--use-kl-loss", "--kl-loss-coef", "0.1"), "has no advantages, reference model or engine log-probs"),
+    ((), ("--colocate",), "starts no engines: drop --colocate"),
+    ((), ("--sft-max-len", "1"), "--sft-max-len must be at least 2"),
+])
+def test_sft_contradictions_fail_fast(base, drop, add, message):
+    flags = list(SFT)
+    for flag in drop:
+        del flags[flags.index(flag):flags.index(flag) + 2]
+    with pytest.raises(ConfigError, match=message):
+        parse_train_args(base + flags + list(add))
+
+
+def test_a_chat_without_an_assistant_turn_stops_an_sft_run_before_anything_starts(base, tmp_path):
+    import sys
+
+    data = tmp_path / "chats.jsonl"
+    data.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant",
+                                                                                  "content": "hello"}]}) + "\n"
+                    + json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    done = subprocess.run([sys.executable, "-m", "vime_ext.train", base[0], base[1], "--prompt-data", str(data),
+                           *SFT], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert f"train.py: {data}:2: field messages: no assistant turn" in done.stderr

@@ -39,7 +39,7 @@ def test_sequences_align_masks_with_targets_and_share_the_trajectory_advantage()
 def grpo_args(group_size: int, trajectory_advantage: str = "shared"):
     from vime_ext.rollout.plugins import PluginArgs
 
-    return PluginArgs(advantage_estimator="grpo", n_samples_per_prompt=group_size,
+    return PluginArgs(advantage_estimator="grpo", loss_type="policy_loss", n_samples_per_prompt=group_size,
                       disable_grpo_std_normalization=False, trajectory_advantage=trajectory_advantage)
 
 
