@@ -67,9 +67,9 @@ latest_iteration() {  # the iteration in a save directory's tracker file
   printf 'iter_%07d' "$(cat "$1/latest_checkpointed_iteration.txt")"
 }
 
-ensure_torch_dist() {  # ensure_torch_dist HF_DIR TORCH_DIST_DIR: convert once (the KL reference) when missing
+ensure_torch_dist() {  # ensure_torch_dist HF_DIR TORCH_DIST_DIR: convert once (starting weights, KL reference) when missing
   if [ ! -f "$2/latest_checkpointed_iteration.txt" ]; then
-    echo "TORCH_DIST $2 missing: converting $1 (the KL reference)"
+    echo "TORCH_DIST $2 missing: converting $1 (the starting weights and the KL reference)"
     # bf16 like the trainer on GPUs; without GPUs the trainer computes in the checkpoint's own dtype.
     python tools/convert_hf_to_torch_dist.py --hf-checkpoint "$1" --save "$2" \
       --dtype "$( [ "${NUM_GPUS}" -gt 0 ] && echo bfloat16 || echo auto )"
@@ -117,7 +117,7 @@ gpu_layout() {
     && echo "engines colocated" || echo "${ROLLOUT_GPUS} engine GPU(s)"), optimizer offload ${OPTIMIZER_OFFLOAD}"
 }
 
-# The examples' Qwen3-4B GRPO launch: the GPU layout above, the KL reference converted once, saves resumed. The
+# The examples' Qwen3-4B GRPO launch: the GPU layout above, the starting weights converted once, saves resumed. The
 # calling script sets TRAIN_DATA, SAVE_PATH, ROLLOUT_BATCH_SIZE and GLOBAL_BATCH_SIZE; HF_CKPT, TORCH_DIST,
 # MODEL_ARGS_SCRIPT (the checked architecture flags; empty: read config.json alone), NUM_ROLLOUT,
 # N_SAMPLES_PER_PROMPT, SAVE_INTERVAL, SAVE_OPTIM (0: weights only, --no-save-optim) and ENGINE_MEMORY (vLLM's

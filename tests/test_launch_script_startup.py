@@ -46,7 +46,7 @@ def test_qwen3_4b_script_starts_ray_and_trains_on_the_cpu(tmp_path, monkeypatch)
     assert all(r["train/sequences"] >= 4 and math.isfinite(r["train/grad_norm"]) and "time/weight_sync" in r
                for r in rows)
     assert (tmp_path / "ckpt/latest_checkpointed_iteration.txt").read_text().strip() == "2"
-    assert (tmp_path / "tiny_torch_dist/latest_checkpointed_iteration.txt").is_file()  # the KL reference
+    assert (tmp_path / "tiny_torch_dist/latest_checkpointed_iteration.txt").is_file()  # --ref-load
     assert not ray_running(port)  # stopped when the script exited
     assert not list(Path("/tmp").glob("vime_ext_ray.*"))  # with its temporary folder
 

@@ -30,6 +30,7 @@ class QAItem:
     context: str
     num_docs: int
     data_source: str = "hotpotqa"
+    supporting: tuple[str, ...] = ()  # the sentences the answer rests on, in answer order (generated items only)
 
     def training_row(self) -> dict:
         return {"prompt": self.question, "label": self.answers,
@@ -178,7 +179,8 @@ def generate_item(rng: random.Random, num_docs: int, index: Any, hops: int = 2) 
         question, answer = f"In which city was the author of the novel {work} born?", city
     else:
         question, answer = f"Who wrote the novel {work}?", author
-    return QAItem(index, question, [answer], format_documents(docs), num_docs)
+    supporting = tuple(text.split(". ")[0] + "." for _, text in gold)
+    return QAItem(index, question, [answer], format_documents(docs), num_docs, supporting=supporting)
 
 
 def write_training_jsonl(path: str | Path, num: int, num_docs: int, seed: int = 0, hops: int = 2) -> Path:
