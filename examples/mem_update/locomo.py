@@ -184,10 +184,20 @@ def _facts(rng: random.Random, speaker: str, other: str, date: str) -> list[tupl
         (f"I've taken up {hobby} lately.", f"{speaker} took up {hobby} as a hobby.",
          [{"question": f"What hobby did {speaker} take up?", "answer": hobby, "category": 4}]),
         (f"I got a new job as a {job}.", f"{speaker} started working as a {job}.",
-         [{"question": f"What is {speaker}'s new job?", "answer": job, "category": 4},
-          {"question": f"What did {speaker} start after the trip to {city}?", "answer": f"a job as a {job}",
-           "category": 1}]),
+         [{"question": f"What is {speaker}'s new job?", "answer": job, "category": 4}]),
     ], 2)
+
+
+def _multi_hop(said: list[tuple[str, str]], speaker: str) -> dict | None:
+    """A question that needs two facts of one session (the trip, then the job), with both as its evidence; None
+    unless the speaker told both. ``said``: (observation, dia_id) of the session's facts."""
+    trip = next(((f, d) for f, d in said if " travelled to " in f), None)
+    job = next(((f, d) for f, d in said if " started working as a " in f), None)
+    if trip is None or job is None:
+        return None
+    city, work = trip[0].split(" travelled to ")[1].rstrip("."), job[0].split(" started working as a ")[1].rstrip(".")
+    return {"question": f"What did {speaker} start after the trip to {city}?", "answer": f"a job as a {work}",
+            "category": 1, "evidence": [trip[1], job[1]]}
 
 
 def generate_locomo(num_conversations: int = 10, sessions: int = 4, filler: int = 2, seed: int = 0) -> list[dict]:
@@ -211,6 +221,8 @@ def generate_locomo(num_conversations: int = 10, sessions: int = 4, filler: int 
                     turns.append({"speaker": speaker, "dia_id": dia_id, "text": said})
                     per_speaker[speaker].append([fact, dia_id])
                     qa += [{**q, "evidence": [dia_id]} for q in questions]
+                if (two_hops := _multi_hop(per_speaker[speaker], speaker)) is not None:
+                    qa.append(two_hops)
                 for text in rng.sample(_FILLER, filler):
                     dia_id = f"D{s}:{len(turns) + 1}"
                     turns.append({"speaker": speaker, "dia_id": dia_id, "text": "Nothing much, really."})

@@ -1,0 +1,142 @@
+"""Demonstrations of good MemUpdate episodes, for a supervised warm start (``--loss-type sft_loss``) before RL.
+
+For each QA item of the training conversations, an episode is played against the real store and tools
+(``ToolBox``, the retriever of ``--retriever``), with calls chosen from what the data itself records: which
+memories are the question's evidence (their ``evidence`` dia_ids are the QA item's) and which are noise (their
+evidence is no QA item's of the conversation). The calls, in Qwen's format, one per reply:
+
+1. ``search_memory`` for the question;
+2. ``manage_memory`` update: each evidence memory with its session's date written into the text (dates are shown
+   beside a memory but are not part of it, so retrieval never reads them);
+3. ``merge_memory``: the evidence memories into one, when there are several (multi-hop questions);
+4. ``manage_memory`` create: a semantic memory that states the question's answer in the question's words, so a
+   search for the question finds it first (an evidence memory alone can lose its place: a date written into it
+   lengthens it, and a speaker's other trips or jobs compete with it);
+5. ``delete_memory``: noise memories that the search returned (at most two);
+6. a final reply without a call.
+
+The tool results are the real ones, so the demonstration is what the policy would see in a rollout; the chat,
+the system and user prompts and the tool list are ``rollout.py``'s. One chat per line (``--input-key messages``,
+tools under ``tools``), from the training split only (``prepare_data.py``'s split and seed):
+
+    python -m examples.mem_update.demonstrations --locomo data/mem_update/locomo_generated.json \\
+        --out data/mem_update/sft.jsonl [--retriever embedding|bm25] [--n-test 3] [--seed 42]
+"""
+
+import argparse
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from examples.mem_update.locomo import Conversation, load_locomo, split
+from examples.mem_update.retrieval import make_retriever
+from examples.mem_update.rollout import episode_messages
+from examples.mem_update.settings import MemUpdateSettings
+from examples.mem_update.store import STORE
+from examples.mem_update.tools import TOOLS, ToolBox, ToolCall
+from vime_ext.rollout.sample import Sample
+from vime_ext.rollout.tool_calls import tool_message
+
+FINAL = "The store is ready: the facts this question needs are stated with their dates, and the noise is gone."
+MAX_DELETES = 2
+
+
+@dataclass(frozen=True)
+class Demonstration:
+    messages: list[dict]
+    calls: list[str]  # the tools called, in order
+    namespace: str  # the played-out store, kept for a reward to read (STORE.drop it after)
+
+
+def _call(name: str, **arguments) -> ToolCall:
+    return ToolCall(name, arguments)
+
+
+def plan_and_play(conversation: Conversation, item: dict, box: ToolBox) -> list[tuple[ToolCall, dict]]:
+    """The calls for ``item`` (chosen as the module says) and each one's real result, in order."""
+    played = []
+
+    def play(call: ToolCall) -> dict:
+        result = box.run(call)
+        if result.error:
+            raise ValueError(f"{conversation.sample_id}: demonstration call {call} failed: {result.content}")
+        played.append((call, result.content))
+        return result.content
+
+    asked = {e for qa in conversation.qa for e in qa["evidence"]}
+    found = play(_call("search_memory", query=item["question"]))["results"]
+    evidence = [m for m in box.namespace.memories() if set(m.metadata.get("evidence", [])) & set(item["evidence"])]
+    kept = []
+    for memory in evidence:
+        day = str(memory.metadata.get("date", "")).split(" on ")[-1]
+        if day and day not in memory.content:
+            play(_call("manage_memory", operation="update", memory_id=memory.id,
+                       content=f"{memory.content} This was on {day}."))
+        kept.append(memory.id)
+    if len(kept) > 1:
+        kept = [play(_call("merge_memory", memory_ids=kept, strategy="concatenate"))["merged"]["id"]]
+    play(_call("manage_memory", operation="create", memory_type="semantic",
+               content=f"Asked \"{item['question']}\", the conversation answers: {item['answer']}."))
+    noise = [hit["id"] for hit in found if hit["id"] in box.namespace
+             and not set(box.namespace.get(hit["id"]).metadata.get("evidence", [])) & asked]
+    for memory_id in noise[:MAX_DELETES]:
+        play(_call("delete_memory", memory_id=memory_id, reason="says nothing any question needs"))
+    return played
+
+
+def demonstration(conversation: Conversation, item: dict, settings: MemUpdateSettings) -> Demonstration:
+    """One episode for ``item``: its chat (system, user, then a call and its result per turn, then the final
+    reply), played on a fresh namespace of the conversation's memories."""
+    namespace = STORE.create(conversation.memories)
+    box = ToolBox(namespace, make_retriever(settings.retriever))
+    slot = Sample(prompt=item["question"], metadata={"memories": conversation.memories})
+    messages = episode_messages(slot, settings, len(namespace))
+    try:
+        played = plan_and_play(conversation, item, box)
+    except BaseException:
+        STORE.drop(namespace.name)
+        raise
+    for call, result in played:
+        messages += [{"role": "assistant", "content": None, "tool_calls": [
+                         {"type": "function", "function": {"name": call.name, "arguments": call.arguments}}]},
+                     tool_message(result)]
+    messages.append({"role": "assistant", "content": FINAL})
+    return Demonstration(messages, [call.name for call, _ in played], namespace.name)
+
+
+def write_demonstrations(locomo: str | Path, out: str | Path, settings: MemUpdateSettings, n_test: int = 3,
+                         seed: int = 42) -> tuple[Path, dict[str, int]]:
+    """Demonstrations for every QA item of the training split; returns the path and the calls per tool."""
+    conversations, _ = load_locomo(locomo)
+    train, _ = split(conversations, n_test, seed)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    counts: dict[str, int] = {}
+    with out.open("w", encoding="utf-8") as f:
+        for conversation in train:
+            for k, item in enumerate(conversation.qa):
+                demo = demonstration(conversation, item, settings)
+                STORE.drop(demo.namespace)
+                for name in demo.calls:
+                    counts[name] = counts.get(name, 0) + 1
+                f.write(json.dumps({"messages": demo.messages, "tools": TOOLS, "metadata": {
+                    "sample_id": conversation.sample_id, "qa": k}}, ensure_ascii=False) + "\n")
+    return out, counts
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description="MemUpdate demonstrations (SFT chats) of good episodes")
+    parser.add_argument("--locomo", required=True, help="a locomo10.json-format file (e.g. prepare_data's)")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--retriever", choices=["embedding", "bm25"], default="embedding",
+                        help="as memup_retriever in the RL run: the search results the chats show")
+    parser.add_argument("--n-test", type=int, default=3, help="held-out conversations (as prepare_data.py)")
+    parser.add_argument("--seed", type=int, default=42, help="the split's seed (as prepare_data.py)")
+    args = parser.parse_args(argv)
+    path, counts = write_demonstrations(args.locomo, args.out, MemUpdateSettings(retriever=args.retriever),
+                                        args.n_test, args.seed)
+    print(f"{path}: calls per tool {json.dumps(counts)}")
+
+
+if __name__ == "__main__":
+    main()

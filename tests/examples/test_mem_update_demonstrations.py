@@ -1,0 +1,76 @@
+"""MemUpdate's demonstrations (SFT chats): episodes played on the real store and tools from what the data records
+(evidence and noise), in the rollout's own chat. Every call succeeds, the five editing tools all appear, only
+training conversations are used, the chat masks to the policy's replies as <tool_call> blocks the rollout parses,
+and the demonstrated edits raise the example's own QA score."""
+
+import asyncio
+import json
+
+import numpy as np
+import pytest
+from transformers import AutoTokenizer
+
+from examples.mem_update.demonstrations import FINAL, demonstration, write_demonstrations
+from examples.mem_update.locomo import generate_locomo, load_locomo, split
+from examples.mem_update.reward import reward
+from examples.mem_update.rollout import episode_messages
+from examples.mem_update.settings import MemUpdateSettings
+from examples.mem_update.store import STORE
+from examples.mem_update.tools import TOOLS
+from vime_ext.data.chat_dataset import read_chats
+from vime_ext.models.packaged import qwen_tokenizer_dir
+from vime_ext.rollout.chat_mask import ChatMasker
+from vime_ext.rollout.plugins import PluginArgs
+from vime_ext.rollout.sample import Sample
+from vime_ext.rollout.tool_calls import parse_tool_calls
+
+SETTINGS = MemUpdateSettings(retriever="bm25")
+
+
+@pytest.fixture(scope="module")
+def locomo(tmp_path_factory):
+    path = tmp_path_factory.mktemp("locomo") / "locomo_generated.json"
+    path.write_text(json.dumps(generate_locomo(6, seed=0)))
+    return path
+
+
+def test_the_file_covers_the_tools_and_only_training_conversations(locomo, tmp_path):
+    path, counts = write_demonstrations(locomo, tmp_path / "sft.jsonl", SETTINGS, n_test=2)
+    assert {"search_memory", "manage_memory", "merge_memory", "delete_memory"} <= set(counts)
+    train, test = split(load_locomo(locomo)[0], 2, 42)
+    records = read_chats(path)
+    assert len(records) == sum(len(c.qa) for c in train) and len(STORE) == 0
+    assert {r.metadata["sample_id"] for r in records} == {c.sample_id for c in train}
+    assert records[0].metadata["tools"] == TOOLS
+    operations = {json.dumps(m["tool_calls"][0]["function"]["arguments"].get("operation"))
+                  for r in records for m in r.prompt if m.get("tool_calls")}
+    assert {'"create"', '"update"'} <= operations
+
+
+def test_the_chat_is_the_rollouts_and_masks_to_parseable_calls(locomo, tmp_path):
+    conversation, item = next((c, q) for c in load_locomo(locomo)[0] for q in c.qa if q["category"] == 1)
+    demo = demonstration(conversation, item, SETTINGS)
+    STORE.drop(demo.namespace)
+    slot = Sample(prompt=item["question"], metadata={"memories": conversation.memories})
+    assert demo.messages[:2] == episode_messages(slot, SETTINGS, len(conversation.memories))
+    assert demo.calls[:5] == ["search_memory", "manage_memory", "manage_memory", "merge_memory", "manage_memory"]
+    tokenizer = AutoTokenizer.from_pretrained(qwen_tokenizer_dir(tmp_path))
+    (sequence,) = ChatMasker(tokenizer)(demo.messages, TOOLS).sequences
+    replies = tokenizer.decode([t for t, m in zip(sequence.tokens, sequence.mask) if m]).split("<|im_end|>")[:-1]
+    assert [c.name for r in replies for c in parse_tool_calls(r)] == demo.calls
+    assert replies[-1] == FINAL and "results" not in "".join(replies)  # tool output is never trained
+
+
+def test_the_demonstrated_edits_raise_the_qa_score(locomo):
+    args = PluginArgs(memup_retriever="bm25")
+    deltas, rewards = [], []
+    for conversation in load_locomo(locomo)[0][:3]:
+        for item in conversation.qa:
+            demo = demonstration(conversation, item, SETTINGS)
+            sample = Sample(prompt=item["question"], label=item["answer"],
+                            metadata={"memory_namespace": demo.namespace, "finished": True})
+            result = asyncio.run(reward(args, sample))
+            deltas.append(result["performance_delta"])
+            rewards.append(result["reward"])
+    assert len(STORE) == 0  # the reward dropped every played-out namespace
+    assert min(deltas) >= 0 and np.mean(deltas) > 0.1 and np.mean(rewards) > 0.1, (np.mean(deltas), min(deltas))
