@@ -1,6 +1,6 @@
 """SFT's loss is transformers' cross-entropy on the same masked tokens: the Megatron model's mean negative
 log-likelihood over the assistant tokens of real chats (a tiny random Qwen3 with Qwen's tokenizer and chat
-template), fp32, at TP=1, TP=2 and DP=2 with packed sequences and token-budget micro-batches, equals
+template), fp32, at TP=1, TP=2, PP=2 and DP=2 with packed sequences and token-budget micro-batches, equals
 ``torch.nn.functional.cross_entropy`` of the HF model over exactly the tokens the mask trains."""
 
 import json
@@ -14,6 +14,7 @@ from tests.conftest import require_ranks
 from vime_ext.trainer.launch import run_on_ranks
 
 LAYOUTS = {"tp1": [], "tp2": ["--actor-num-gpus-per-node", "2", "--tensor-model-parallel-size", "2"],
+           "pp2": ["--actor-num-gpus-per-node", "2", "--pipeline-model-parallel-size", "2"],
            "dp2_dynamic": ["--actor-num-gpus-per-node", "2", "--use-dynamic-batch-size", "--max-tokens-per-gpu",
                            "80"]}
 
