@@ -186,7 +186,8 @@ class Trainer:
         if metrics:
             self.tracker.log(metrics, rollout_id)
             self.history.append({"rollout": rollout_id, **metrics})
-            tqdm.write(json.dumps({"eval_at_rollout": rollout_id, **{k: float(f"{v:.6g}") for k, v in metrics.items()}}))
+            tqdm.write(json.dumps({"eval_at_rollout": rollout_id,
+                                   **{k: float(f"{v:.6g}") for k, v in metrics.items()}}))
         return metrics
 
     def eval_loss(self, samples: list[Sample], prefix: str) -> dict[str, float]:

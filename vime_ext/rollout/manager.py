@@ -4,7 +4,8 @@ updates, sleep/wake.
 The driver owns one ``RolloutManager`` (a Ray actor, or a plain object with ``--no-ray``). Engines are
 subprocesses of the manager's host; on GPUs each gets its own ``CUDA_VISIBLE_DEVICES`` slice. The manager owns
 the training data source (its position goes into checkpoints through ``data_state``) and one per evaluation
-set, and runs the rollout function with the plug-in ``args`` (tokenizer and router client attached).
+set, and runs the rollout function with the plug-in ``args`` (tokenizer and router client attached). An SFT run
+(``--loss-type sft_loss``) gets a manager without engines, router or weight sync: its rollout function reads chats.
 """
 
 import os
