@@ -58,7 +58,8 @@ class ClusterConfig:
     engine_backend: Literal["vllm", "hf"] = field(default="vllm", metadata={
         "help": "vllm, or the transformers engine (same routes) for machines without vLLM"})
     engine_host: str = _help("address the engines and the router listen on", "127.0.0.1")
-    engine_dtype: str = _help("engine weights and activations: auto (from config.json), bfloat16, float32", "auto")
+    engine_dtype: str = _help("engine weights and activations: auto (config.json's on GPUs, float32 without "
+                              "one), bfloat16, float32", "auto")
     engine_max_model_len: int | None = _help(
         "engine context length (prompt + response tokens; default: the model's)", None)
     router_policy: str = field(default="consistent_hash", metadata={"help": f"one of {', '.join(ROUTER_POLICIES)}"})
@@ -205,6 +206,8 @@ class DataConfig:
         "out (skip); truncated and skipped chats are counted in the metrics", "error")
     rollout_shuffle: bool = _help("shuffle the prompts every epoch (reproducibly, from --seed)", False)
     num_rollout: int = _help("rollouts (generate, reward, train) in the run", 1)
+    num_epoch: int | None = _help("passes over --prompt-data instead of --num-rollout: the run takes ceil(N x "
+                                  "records / --rollout-batch-size) rollouts (slime's flag; handy for SFT)")
     seed: int = _help("seed of data order, initialisation and the trainer's RNG", 1234)
 
 
@@ -558,5 +561,26 @@ def parse_train_args(argv: list[str] | None = None) -> TrainConfig:
         raise ConfigError(str(err)) from err
     if vllm_args and config.cluster.engine_backend != "vllm":
         raise ConfigError(f"--vllm-* flags {vllm_args} given but --engine-backend is {config.cluster.engine_backend}")
+    if config.data.num_epoch is not None:
+        config = _rollouts_from_epochs(config, "num_rollout" in given)
     _check(config)
     return config
+
+
+def _rollouts_from_epochs(config: TrainConfig, num_rollout_given: bool) -> TrainConfig:
+    """``--num-rollout`` from ``--num-epoch`` and the number of records in ``--prompt-data``."""
+    from dataclasses import replace
+
+    from vime_ext.data.prompt_dataset import DataError
+
+    d = config.data
+    if num_rollout_given:
+        raise ConfigError("--num-epoch and --num-rollout both set the run's length; give one")
+    if d.num_epoch < 1:
+        raise ConfigError(f"--num-epoch must be at least 1, got {d.num_epoch}")
+    try:
+        records = len(config.read_data(d.prompt_data))
+    except (DataError, OSError) as err:
+        raise ConfigError(str(err)) from err
+    rollouts = math.ceil(d.num_epoch * records / config.rollout.rollout_batch_size)
+    return replace(config, data=replace(d, num_rollout=rollouts))

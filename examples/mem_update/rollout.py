@@ -33,6 +33,14 @@ async def generate(args, sample, sampling_params, evaluation: bool = False):
         raise ValueError(f"sample {sample.index} ({sample.metadata.get('source', '?')}): metadata['memories'] must "
                          "list the initial memories (prepare the data with examples/mem_update/prepare_data.py)")
     namespace = STORE.create(memories)
+    try:
+        return await _episode(args, sample, sampling_params, settings, namespace)
+    except BaseException:  # the reward, which drops the namespace, will not come: drop it here
+        STORE.drop(namespace.name)
+        raise
+
+
+async def _episode(args, sample, sampling_params, settings: MemUpdateSettings, namespace):
     box = ToolBox(namespace, make_retriever(settings.retriever), seed=sample.index)
     chat = Trajectory(args.tokenizer, episode_messages(sample, settings, len(namespace)), tools=TOOLS)
     calls = errors = edits = 0

