@@ -186,7 +186,7 @@ def test_one_sequence_per_chat_with_masks_and_advantages(engine, tmp_path):
         assert s.metadata["chunks"] == 3 and s.metadata["tokens_cut"] > 0 and len(s.turns) == 3
     samples[0].reward, samples[1].reward = 1.0, 0.0  # a group with a signal: the tiny model never answers right
     for mode, divide in (("shared", 1), ("split", 4)):
-        args.advantage_estimator, args.n_samples_per_prompt = "grpo", 2
+        args.advantage_estimator, args.loss_type, args.n_samples_per_prompt = "grpo", "policy_loss", 2
         args.disable_grpo_std_normalization, args.trajectory_advantage = False, mode
         sequences = samples_to_train_data(args, samples)
         assert len(sequences) == 4 * len(samples)
