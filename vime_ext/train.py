@@ -21,6 +21,7 @@ from vime_ext.rollout.debug_data import load_rollout, save_rollout
 from vime_ext.rollout.plugins import load_function
 from vime_ext.rollout.rollout import RolloutOutput, rollout_metrics
 from vime_ext.rollout.sample import TRAINABLE, Sample
+from vime_ext.rollout.sft_rollout import check_chats
 from vime_ext.rollout.validate import RolloutError, check_groups
 from vime_ext.trainer.batching import split_data_parallel
 from vime_ext.trainer.checkpoint import has_checkpoint
@@ -56,8 +57,14 @@ class Trainer:
         d = config.data
         # The rollout manager reads the prompt data; reading it here first stops a malformed line (named by file,
         # line and field) before any process or model starts.
+        if config.sft:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(config.checkpoint.hf_checkpoint)
         for path in [d.prompt_data, *config.eval.datasets().values()]:
-            config.read_data(path)
+            records = config.read_data(path)
+            if config.sft:  # the chat template too, on the first chats of each file
+                check_chats(tokenizer, records, d.sft_max_len, d.sft_overlong)
         self.args = config.plugin_args()
         self.convert = load_function(config.rollout.custom_convert_samples_to_train_data_path,
                                      "--custom-convert-samples-to-train-data-path")

@@ -228,3 +228,27 @@ def test_num_epoch_sets_the_rollout_count_from_the_data(base, tmp_path):
     assert parse_train_args(flags + ["--num-epoch", "3"]).data.num_rollout == 8  # ceil(3 x 5 / 2)
     with pytest.raises(ConfigError, match="--num-epoch and --num-rollout both set"):
         parse_train_args(flags + ["--num-epoch", "3", "--num-rollout", "4"])
+
+
+def test_a_template_that_drops_tool_results_stops_an_sft_run_before_anything_starts(tiny_hf_dirs, tmp_path):
+    import shutil
+    import sys
+
+    from transformers import AutoTokenizer
+
+    from vime_ext.models.packaged import CHATML_TEMPLATE
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_hf_dirs["qwen3"], model)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    tokenizer.chat_template = CHATML_TEMPLATE.replace(
+        "{% for message in messages %}", "{% for message in messages if message['role'] != 'tool' %}")
+    tokenizer.save_pretrained(model)
+    data = tmp_path / "chats.jsonl"
+    chat = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "Let me check."},
+            {"role": "tool", "content": "4"}, {"role": "assistant", "content": "\\boxed{4}"}]
+    data.write_text(json.dumps({"messages": chat}) + "\n")
+    done = subprocess.run([sys.executable, "-m", "vime_ext.train", "--hf-checkpoint", str(model), "--prompt-data",
+                           str(data), *SFT], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert f"{data}:1): the chat template drops the content of messages[2] (tool)" in done.stderr

@@ -25,6 +25,9 @@ from vime_ext.rollout.tool_calls import calls_as_text, template_drops_tool_calls
     tools_in_system
 
 
+_MARK = "\u2063vime-message\u2063"  # an invisible separator around a message number: text no chat holds
+
+
 class ChatTemplateError(ValueError):
     """The chat template cannot give this chat's assistant tokens exactly."""
 
@@ -49,6 +52,9 @@ class ChatMasker:
     """Renders chats with one tokenizer's template; the template's tool support is probed once."""
 
     def __init__(self, tokenizer, chat_template_kwargs: dict[str, Any] | None = None):
+        if not getattr(tokenizer, "chat_template", None):
+            raise ChatTemplateError(f"the tokenizer of {getattr(tokenizer, 'name_or_path', '?')} has no chat "
+                                    "template to render chats with")
         self.tokenizer = tokenizer
         self.kwargs = dict(chat_template_kwargs or {})
         self.tools_in_system = template_ignores_tools(tokenizer, self.kwargs)
@@ -67,16 +73,23 @@ class ChatMasker:
                                                   add_generation_prompt=generation_prompt, **self.kwargs)
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"]), text
 
+    def _check_kept(self, messages: list[dict], tools) -> None:
+        """Every system, user and tool message's content is in the rendering: rendered once with each content
+        replaced by a marker of its own, so that no other text can stand in for it."""
+        marked = [{**m, "content": f"{_MARK}{i}{_MARK}"} if m["role"] != "assistant" and (m.get("content") or "")
+                  .strip() else m for i, m in enumerate(messages)]
+        _, text = self._ids(marked, tools, False)
+        for i, (message, probe) in enumerate(zip(messages, marked)):
+            if probe is not message and probe["content"] not in text:
+                raise ChatTemplateError(f"the chat template drops the content of messages[{i}] ({message['role']})")
+
     def __call__(self, messages: list[dict], tools: list[dict] | None = None) -> MaskedChat:
         messages, tools = self._normalise(messages, tools)
-        full, full_text = self._ids(messages, tools, False)
+        full, _ = self._ids(messages, tools, False)
         turns = []  # (tokens of messages[:i+1], start, end) per assistant message i
+        self._check_kept(messages, tools)
         for i, message in enumerate(messages):
             if message["role"] != "assistant":
-                content = (message.get("content") or "").strip()
-                if content and content not in full_text:
-                    raise ChatTemplateError(f"the chat template drops the content of messages[{i}] "
-                                            f"({message['role']})")
                 continue
             opening, _ = self._ids(messages[:i], tools, True)
             closed, _ = self._ids(messages[:i + 1], tools, False)

@@ -69,6 +69,21 @@ def _response_of(sequence: MaskedSequence) -> tuple[list[int], list[float]]:
     return list(sequence.mask[start:]), [0.0] * (len(sequence.tokens) - start)
 
 
+def check_chats(tokenizer, records, max_len: int | None, overlong: str, count: int = 8) -> None:
+    """Mask the first ``count`` chats of ``records`` as the run will, so that a chat template that cannot give
+    their assistant tokens (or a chat over the length limit, under ``--sft-overlong error``) stops the run in
+    the driver, before any process or model starts; raises ``DataError`` naming the chat."""
+    from vime_ext.data.prompt_dataset import DataError
+
+    try:
+        masker = ChatMasker(tokenizer)
+        for record in records[:count]:
+            sample = Sample(prompt=record.prompt, metadata={**record.metadata, "source": record.source})
+            chat_sample(sample, masker, max_len, overlong)
+    except (ChatTemplateError, RolloutError) as err:
+        raise DataError(str(err)) from None
+
+
 def generate_rollout(args: PluginArgs, rollout_id: int, data_source: DataSource,
                      evaluation: bool = False) -> RolloutOutput:
     """``--rollout-batch-size`` chats of the training data (an evaluation set: all of its chats) as samples."""
