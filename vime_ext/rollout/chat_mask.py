@@ -85,9 +85,9 @@ class ChatMasker:
 
     def __call__(self, messages: list[dict], tools: list[dict] | None = None) -> MaskedChat:
         messages, tools = self._normalise(messages, tools)
+        self._check_kept(messages, tools)
         full, _ = self._ids(messages, tools, False)
         turns = []  # (tokens of messages[:i+1], start, end) per assistant message i
-        self._check_kept(messages, tools)
         for i, message in enumerate(messages):
             if message["role"] != "assistant":
                 continue
