@@ -18,7 +18,6 @@ from examples.mem_update.settings import MemUpdateSettings
 from examples.mem_update.store import STORE
 from examples.mem_update.tools import TOOLS
 from vime_ext.data.chat_dataset import read_chats
-from vime_ext.models.packaged import qwen_tokenizer_dir
 from vime_ext.rollout.chat_mask import ChatMasker
 from vime_ext.rollout.plugins import PluginArgs
 from vime_ext.rollout.sample import Sample
@@ -47,14 +46,14 @@ def test_the_file_covers_the_tools_and_only_training_conversations(locomo, tmp_p
     assert {'"create"', '"update"'} <= operations
 
 
-def test_the_chat_is_the_rollouts_and_masks_to_parseable_calls(locomo, tmp_path):
+def test_the_chat_is_the_rollouts_and_masks_to_parseable_calls(locomo, tiny_hf_dirs):
     conversation, item = next((c, q) for c in load_locomo(locomo)[0] for q in c.qa if q["category"] == 1)
     demo = demonstration(conversation, item, SETTINGS)
     STORE.drop(demo.namespace)
     slot = Sample(prompt=item["question"], metadata={"memories": conversation.memories})
     assert demo.messages[:2] == episode_messages(slot, SETTINGS, len(conversation.memories))
     assert demo.calls[:5] == ["search_memory", "manage_memory", "manage_memory", "merge_memory", "manage_memory"]
-    tokenizer = AutoTokenizer.from_pretrained(qwen_tokenizer_dir(tmp_path))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_hf_dirs["qwen3"])  # Qwen's real tokenizer
     (sequence,) = ChatMasker(tokenizer)(demo.messages, TOOLS).sequences
     replies = tokenizer.decode([t for t, m in zip(sequence.tokens, sequence.mask) if m]).split("<|im_end|>")[:-1]
     assert [c.name for r in replies for c in parse_tool_calls(r)] == demo.calls

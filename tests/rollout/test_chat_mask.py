@@ -7,7 +7,7 @@ Templates that rewrite earlier turns, drop content or ignore tools are checked a
 import pytest
 from transformers import AutoTokenizer
 
-from vime_ext.models.packaged import CHATML_TEMPLATE, qwen_tokenizer_dir
+from vime_ext.models.packaged import CHATML_TEMPLATE
 from vime_ext.rollout.chat_mask import ChatMasker, ChatTemplateError
 from vime_ext.rollout.sample import Sample, Status
 from vime_ext.rollout.sft_rollout import chat_sample
@@ -52,8 +52,8 @@ CHAT = [
 
 
 @pytest.fixture(scope="module")
-def qwen(tmp_path_factory):
-    return AutoTokenizer.from_pretrained(qwen_tokenizer_dir(tmp_path_factory.mktemp("qwen")))
+def qwen(tiny_hf_dirs):
+    return AutoTokenizer.from_pretrained(tiny_hf_dirs["qwen3"])  # Qwen's real tokenizer, built once per session
 
 
 def with_template(tokenizer, template: str):
