@@ -160,9 +160,10 @@ def test_resume_reproduces_the_next_step(algorithm, tiny_model, tmp_path):
     from convert.hf_checkpoint import HFCheckpointReader
 
     for run in (whole, cut):
-        subprocess.run([sys.executable, str(ROOT / "tools/convert_torch_dist_to_hf.py"), "--input-dir", str(run),
-                        "--output-dir", str(run / "hf"), "--origin-hf-dir", str(tiny_model)], check=True,
-                       capture_output=True)
+        done = subprocess.run([sys.executable, str(ROOT / "tools/convert_torch_dist_to_hf.py"), "--input-dir",
+                               str(run), "--output-dir", str(run / "hf"), "--origin-hf-dir", str(tiny_model)],
+                              capture_output=True, text=True)
+        assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]  # the converter's own words, if it fails
     a, b = HFCheckpointReader(whole / "hf"), HFCheckpointReader(cut / "hf")
     assert max((a.get(k) - b.get(k)).abs().max().item() for k in a.keys()) < 1e-6
     if algorithm == "ppo":
