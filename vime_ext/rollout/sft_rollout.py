@@ -54,10 +54,8 @@ def chat_sample(sample: Sample, masker: ChatMasker, max_len: int | None = None, 
     if not sequences:
         return sample.fail(Status.FAILED, f"over --sft-max-len {max_len} tokens (--sft-overlong {overlong})")
     first, *rest = sequences
-    start = first.mask.index(1)
-    sample.tokens, sample.response_length = list(first.tokens), len(first.tokens) - start
-    sample.loss_mask = list(first.mask[start:])
-    sample.rollout_log_probs = [0.0] * sample.response_length
+    sample.loss_mask, sample.rollout_log_probs = _response_of(first)
+    sample.tokens, sample.response_length = list(first.tokens), len(sample.loss_mask)
     sample.turns = [Turn(list(s.tokens), *_response_of(s)) for s in rest]
     sample.metrics["sft_trained_tokens"] = float(sum(s.num_trained for s in sequences))
     sample.status = Status.COMPLETED
@@ -65,6 +63,7 @@ def chat_sample(sample: Sample, masker: ChatMasker, max_len: int | None = None, 
 
 
 def _response_of(sequence: MaskedSequence) -> tuple[list[int], list[float]]:
+    """Mask and (zero) log-probs over the response: from the first trained token on."""
     start = sequence.mask.index(1)
     return list(sequence.mask[start:]), [0.0] * (len(sequence.tokens) - start)
 
