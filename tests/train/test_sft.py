@@ -3,6 +3,7 @@ starts; held-out loss falls on the real SmolLM2; a resumed SFT run continues exa
 SFT save through ``--ref-load`` and pushes those weights to its engine before its first rollout."""
 
 import json
+import os
 import shutil
 
 import pytest
@@ -35,6 +36,8 @@ def test_sft_on_smollm2_lowers_held_out_loss_without_engines(smollm2_dir, tmp_pa
     manager, (actor,) = trainer.cluster._manager, trainer.cluster._actors
     assert manager.engines == [] and manager.router is None and manager.sync is None
     assert actor.ref_model is None and actor.critic is None
+    # The in-process trainer rank met its group through explicit arguments: nothing for a subprocess to inherit.
+    assert not {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"} & set(os.environ)
     history = trainer.run()
     evals = [h["eval/heldout/loss"] for h in history if "eval/heldout/loss" in h]
     steps = [h for h in history if "train/loss" in h]

@@ -4,7 +4,6 @@ The driver (``vime_ext/train.py``) runs one ``TrainActor`` per rank, as a Ray ac
 own process, and calls the same methods either way.
 """
 
-import os
 import random
 import time
 from typing import TYPE_CHECKING
@@ -46,8 +45,6 @@ def _set_rng_state(state: dict) -> None:
 class TrainActor:
     def __init__(self, config: TrainConfig, rank: int, world_size: int, master_addr: str, master_port: int,
                  local_rank: int | None = None):
-        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR=master_addr,
-                          MASTER_PORT=str(master_port), LOCAL_RANK=str(0 if local_rank is None else local_rank))
         from megatron.core import parallel_state
 
         from convert.hf_checkpoint import HFCheckpointReader
@@ -55,14 +52,15 @@ class TrainActor:
         from vime_ext.trainer.checkpoint import load_model_checkpoint
         from vime_ext.trainer.model_provider import build_gpt_model
         from vime_ext.trainer.optimizer import build_optimizer
-        from vime_ext.trainer.parallel import init_distributed
+        from vime_ext.trainer.parallel import Rendezvous, init_distributed
 
         self.config, self.shape, self.rank = config, config.shape, rank
         parallel = config.trainer.parallel
         # Sequence parallelism splits the packed row over TP ranks, so it must divide evenly.
         self.pack_multiple = (parallel.tensor_model_parallel_size if parallel.sequence_parallel else 1) \
             if config.trainer.pack_sequences else None
-        init_distributed(parallel, seed=config.data.seed)
+        init_distributed(parallel, seed=config.data.seed,
+                         rendezvous=Rendezvous(rank, world_size, master_addr, master_port, local_rank or 0))
         self.dtype = torch.bfloat16 if config.trainer.bf16 else torch.float32
         self.model = self._build(build_gpt_model, parallel, recompute=config.trainer.recompute_granularity,
                                  recompute_num_layers=config.trainer.recompute_num_layers)
