@@ -1,7 +1,7 @@
 """MemUpdate's reward (``--custom-rm-path examples.mem_update.reward.reward``): how much better questions are
 answered from the store after the episode than before it, times how economical the store stayed.
 
-    reward = (QA(final store) - QA(initial store)) x efficiency        (an unfinished episode: -0.1)
+    reward = (QA(final store) - QA(initial store)) x efficiency        (-0.1 when it cannot be computed)
     efficiency = clamp(size x density x change, 0.1, 1.5)
     size    = max(0.1, 1 - (n_new - cap) / cap) when n_new > cap, else 1
     density = min(1.2, mean characters per memory, new / max(old, 1))
@@ -11,16 +11,21 @@ QA is the mean score over the target question (and ``memup_extra_questions`` oth
 conversation) of one of two scorers, each reading the ``memup_top_k`` memories retrieved for the question:
 
 - ``proxy``: the share of the answer's words (lower case, split on white space, punctuation at the edges
-  ignored) that occur in the retrieved memories, clipped to [0.1, 1.0];
+  ignored) that occur in the retrieved memories, clipped to [0.1, 1.0]; an answer without words scores 0.5
+  whatever the store holds (as published), so it adds nothing to the delta;
 - ``reader``: a model (the policy through the rollout's router, or ``memup_reader_url``) answers from the
   retrieved memories, greedily; token F1 against the gold answer.
 
 The before and after stores are the namespace's snapshot and its final state, both real; the namespace is
-dropped here. Metrics: memory_reward, qa_before, qa_after, performance_delta, efficiency, unfinished, and under
+dropped here. An unfinished episode (no final reply) is scored the same way, as published, unless
+``memup_unfinished_reward`` fixes its reward. When scoring raises (the reader's engine failed, say), the reward
+is ``memup_error_reward`` (-0.1, as published), the error is logged and counted in ``reward_error``. Metrics:
+memory_reward, qa_before, qa_after, performance_delta, efficiency, unfinished, reward_error, and under
 the question's LoCoMo category name (multi_hop, temporal, open_domain, single_hop, adversarial) the reward and
 ``<category>_qa_before`` / ``_qa_after``.
 """
 
+import logging
 from functools import cache
 
 import numpy as np
@@ -32,6 +37,9 @@ from examples.mem_update.settings import MemUpdateSettings
 from examples.mem_update.store import STORE, Memory
 from vime_ext.rollout.protocol import SamplingParams
 from vime_ext.rollout.rewards import token_f1
+
+log = logging.getLogger(__name__)
+EMPTY_ANSWER_SCORE = 0.5  # as published: an answer with no words is neither helped nor hurt by the store
 
 
 def efficiency(n_old: int, n_new: int, chars_old: float, chars_new: float, s: MemUpdateSettings) -> float:
@@ -50,7 +58,7 @@ def _words(text: str) -> list[str]:
 def proxy_score(answer: str, retrieved: list[Memory]) -> float:
     answer_words = {w for w in _words(answer) if w}
     if not answer_words:
-        return 0.1
+        return EMPTY_ANSWER_SCORE
     found = {w for m in retrieved for w in _words(m.content)}
     return float(np.clip(len(answer_words & found) / len(answer_words), 0.1, 1.0))
 
@@ -108,6 +116,7 @@ async def reward(args, sample) -> dict:
     if name is None:
         raise ValueError(f"sample {sample.index}: no memory namespace in its metadata; the reward needs "
                          "examples.mem_update.rollout.generate as --custom-generate-function-path")
+    finished = bool(sample.metadata.get("finished"))
     try:
         namespace = STORE.get(name)
         extra = sample.metadata.get("extra_qa", [])[:settings.extra_questions]
@@ -116,12 +125,19 @@ async def reward(args, sample) -> dict:
         after = await qa_score(args, settings, questions, namespace.memories())
         factor = efficiency(len(namespace.initial), len(namespace), _mean_chars(namespace.initial),
                             _mean_chars(namespace.memories()), settings)
+    except Exception as err:  # noqa: BLE001 (as published: a reward that cannot be computed is a small penalty)
+        log.warning("sample %s: the reward could not be computed, %s instead: %s: %s", sample.index,
+                    settings.error_reward, type(err).__name__, err)
+        value = settings.error_reward
+        return {"reward": value, "memory_reward": value, "reward_error": 1.0, "unfinished": float(not finished)}
     finally:
         STORE.drop(name)
-    finished = bool(sample.metadata.get("finished"))
-    value = (after - before) * factor if finished else settings.unfinished_reward
+    value = (after - before) * factor
+    if not finished and settings.unfinished_reward is not None:
+        value = settings.unfinished_reward
     metrics = {"reward": value, "memory_reward": value, "qa_before": before, "qa_after": after,
-               "performance_delta": after - before, "efficiency": factor, "unfinished": float(not finished)}
+               "performance_delta": after - before, "efficiency": factor, "unfinished": float(not finished),
+               "reward_error": 0.0}
     category = CATEGORIES.get(sample.metadata.get("category"))
     if category:
         metrics.update({category: value, f"{category}_qa_before": before, f"{category}_qa_after": after})

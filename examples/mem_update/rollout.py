@@ -3,8 +3,8 @@
 One episode per sample: a namespace is made from ``sample.metadata["memories"]`` (the conversation's initial
 memories), and the policy edits it through the six tools in one growing chat: each reply's ``<tool_call>``
 blocks are parsed and run, their results appended as tool messages (masked out of the loss), until a reply
-without a call (the episode is finished), ``memup_max_tool_calls`` calls, or ``memup_max_context_tokens``
-tokens. Malformed calls, unknown tools, bad arguments and refused operations are answered with an error the
+without a call (the episode is finished), ``memup_max_turns`` replies (the calls of the last one are not run,
+as verl's ``max_assistant_turns`` ends an episode), or ``memup_max_context_tokens`` tokens. Malformed calls, unknown tools, bad arguments and refused operations are answered with an error the
 policy reads, and counted. The reward (``reward.py``) compares the namespace's snapshot with its final state and
 drops it.
 """
@@ -60,7 +60,7 @@ async def _episode(args, sample, sampling_params, settings: MemUpdateSettings, n
         if not parsed:
             finished = chat.turns[-1].finish_reason == "stop"
             break
-        if calls + len(parsed) > settings.max_tool_calls:
+        if len(chat.turns) >= settings.max_turns:
             break  # the cap: the episode ends unfinished, its last calls not run
         results = []
         for item in parsed:

@@ -5,7 +5,7 @@
 # held-out conversations, for the base model and the trained one (converted back to HF). Every variable has a
 # default; extra arguments go to train.py.
 set -euo pipefail
-export MEMUP_MAX_CONTEXT_TOKENS=${MEMUP_MAX_CONTEXT_TOKENS:-1536} MEMUP_MAX_TOOL_CALLS=${MEMUP_MAX_TOOL_CALLS:-8}
+export MEMUP_MAX_CONTEXT_TOKENS=${MEMUP_MAX_CONTEXT_TOKENS:-1536} MEMUP_MAX_TURNS=${MEMUP_MAX_TURNS:-6}
 # SmolLM2-135M writes no tool call unless its first reply is opened as one (written for it, not trained).
 export MEMUP_FIRST_REPLY_PREFIX=${MEMUP_FIRST_REPLY_PREFIX-$'<tool_call>\n{"name": "'}
 source "$(dirname "$0")/common.sh"

@@ -5,7 +5,9 @@ scripts fill it from ``MEMUP_*`` variables). The defaults, and why they differ f
   (169-324 observations) all start above: size = max(0.1, 1 - (n - 100) / 100) is 0.1 for any n >= 190, so the
   reward of most episodes was cut to a tenth whatever the agent did. ``size_cap: 100`` restores it.
 - everything else as published: size floor 0.1, density at most 1.2, change at least 0.8 with weight 0.5,
-  efficiency clamped to [0.1, 1.5], an unfinished episode -0.1, retrieval top 5, 30 tool calls.
+  efficiency clamped to [0.1, 1.5], retrieval top 5, at most 30 assistant turns per episode (verl's
+  ``max_assistant_turns``), an unfinished episode rewarded like a finished one, -0.1 when the reward cannot be
+  computed. ``unfinished_reward`` gives unfinished episodes a fixed reward instead (off by default).
 """
 
 from dataclasses import dataclass, fields
@@ -19,7 +21,7 @@ SCORERS = ("proxy", "reader")
 class MemUpdateSettings:
     retriever: str = "embedding"  # embedding | bm25: the search tool's and the QA scorers' retrieval
     top_k: int = 5  # memories retrieved for a question when it is scored
-    max_tool_calls: int = 30  # per episode; past it the episode ends unfinished
+    max_turns: int = 30  # the policy's replies per episode; after the last one the episode ends unfinished
     max_context_tokens: int = 8192  # the whole episode (prompt, replies, tool results)
     scorer: str = "proxy"  # proxy: answer words found in the retrieved memories; reader: a model answers, F1
     reader_url: str | None = None  # the reader's engine (default: the policy, through the rollout's router)
@@ -33,7 +35,8 @@ class MemUpdateSettings:
     change_weight: float = 0.5
     efficiency_min: float = 0.1
     efficiency_max: float = 1.5
-    unfinished_reward: float = -0.1  # no final message: the tool-call cap or the token budget ran out
+    unfinished_reward: float | None = None  # no final message (turn cap or token budget): None = scored as usual
+    error_reward: float = -0.1  # when scoring raises (the reader's engine failed, the namespace is gone)
     first_reply_prefix: str = ""  # the policy's first reply starts with this (masked), e.g. an opened tool call
 
     @classmethod
@@ -46,8 +49,8 @@ class MemUpdateSettings:
             raise ValueError(f"memup_scorer {settings.scorer!r} is not one of {SCORERS}")
         if settings.reader_url and not settings.reader_tokenizer:
             raise ValueError("memup_reader_url names another model; give its tokenizer as memup_reader_tokenizer")
-        if min(settings.top_k, settings.max_tool_calls, settings.max_context_tokens) < 1:
-            raise ValueError("memup_top_k, memup_max_tool_calls and memup_max_context_tokens must be positive")
+        if min(settings.top_k, settings.max_turns, settings.max_context_tokens) < 1:
+            raise ValueError("memup_top_k, memup_max_turns and memup_max_context_tokens must be positive")
         if settings.efficiency_min > settings.efficiency_max:
             raise ValueError("memup_efficiency_min is above memup_efficiency_max")
         return settings

@@ -199,6 +199,37 @@ def test_an_episode_that_raises_releases_its_namespace(tmp_path):
     assert len(STORE) == before
 
 
+def test_the_episode_ends_after_max_turns_replies(tmp_path):
+    """As published (verl's max_assistant_turns): the cap counts the policy's replies, not its calls. A policy that
+    calls two tools per reply and never stops gets ``memup_max_turns`` replies; the last reply's calls are not
+    run, and the episode is unfinished. The replies are scripted: the cap is what is under test, not the model."""
+    from examples.mem_update.rollout import generate
+    from tests.conftest import real_tokenizer
+    from vime_ext.rollout.plugins import PluginArgs
+    from vime_ext.rollout.protocol import GenerateResult, SamplingParams
+
+    tokenizer = real_tokenizer("llama", tmp_path)
+    reply = ('<tool_call>\n{"name": "search_memory", "arguments": {"query": "Rex"}}\n</tool_call>\n'
+             '<tool_call>\n{"name": "sample_memory", "arguments": {"k": 1}}\n</tool_call>')
+
+    class CallsForever:
+        replies = 0
+
+        async def generate(self, tokens, params, session_id=None):
+            self.replies += 1
+            ids = tokenizer(reply, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+            return GenerateResult(ids, [0.0] * len(ids), "stop")
+
+    policy = CallsForever()
+    args = PluginArgs(memup_retriever="bm25", memup_max_turns=3, tokenizer=tokenizer, rollout_client=policy)
+    out = asyncio.run(generate(args, Sample(prompt="Where did Caroline get Rex?", metadata={"memories": MEMORIES}),
+                               SamplingParams(max_new_tokens=64)))
+    STORE.drop(out.metadata["memory_namespace"])
+    assert policy.replies == 3 and out.metrics["num_turns"] == 3.0
+    assert out.metrics["tool_calls"] == 4.0 and out.metrics["tool_errors"] == 0.0  # the third reply's two: not run
+    assert out.metadata["finished"] is False
+
+
 # ---- the parser --------------------------------------------------------------------------------------------
 
 def test_parser_against_malformed_and_several_calls():
@@ -256,7 +287,8 @@ def test_proxy_score_counts_answer_words_in_the_retrieved_memories():
     assert proxy_score("Rex", memories) == 1.0
     assert proxy_score("8 May 2023", memories) == 1.0
     assert proxy_score("7 May 2023", memories) == pytest.approx(2 / 3)
-    assert proxy_score("Lisbon", memories) == 0.1 and proxy_score("", memories) == 0.1
+    assert proxy_score("Lisbon", memories) == 0.1
+    assert proxy_score("", memories) == proxy_score(" ?! ", []) == 0.5  # no words: neutral, as published
 
 
 def _episode_sample(store_edit, finished: bool = True, category: int = 2):
@@ -284,10 +316,30 @@ def test_reward_compares_the_real_before_and_after():
     assert better["efficiency"] == pytest.approx(density) and 1 < density < 1.2
     assert better["reward"] == pytest.approx((1.0 - 1 / 3) * density)
     assert len(STORE) == count  # the reward dropped the namespace
+    # As published, an unfinished episode (turn cap, token budget) is scored like a finished one; a fixed reward
+    # for it is a setting.
     unfinished = asyncio.run(reward(args, _episode_sample(add_date, finished=False)))
-    assert unfinished["reward"] == -0.1 and unfinished["unfinished"] == 1.0
-    with pytest.raises(ValueError, match="no memory namespace"):
+    assert unfinished["reward"] == pytest.approx(better["reward"]) and unfinished["unfinished"] == 1.0
+    fixed = plugin_args([], {"memup_retriever": "bm25", "memup_unfinished_reward": -0.2})
+    assert asyncio.run(reward(fixed, _episode_sample(add_date, finished=False)))["reward"] == -0.2
+    assert asyncio.run(reward(fixed, _episode_sample(add_date)))["reward"] == pytest.approx(better["reward"])
+    with pytest.raises(ValueError, match="no memory namespace"):  # a wiring mistake, not a scoring failure
         asyncio.run(reward(args, Sample(prompt="q", label="a")))
+    assert len(STORE) == count
+
+
+def test_a_reward_that_cannot_be_computed_is_the_error_reward(smollm2_dir, caplog):
+    """As published: -0.1 when scoring fails (here the reader's engine is unreachable, after the client's
+    retries); logged, counted, and the namespace still dropped."""
+    args = plugin_args([], {"memup_retriever": "bm25", "memup_scorer": "reader",
+                            "memup_reader_url": "http://127.0.0.1:9", "memup_reader_tokenizer": str(smollm2_dir)})
+    count = len(STORE)
+    sample = _episode_sample(lambda tools: None)
+    sample.index = 17
+    got = asyncio.run(reward(args, sample))
+    assert got == {"reward": -0.1, "memory_reward": -0.1, "reward_error": 1.0, "unfinished": 0.0}
+    assert len(STORE) == count
+    assert "sample 17: the reward could not be computed" in caplog.text
 
 
 def test_extra_questions_are_scored_too():

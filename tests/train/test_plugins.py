@@ -140,3 +140,20 @@ def test_dynamic_sampling_with_a_group_reward_in_a_rollout_only_run(tmp_path):
     logged = rows(tmp_path / "tb")[0]
     assert logged["rollout/dynamic_sampling_drawn"] == 6 == saved["metrics"]["dynamic_sampling_drawn"]
     assert logged["rollout/reward_mean"] == 0.5 and "train/loss" not in logged
+
+
+def test_custom_config_reads_environment_references(tmp_path, monkeypatch):
+    """Whole-string references become numbers or None (``null``); text stays text; a missing variable without a
+    default is named with its file and key."""
+    from vime_ext.rollout.plugins import load_custom_config
+
+    config = tmp_path / "agent.yaml"
+    config.write_text("scale: ${VT_SCALE:-1.5}\nturns: ${VT_TURNS:-30}\noptional: ${VT_OPT:-null}\n"
+                      "prefix: ${VT_PREFIX:-}\nlabel: run-${VT_TURNS:-30}\n")
+    assert load_custom_config(str(config), set()) == {"scale": 1.5, "turns": 30, "optional": None, "prefix": "",
+                                                      "label": "run-30"}
+    monkeypatch.setenv("VT_OPT", "-0.2")
+    assert load_custom_config(str(config), set())["optional"] == -0.2
+    config.write_text("needed: ${VT_NEEDED}\n")
+    with pytest.raises(ValueError, match=r"agent.yaml, key needed: environment variable VT_NEEDED is not set"):
+        load_custom_config(str(config), set())

@@ -62,7 +62,8 @@ _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 def _expand_env(value: Any, where: str) -> Any:
     """``${NAME}`` and ``${NAME:-default}`` in string values come from the environment (launch scripts fill
-    plug-in settings this way); a whole-string reference that looks like a number becomes that number."""
+    plug-in settings this way); a whole-string reference that looks like a number becomes that number, and one
+    that reads ``null`` becomes None (so a variable can switch an optional setting off)."""
     if isinstance(value, dict):
         return {k: _expand_env(v, f"{where}.{k}") for k, v in value.items()}
     if isinstance(value, list):
@@ -81,6 +82,8 @@ def _expand_env(value: Any, where: str) -> Any:
 
     expanded = _ENV.sub(lookup, value)
     if _ENV.fullmatch(value.strip()):
+        if expanded.strip() == "null":
+            return None
         for kind in (int, float):
             try:
                 return kind(expanded)
