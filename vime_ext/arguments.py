@@ -493,8 +493,25 @@ def _check(config: TrainConfig) -> None:
             problems.append(f"{flag_name(name)} {path}: no such path")
     if not os.path.isfile(config.data.prompt_data):
         problems.append(f"--prompt-data {config.data.prompt_data}: no such file")
+    problems += _plugin_problems(r)
     if problems:
         raise ConfigError("\n  ".join(["invalid flags:", *problems]))
+
+
+def _plugin_problems(r: RolloutConfig) -> list[str]:
+    """Every plug-in flag imported and its signature checked here, so that a typo stops the run in a second
+    rather than after the model is loaded and the engines are up."""
+    from vime_ext.rollout.plugins import PLUGIN_CALLS, check_plugin
+
+    problems = []
+    for name in PLUGIN_CALLS:
+        path = getattr(r, name)
+        if path:
+            try:
+                check_plugin(path, name)
+            except ValueError as err:
+                problems.append(str(err))
+    return problems
 
 
 SFT_ROLLOUT = "vime_ext.rollout.sft_rollout.generate_rollout"

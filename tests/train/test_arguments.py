@@ -73,6 +73,12 @@ def test_typed_sections_and_vllm_pass_through(base):
     (["--use-distributed-optimizer", "--optimizer-cpu-offload"], "--optimizer-cpu-offload needs --bf16"),
     (["--overlap-cpu-optimizer-d2h-h2d"], "needs --optimizer-cpu-offload"),
     (["--optimizer-offload-fraction", "1.5"], r"--optimizer-offload-fraction 1.5 is not in \[0, 1\]"),
+    # Plug-ins are imported and their signatures checked at parse time, before any model or engine starts.
+    (["--custom-rm-path", "tests.train.toy_rewards.no_such"], "module 'tests.train.toy_rewards' has no callable"),
+    (["--custom-rm-path", "no_such_pkg.reward"], "cannot import module 'no_such_pkg'"),
+    (["--custom-generate-function-path", "tests.train.toy_rewards.even_token_share"],
+     r"calls it as generate\(args, sample, sampling_params, evaluation=False\), which its signature "
+     r"\(args, sample\) -> float does not accept \(too many positional arguments\)"),
 ])
 def test_contradictions_fail_fast(base, flags, message):
     if "needs vLLM engines on GPUs" in message and __import__("torch").cuda.is_available():

@@ -17,6 +17,7 @@ and, in the process that runs rollouts, ``args.tokenizer`` (the served model's t
 """
 
 import importlib
+import inspect
 import json
 import os
 import re
@@ -138,6 +139,36 @@ def load_function(path: str, flag: str) -> Callable:
     if not callable(function):
         raise ValueError(f"{flag}={path!r}: module {module_name!r} has no callable {attr!r}")
     return function
+
+
+# Every plug-in flag, with how the framework calls it: positional arguments, then keywords.
+PLUGIN_CALLS = {
+    "custom_generate_function_path": ("generate(args, sample, sampling_params, evaluation=False)", 3,
+                                      ("evaluation",)),
+    "custom_rm_path": ("rm(args, sample) (with --group-rm: rm(args, samples))", 2, ()),
+    "rollout_function_path": ("rollout(args, rollout_id, data_source, evaluation=False)", 3, ("evaluation",)),
+    "custom_convert_samples_to_train_data_path": ("convert(args, samples)", 2, ()),
+    "dynamic_sampling_filter_path": ("filter(args, group)", 2, ()),
+}
+
+
+def check_plugin(path: str, name: str) -> None:
+    """Import the plug-in at ``path`` (given as flag ``name``) and check that the framework's call binds to its
+    signature, before any process or model starts. The launch directory is on the path, as on every Ray worker."""
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    flag = f"--{name.replace('_', '-')}"
+    function = load_function(path, flag)
+    call, positional, keywords = PLUGIN_CALLS[name]
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):  # a builtin or C function without a signature: nothing to check
+        return
+    try:
+        signature.bind(*[None] * positional, **{k: None for k in keywords})
+    except TypeError as err:
+        raise ValueError(f"{flag}={path!r}: the framework calls it as {call}, which its signature {signature} "
+                         f"does not accept ({err})") from None
 
 
 async def call_plugin(function: Callable, *args, **kwargs) -> Any:
