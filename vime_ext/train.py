@@ -33,7 +33,8 @@ _PER_STEP = ("grad_norm", "lr", "skipped", "critic_grad_norm", "critic_lr", "cri
 
 def plan_steps(config: TrainConfig, samples: list[Sample], sequences: list[TrainSequence],
                dp_size: int) -> tuple[list[list[list[TrainSequence]]], list[tuple[float, float]]]:
-    """Per data-parallel rank, the sequences of each optimizer step; and each step's (loss tokens, sequences)."""
+    """Per data-parallel rank, the sequences of each optimizer step; and each step's (loss tokens, sequences).
+    A step whose samples all failed or were dropped with their groups has nothing to train and is left out."""
     position = {s.index: i for i, s in enumerate(samples)}
     steps: list[list[TrainSequence]] = [[] for _ in range(config.steps_per_rollout)]
     for seq in sequences:
@@ -41,6 +42,7 @@ def plan_steps(config: TrainConfig, samples: list[Sample], sequences: list[Train
             raise RolloutError(f"the samples-to-train-data converter made a sequence for sample index "
                                f"{seq.sample_index}, which is not in this rollout")
         steps[position[seq.sample_index] // config.global_batch_size].append(seq)
+    steps = [step for step in steps if step]
     per_rank = [[] for _ in range(dp_size)]
     for step in steps:
         for rank, share in enumerate(split_data_parallel(step, dp_size)):
@@ -151,6 +153,11 @@ class Trainer:
         times["wake_up"] += time.perf_counter() - tick
         memory.update(_max_over_ranks(self.cluster.actors("memory"), "engines"))
 
+    def save_due(self, rollout_id: int) -> bool:
+        c = self.config.checkpoint
+        return bool(c.save) and ((c.save_interval and (rollout_id + 1) % c.save_interval == 0)
+                                 or rollout_id + 1 == self.config.data.num_rollout)
+
     def save(self, rollout_id: int) -> float:
         start = time.perf_counter()
         data = self.cluster.manager("data_state") if self.cluster.has_manager else None
@@ -222,21 +229,38 @@ class Trainer:
             save_rollout(d.save_debug_rollout_data, rollout_id, output.groups, output.metrics)
         return output
 
+    def heal_engines(self, version: int, times: dict[str, float], memory: dict[str, float]) -> None:
+        """An engine that died since the last weight push (during training, say) is restarted and given the
+        current weights before the next rollout, so that it never serves the starting weights. Colocated, the
+        round trip through the trainer side puts every engine to sleep (restarting the dead one while the
+        memory is the engines') and wakes them around the push."""
+        if not (self.cluster.has_engines and self.cluster.has_actors) or not self.cluster.manager("dead_engines"):
+            return
+        tick = time.perf_counter()
+        self.to_trainer(times, memory)
+        self.to_engines(version, times, memory)
+        times["engine_restart"] = time.perf_counter() - tick
+
     def train_one(self, rollout_id: int) -> dict[str, float]:
         config, times = self.config, {}
         start = time.perf_counter()
+        memory: dict[str, float] = {}
+        if not config.debug.load_debug_rollout_data:
+            self.heal_engines(rollout_id, times, memory)
+        tick = time.perf_counter()
         output = self.rollout(rollout_id)
         samples = [s for g in output.groups for s in g]
-        times["rollout"] = time.perf_counter() - start
+        times["rollout"] = time.perf_counter() - tick
         metrics = rollout_metrics(samples, "rollout")
         if config.sft:  # SFT samples carry no reward
             metrics = {k: v for k, v in metrics.items() if "reward" not in k}
         metrics.update({f"rollout/{k}": float(v) for k, v in output.metrics.items()})
         metrics["rollout/tokens_per_s"] = sum(s.response_length for s in samples) / max(times["rollout"], 1e-9)
         prompts = [g[0].metadata.get("source", "") for g in output.groups]
-        memory: dict[str, float] = {}
         if self.cluster.has_actors:
             metrics.update(self.train_on(rollout_id, samples, times, memory))
+        if self.cluster.has_engines:
+            metrics.update({f"rollout/{k}": float(v) for k, v in self.cluster.manager("restart_count").items()})
         times["total"] = time.perf_counter() - start
         metrics.update({f"time/{k}": v for k, v in times.items()})
         metrics.update({f"memory/{k}": v for k, v in memory.items()})
@@ -256,20 +280,27 @@ class Trainer:
         if not isinstance(sequences, list) or not all(isinstance(q, TrainSequence) for q in sequences):
             raise RolloutError("the samples-to-train-data converter must return a list of TrainSequence")
         per_rank, totals = plan_steps(config, samples, sequences, self.dp_size)
+        if not totals:  # every group failed or was dropped (a dead engine, say): no step, the weights stay
+            bad = sum(s.status not in TRAINABLE for s in samples)
+            tqdm.write(f"rollout {rollout_id}: no sample can train ({bad} of {len(samples)} failed, aborted or "
+                       "dropped with their groups); no optimizer step")
+            self.to_trainer(times, memory)
+            if self.save_due(rollout_id):
+                times["save"] = self.save(rollout_id)
+            self.to_engines(rollout_id + 1, times, memory)
+            return {"train/sequences": 0.0, "train/steps": 0.0}
         self.to_trainer(times, memory)
         update_policy = rollout_id >= config.algorithm.num_critic_only_steps
         results = self.cluster.actors("train_rollout", [(per_rank[r], totals, update_policy)
                                                         for r in self.dp_rank])
-        if config.checkpoint.save and (
-                (config.checkpoint.save_interval and (rollout_id + 1) % config.checkpoint.save_interval == 0)
-                or rollout_id + 1 == config.data.num_rollout):
+        if self.save_due(rollout_id):
             times["save"] = self.save(rollout_id)  # before the hand-over: the ranks hold their weights
         self.to_engines(rollout_id + 1, times, memory)
         reported = [results[i] for i in self.reporters]
         times["log_probs"] = max(r["log_prob_time"] for r in results)
         times["train"] = max(r["train_time"] for r in results)
         train_tokens = sum(r["tokens"] for r in reported)
-        metrics = {"train/sequences": float(len(sequences)),
+        metrics = {"train/sequences": float(len(sequences)), "train/steps": float(len(totals)),
                    "train/tokens_per_s": train_tokens / max(times["train"], 1e-9)}
         if config.sft:
             metrics["train/trained_tokens"] = sum(total for total, _ in totals)
@@ -280,8 +311,6 @@ class Trainer:
                             "train/logprob_abs_diff_max": max(m[1] for m in mismatch)})
         if config.algorithm.advantage_estimator != "ppo" and not config.sft:
             metrics["rollout/advantage_abs_mean"] = float(np.mean([abs(q.advantage) for q in sequences] or [0.0]))
-        if self.cluster.has_engines:
-            metrics["rollout/engine_restarts"] = float(self.cluster.manager("restart_count"))
         for key in reported[0]["steps"][0]:
             if key in _PER_STEP:
                 values = [step[key] for step in reported[0]["steps"]]

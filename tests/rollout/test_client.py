@@ -241,6 +241,129 @@ def test_group_rollout_with_plugins(engines, tiny_hf_dirs):
         assert sample.status in (Status.COMPLETED, Status.TRUNCATED) and sample.weight_version == 2
         assert sample.reward == float(sample.response_length) and sample.metadata["source"] == "a:1"
     assert all(s.status == Status.FAILED and s.reward is None and "context" in s.error for s in bad)
+    # The failed group was regenerated once (the same refusal again), then dropped: it trains nothing.
+    assert output.metrics == {"samples_regenerated": 4.0, "groups_dropped": 1.0}
+
+
+_FIRST_TRIES: set[int] = set()
+
+
+async def faulty_reward(args, sample):
+    """A reward that misbehaves as its prompt's label asks:
+    "flaky" raises the first time the group's first sample is scored, "broken" always raises, "hang" blocks past the
+    timeout, "nan" returns NaN, anything else is the response length."""
+    import time
+
+    if sample.label == "flaky" and sample.index % 2 == 0 and sample.index not in _FIRST_TRIES:
+        _FIRST_TRIES.add(sample.index)
+        raise ConnectionError("reward service hiccup\nretry later")
+    if sample.label == "broken":
+        raise KeyError("no gold answer for this prompt")
+    if sample.label == "hang":
+        await asyncio.sleep(30)
+    if sample.label == "nan":
+        return float("nan")
+    return float(sample.response_length)
+
+
+def test_a_plugin_that_raises_or_hangs_fails_its_sample_not_the_run(engines, tiny_hf_dirs, caplog):
+    """Per sample: an exception (its last line kept), a timeout, a NaN reward fail that sample; its group is
+    regenerated once (a flaky reward recovers) and dropped if still short, so GRPO never sees a partial group.
+    With --failed-sample-policy drop nothing is regenerated. Only past --max-failed-fraction does the rollout
+    stop, naming the first failure."""
+    from transformers import AutoTokenizer
+
+    from vime_ext.data.prompt_dataset import PromptRecord
+    from vime_ext.rollout.config import RolloutConfig
+    from vime_ext.rollout.data_source import DataSource
+    from vime_ext.rollout.plugins import plugin_args
+    from vime_ext.rollout.rollout import run_rollout
+    from vime_ext.rollout.sample import TRAINABLE, Status
+    from vime_ext.rollout.validate import RolloutError
+
+    urls, procs = engines
+    live = [u for u, p in zip(urls, procs) if p.poll() is None]
+    tokenizer = AutoTokenizer.from_pretrained(tiny_hf_dirs["llama"])
+    labels = ["fine", "flaky", "broken", "hang", "nan"]
+    records = [PromptRecord(f"Say {label}.", label, {}, f"f:{i + 1}") for i, label in enumerate(labels)]
+
+    def rollout(policy: str, max_failed: float = 0.75):
+        config = RolloutConfig(rollout_batch_size=5, n_samples_per_prompt=2, rollout_max_response_len=4,
+                               custom_rm_path="tests.rollout.test_client.faulty_reward", rollout_sample_timeout=1.0,
+                               failed_sample_policy=policy, max_failed_fraction=max_failed)
+        args = plugin_args([config])
+        args.tokenizer = tokenizer
+        _FIRST_TRIES.clear()
+        return run_rollout(args, live[0], 0, DataSource(records, 2, 5))
+
+    output = rollout("regenerate")
+    fine, flaky, broken, hang, nan = output.groups
+    assert all(s.status in TRAINABLE for s in fine + flaky)  # the flaky reward recovered on the second try
+    assert [s.status for s in broken] == [Status.FAILED] * 2
+    assert broken[0].error == "KeyError: 'no gold answer for this prompt'"
+    assert all(s.error == "timed out after 1 s (--rollout-sample-timeout)" for s in hang)
+    assert all(s.status == Status.FAILED and "reward" in s.error and "nan" in s.error.lower() for s in nan)
+    assert output.metrics == {"samples_regenerated": 7.0, "groups_dropped": 3.0}
+    assert "ConnectionError: retry later" in caplog.text  # logged with its last line (and the traceback)
+
+    output = rollout("drop")
+    assert output.metrics == {"samples_regenerated": 0.0, "groups_dropped": 4.0}
+    flaky = output.groups[1]
+    failed = next(s for s in flaky if s.status == Status.FAILED)
+    assert failed.error == "ConnectionError: retry later"
+    assert all(s.status == Status.ABORTED and s.error.startswith("dropped with its group: sample (group 1")
+               for s in flaky if s is not failed)
+
+    with pytest.raises(RolloutError, match=r"6 of 10 samples failed, more than --max-failed-fraction 0.5; the first, "
+                                           r"sample \(group 2, index 4, f:3\): KeyError"):
+        rollout("regenerate", max_failed=0.5)
+
+
+_ACTIVE = {"now": 0, "most": 0}
+
+
+def slow_plain_reward(args, sample) -> float:
+    """A plain-def reward: blocks for 3 s on the prompt "hang", 0.05 s otherwise; counts how many of its calls
+    overlap."""
+    import time
+
+    _ACTIVE["now"] += 1
+    _ACTIVE["most"] = max(_ACTIVE["most"], _ACTIVE["now"])
+    time.sleep(3.0 if sample.label == "hang" else 0.05)
+    _ACTIVE["now"] -= 1
+    return 1.0
+
+
+def test_plain_def_plugins_run_one_at_a_time_and_time_out(engines, tiny_hf_dirs):
+    """A plain-def plug-in runs off the event loop, one call at a time (as if on the loop: its author need not
+    make it thread-safe); one that blocks fails its sample at --rollout-sample-timeout, and the samples queued
+    behind it too, instead of hanging the rollout."""
+    from transformers import AutoTokenizer
+
+    from vime_ext.data.prompt_dataset import PromptRecord
+    from vime_ext.rollout.config import RolloutConfig
+    from vime_ext.rollout.data_source import DataSource
+    from vime_ext.rollout.plugins import plugin_args
+    from vime_ext.rollout.rollout import run_rollout
+    from vime_ext.rollout.sample import TRAINABLE
+
+    urls, procs = engines
+    live = [u for u, p in zip(urls, procs) if p.poll() is None]
+
+    def rollout(label: str):
+        config = RolloutConfig(rollout_batch_size=2, n_samples_per_prompt=3, rollout_max_response_len=4,
+                               custom_rm_path="tests.rollout.test_client.slow_plain_reward",
+                               rollout_sample_timeout=2.0, failed_sample_policy="drop", max_failed_fraction=1.0)
+        args = plugin_args([config])
+        args.tokenizer = AutoTokenizer.from_pretrained(tiny_hf_dirs["llama"])
+        records = [PromptRecord(f"Say {label} {i}.", label, {}, f"s:{i}") for i in range(2)]
+        return [s for g in run_rollout(args, live[0], 0, DataSource(records, 3, 2)).groups for s in g]
+
+    _ACTIVE.update(now=0, most=0)
+    assert all(s.status in TRAINABLE and s.reward == 1.0 for s in rollout("fine"))
+    assert _ACTIVE["most"] == 1
+    hung = rollout("hang")
+    assert sum(s.error == "timed out after 2 s (--rollout-sample-timeout)" for s in hung) >= 5
 
 
 async def reward_by_length(args, sample) -> float:

@@ -205,22 +205,34 @@ def test_ppo_reward_rises_and_the_critic_follows(smollm2_dir, tmp_path):
     assert all(m["train/returns"] > 0 for m in rows[1:])
 
 
-def test_training_survives_a_crashed_engine(tiny_model, tmp_path):
-    """One of two engines is killed after the first rollout: the rollout in flight fails over to the other
-    engine, the dead one is restarted before the next weight push (so it serves the trainer's weights), and
-    training finishes every rollout. The kill comes from the reward plugin in rollout 1, not after a sleep."""
+@pytest.mark.parametrize("mode", ["two_engines", "colocated_one_engine"])
+def test_training_survives_a_crashed_engine(mode, tiny_model, tmp_path):
+    """An engine is killed in rollout 1, while that rollout's other samples are being generated (the kill comes
+    from the reward plugin, not after a sleep).
+    - Two engines: the rollout in flight fails over to the other engine; the dead one is restarted before the
+      next weight push (so it serves the trainer's weights).
+    - --colocate, its one engine: the requests in flight are aborted, regenerated once (the engine is still
+      dead), and their groups dropped: nothing trains on a partial group. Putting the engines to sleep restarts
+      the dead one, the push gives it the trainer's weights, and the later rollouts train as usual.
+    Either way every rollout is logged and the run finishes."""
     data = write_jsonl(tmp_path / "arith.jsonl", "arithmetic", 8)
     out = tmp_path / "tb"
     marker = tmp_path / "engine_killed"
     flags = common_flags(tiny_model, data)
     flags[flags.index("tests.train.toy_rewards.even_token_share")] = \
         "tests.train.toy_rewards.even_token_share_killing_an_engine"
-    train(flags + ["--no-ray", "--engine-backend", "hf", "--rollout-num-gpus", "2", "--num-rollout", "4",
-                   "--tensorboard-dir", str(out)], tmp_path / "run.log", env={"VIME_TEST_ENGINE_KILLED": str(marker)})
+    flags += ["--rollout-num-gpus", "2"] if mode == "two_engines" else ["--colocate"]
+    train(flags + ["--no-ray", "--engine-backend", "hf", "--num-rollout", "4", "--tensorboard-dir", str(out)],
+          tmp_path / "run.log", env={"VIME_TEST_ENGINE_KILLED": str(marker)})
     assert marker.read_text().startswith("killed")
-    rows = metrics(out)
+    rows = {row["step"]: row for row in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+            if "rollout/reward_mean" in row}
     assert sorted(rows) == [0, 1, 2, 3]
     assert [rows[i]["rollout/engine_restarts"] for i in range(4)] == [0, 1, 1, 1]  # restarted in rollout 1
+    if mode == "colocated_one_engine":
+        assert rows[1]["rollout/groups_dropped"] >= 1 and rows[1]["rollout/samples_regenerated"] >= 1
+        assert rows[1]["train/sequences"] < 8  # a dropped group trains nothing
+    assert all(rows[i]["rollout/groups_dropped"] == 0 for i in (0, 2, 3))
     # After the restart and push, every engine serves the trainer's weights again.
-    assert rows[3]["rollout/weight_version"] == 3
+    assert rows[3]["rollout/weight_version"] == 3 and rows[3]["train/sequences"] == 8
     assert rows[3]["train/logprob_abs_diff_max"] < 1e-3

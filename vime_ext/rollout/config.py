@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 from vime_ext.flags import add_dataclass_flags, dataclass_from_args
 from vime_ext.flags import help_field as _help
+from vime_ext.rollout.failures import POLICIES
 from vime_ext.rollout.protocol import SamplingParams
 
 
@@ -34,6 +35,14 @@ class RolloutConfig:
         "sampling goes on until --rollout-batch-size groups pass")
     over_sampling_batch_size: int | None = _help("with --dynamic-sampling-filter-path: prompts drawn per round "
                                                  "(default --rollout-batch-size)")
+    failed_sample_policy: str = _help(
+        "a group with a failed or aborted sample (a plug-in raised or timed out, an engine died): regenerate its "
+        "bad samples once, then drop it if still short; or drop it at once. A dropped group trains nothing",
+        "regenerate")
+    max_failed_fraction: float = _help("stop the run when more than this share of a rollout's samples FAILED "
+                                       "(plug-in errors, timeouts, refused requests; engine aborts do not count)", 0.5)
+    rollout_sample_timeout: float = _help("seconds one sample's generate and reward may take before it fails "
+                                          "(0: no limit)", 3600.0)
 
     def __post_init__(self):
         for name in ("rollout_batch_size", "n_samples_per_prompt", "rollout_max_response_len"):
@@ -44,6 +53,13 @@ class RolloutConfig:
                 raise ValueError("--over-sampling-batch-size needs --dynamic-sampling-filter-path")
             if self.over_sampling_batch_size < 1:
                 raise ValueError(f"--over-sampling-batch-size must be at least 1, got {self.over_sampling_batch_size}")
+        if self.failed_sample_policy not in POLICIES:
+            raise ValueError(f"--failed-sample-policy {self.failed_sample_policy!r} is not one of {POLICIES}")
+        if not 0.0 <= self.max_failed_fraction <= 1.0:
+            raise ValueError(f"--max-failed-fraction {self.max_failed_fraction} is not in [0, 1]")
+        if self.rollout_sample_timeout < 0:
+            raise ValueError(f"--rollout-sample-timeout must be 0 (no limit) or positive, got "
+                             f"{self.rollout_sample_timeout}")
         sampling_params(self).validate()
 
     @classmethod

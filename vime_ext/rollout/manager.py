@@ -43,6 +43,8 @@ class RolloutManager:
         self.engines: list[ServerProcess] = []
         self.router: ServerProcess | None = None
         self.restarts = 0
+        self.router_restarts = 0
+        self.fresh: set[str] = set()  # engines restarted since the last sleep: awake, and not to be woken again
         self.weight_version = 0
         self.generation = 0  # engine restarts so far that the sender must know of (a new NCCL group)
         self.sync: WeightSync | None = None
@@ -51,6 +53,7 @@ class RolloutManager:
 
     def _start_engines(self, model: str, gpu_ids: list[int] | None, log_dir: str | None) -> None:
         config, cl = self.config, self.config.cluster
+        self.log_dir = log_dir
         extra = list(config.vllm_args)
         # Colocated vLLM on GPUs: weights arrive over CUDA IPC from the trainer on the same GPU, the engine sleeps
         # while the trainer trains, and it takes a share of the GPU the trainer leaves free (vLLM's default,
@@ -79,13 +82,21 @@ class RolloutManager:
             print(f"starting {len(self.engines)} {cl.engine_backend} engine(s); logs: "
                   f"{', '.join(str(e.log_path) for e in self.engines)}", flush=True)
             wait_until_serving(self.engines, timeout_s=900)
-            self.router = launch_router([e.url for e in self.engines], policy=cl.router_policy, log_dir=log_dir)
-            wait_until_serving([self.router], timeout_s=120)
+            self._launch_router()
         except BaseException:
             self.shutdown()
             raise
         self.sync = WeightSync(self.engine_urls(), transport=self.transport)
         self.sync.init()
+
+    def _launch_router(self) -> None:
+        """A router over the engines; a new one after an engine restart, since the old one's circuit breaker
+        keeps a restarted engine out for a while after its failures, and after the router itself died."""
+        if self.router is not None:
+            self.router.stop()
+        self.router = launch_router(self.engine_urls(), policy=self.config.cluster.router_policy,
+                                    log_dir=self.log_dir)
+        wait_until_serving([self.router], timeout_s=120)
 
     def engine_urls(self) -> list[str]:
         return [e.url for e in self.engines]
@@ -105,6 +116,11 @@ class RolloutManager:
 
     def _run(self, rollout_id: int, source: DataSource, evaluation: bool) -> RolloutOutput:
         self._check_engines()
+        if self.router is not None and not self.router.alive():
+            print(f"the router exited (code {self.router.process.returncode}); restarting it. Its log: "
+                  f"{self.router.log_path}", flush=True)
+            self._launch_router()
+            self.router_restarts += 1
         self.args.weight_version = self.weight_version
         return run_rollout(self.args, self.router.url if self.router else None, rollout_id, source,
                            evaluation=evaluation)
@@ -114,6 +130,9 @@ class RolloutManager:
 
     def load_data_state(self, state: dict) -> None:
         self.data_source.load_state(state)
+
+    def dead_engines(self) -> list[str]:
+        return [e.url for e in self.engines if not e.alive()]
 
     def _check_engines(self) -> None:
         dead = [e for e in self.engines if not e.alive()]
@@ -136,6 +155,8 @@ class RolloutManager:
             self.sync.init([self.engines[i].url for i in dead])
             self.generation += 1
             self.restarts += len(dead)
+            self.fresh.update(self.engines[i].url for i in dead)
+            self._launch_router()
         return len(dead)
 
     def begin_weight_update(self) -> None:
@@ -146,25 +167,32 @@ class RolloutManager:
         self.sync.finish(version)
         self.weight_version = version
 
-    def restart_count(self) -> int:
-        return self.restarts
+    def restart_count(self) -> dict[str, int]:
+        return {"engine_restarts": self.restarts, "router_restarts": self.router_restarts}
 
     def engine_versions(self) -> dict[str, str | None]:
         return self.sync.versions()
 
-    def _post_all(self, route: str, **params) -> None:
+    def _post_all(self, route: str, skip: set[str] = frozenset(), **params) -> None:
         for url in self.engine_urls():
-            self.sync.post(url, route, params=params)
+            if url not in skip:
+                self.sync.post(url, route, params=params)
 
     def sleep(self) -> None:
-        """Colocated mode: engines give their accelerator memory back while the actors train."""
+        """Colocated mode: engines give their accelerator memory back while the actors train. One that died
+        during the rollout is restarted first, while the memory is still the engines' (it serves the starting
+        weights until the next push, and nothing is generated before then), and sleeps with the others."""
+        self.restart_dead_engines()
+        self.fresh.clear()
         self._post_all("/pause", mode="abort")
         self._post_all("/sleep", level=1)
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         """Give the engines their memory back: all of it, or only ``tags`` (vLLM's ``weights``, ``kv_cache``),
-        so that a colocated trainer can push its weights before the KV cache returns."""
-        self._post_all("/wake_up", **({"tags": tags} if tags else {}))
+        so that a colocated trainer can push its weights before the KV cache returns. One that died while
+        asleep is restarted (awake) instead, and not woken again."""
+        self.restart_dead_engines()
+        self._post_all("/wake_up", skip=self.fresh, **({"tags": tags} if tags else {}))
 
     def shutdown(self) -> None:
         for server in [self.router, *self.engines]:

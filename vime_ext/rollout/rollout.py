@@ -9,6 +9,7 @@ checks what it returns (``validate.check_groups``) before anything trains on it.
 """
 
 import asyncio
+import copy
 import inspect
 from dataclasses import dataclass, field, replace
 
@@ -19,9 +20,10 @@ from vime_ext.algorithms.train_data import scalar_reward
 from vime_ext.rollout.client import RolloutClient
 from vime_ext.rollout.config import sampling_params
 from vime_ext.rollout.data_source import DataSource
+from vime_ext.rollout.failures import FailurePolicy, check_failed_fraction, drop_group, needs_retry, plugin_failure
 from vime_ext.rollout.plugins import PluginArgs, call_plugin, load_function
 from vime_ext.rollout.sample import TRAINABLE, Sample, Status
-from vime_ext.rollout.validate import RolloutError, check_groups, check_number, fold_trajectory, where
+from vime_ext.rollout.validate import RolloutError, check_groups, check_number, check_sample, fold_trajectory, where
 
 
 @dataclass
@@ -62,36 +64,68 @@ async def generate_rollout(args: PluginArgs, rollout_id: int, data_source: DataS
     if args.dynamic_sampling_filter_path and not evaluation:
         keep = load_function(args.dynamic_sampling_filter_path, "--dynamic-sampling-filter-path")
     params = sampling_params(args, evaluation)
+    failures = FailurePolicy.from_args(args)
+    counts = {"samples_regenerated": 0, "groups_dropped": 0}
     target = len(data_source) if evaluation else args.rollout_batch_size
     progress = tqdm(total=target * data_source.group_size, desc="eval" if evaluation else "rollout",
                     unit="sample", leave=False)
 
-    async def one(sample: Sample) -> Sample:
+    async def attempt(sample: Sample) -> Sample:
         own = params if params.seed is None else replace(params, seed=sample_seed(params.seed, rollout_id,
                                                                                    sample.index))
         done = fold_trajectory(sample, await call_plugin(generate, args, sample, own, evaluation=evaluation))
         done.weight_version = args.weight_version
         if done.status in TRAINABLE and not args.group_rm:
             apply_reward(done, await call_plugin(reward, args, done))
-        progress.update(1)
+            check_sample(done)
         return done
 
-    async def one_group(group: list[Sample]) -> list[Sample]:
-        group = list(await asyncio.gather(*(one(s) for s in group)))
-        if args.group_rm:
-            values = await call_plugin(reward, args, group)
+    async def one(slot: Sample) -> Sample:
+        """generate and reward one copy of ``slot`` (kept as drawn for a second attempt); a plug-in's exception,
+        timeout or malformed answer fails this sample, not the rollout."""
+        sample = copy.deepcopy(slot)
+        try:
+            return await asyncio.wait_for(attempt(sample), failures.timeout_s)
+        except Exception as err:  # noqa: BLE001 (any plug-in error; cancellation still propagates)
+            return plugin_failure(sample, err, failures.timeout_s)
+        finally:
+            progress.update(1)
+
+    async def group_reward(group: list[Sample]) -> None:
+        try:
+            values = await asyncio.wait_for(call_plugin(reward, args, group), failures.timeout_s)
             if not isinstance(values, (list, tuple)) or len(values) != len(group):
                 raise RolloutError(f"--group-rm: the reward function must return one reward per sample of group "
                                    f"{group[0].group_index} ({len(group)}), got {values!r:.200}")
             for sample, value in zip(group, values):
                 if sample.status in TRAINABLE:
                     apply_reward(sample, value)
+                    check_sample(sample)
+        except Exception as err:  # noqa: BLE001 (the group reward's failure fails every sample it scored)
+            for sample in group:
+                if sample.status in TRAINABLE:
+                    plugin_failure(sample, err, failures.timeout_s)
+
+    async def one_group(slots: list[Sample]) -> list[Sample]:
+        group = list(await asyncio.gather(*(one(s) for s in slots)))
+        retry = needs_retry(group) if failures.policy == "regenerate" else []
+        if retry:  # once; the group's reward (--group-rm) waits for the second attempt
+            counts["samples_regenerated"] += len(retry)
+            progress.total += len(retry)
+            for i, again in zip(retry, await asyncio.gather(*(one(slots[i]) for i in retry))):
+                group[i] = again
+        if args.group_rm:
+            await group_reward(group)
+        if needs_retry(group) and not evaluation:
+            drop_group(group)
+            counts["groups_dropped"] += 1
         return group
 
     try:
         if keep is None:
-            groups = await asyncio.gather(*(one_group(g) for g in data_source.get_samples(target)))
-            return RolloutOutput(list(groups))
+            groups = list(await asyncio.gather(*(one_group(g) for g in data_source.get_samples(target))))
+            check_failed_fraction([s for g in groups for s in g], failures.max_failed_fraction)
+            return RolloutOutput(groups, {k: float(v) for k, v in counts.items()})
         groups, drawn = [], 0
         while len(groups) < target:
             if drawn >= len(data_source) + target * 10:
@@ -100,13 +134,16 @@ async def generate_rollout(args: PluginArgs, rollout_id: int, data_source: DataS
                                    f"after more than a pass over the {len(data_source)} prompts")
             batch = data_source.get_samples(args.over_sampling_batch_size or target)
             drawn += len(batch)
-            for group in await asyncio.gather(*(one_group(g) for g in batch)):
+            done = await asyncio.gather(*(one_group(g) for g in batch))
+            check_failed_fraction([s for g in done for s in g], failures.max_failed_fraction)
+            for group in done:
                 if len(groups) < target and await call_plugin(keep, args, group):
                     groups.append(group)
         for g, group in enumerate(groups):  # numbered as the trainer expects: by position
             for i, sample in enumerate(group):
                 sample.group_index, sample.index = g, g * len(group) + i
-        return RolloutOutput(groups, {"dynamic_sampling_kept": target / drawn, "dynamic_sampling_drawn": drawn})
+        return RolloutOutput(groups, {"dynamic_sampling_kept": target / drawn, "dynamic_sampling_drawn": drawn,
+                                      **{k: float(v) for k, v in counts.items()}})
     finally:
         progress.close()
 
