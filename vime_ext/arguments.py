@@ -68,6 +68,8 @@ class ClusterConfig:
                 "vime_shm (files in shared memory; any engine on the trainer's host); auto picks in that order"})
     no_ray: bool = field(default=False, metadata={"help": "run the one trainer rank in this process (no Ray); for "
                                                           "machines without Ray and single-rank debugging"})
+    max_restarts: int = _help("times the trainer ranks are restarted from the last complete checkpoint after one "
+                              "of them dies (Ray only; 0: the run ends)", 1)
 
     @property
     def actor_world_size(self) -> int:
@@ -487,6 +489,8 @@ def _check(config: TrainConfig) -> None:
         problems.append(f"--optimizer-offload-fraction {o.optimizer_offload_fraction} is not in [0, 1]")
     if config.data.num_rollout < 1:
         problems.append("--num-rollout must be at least 1")
+    if cl.max_restarts < 0:
+        problems.append(f"--max-restarts must be 0 or more, got {cl.max_restarts}")
     for name in ("hf_checkpoint", "ref_load", "critic_load"):
         path = getattr(c, name)
         if path and not os.path.exists(path):

@@ -76,6 +76,10 @@ class _ManagerWorker:
         return getattr(self.manager, method)(*args)
 
 
+class TrainerDied(RuntimeError):
+    """A trainer rank's process is gone (OOM-killed, node lost); the driver may restart the group."""
+
+
 class Cluster:
     """``actors(method, per_rank_args)`` and ``manager(method, *args)`` hide whether Ray is in use."""
 
@@ -123,13 +127,8 @@ class Cluster:
         def in_bundle(i):
             return PlacementGroupSchedulingStrategy(self.placement_group, placement_group_bundle_index=i)
 
-        worker_cls = ray.remote(_TrainWorker)
-        self._actors = [worker_cls.options(num_cpus=1, num_gpus=1 if gpus else 0,
-                                           scheduling_strategy=in_bundle(i)).remote() for i in range(world)]
-        if world:
-            addr, port = ray.get(self._actors[0].address.remote())
-            self.layouts = ray.get([a.setup.remote(self.config, r, world, addr, port)
-                                    for r, a in enumerate(self._actors)])
+        self._in_bundle = in_bundle
+        self._start_actors(world)
         if not self.has_manager:
             return
         colocated_gpus = None
@@ -139,6 +138,31 @@ class Cluster:
         self._manager = ray.remote(_ManagerWorker).options(
             num_cpus=1, num_gpus=rollout_gpus, scheduling_strategy=in_bundle(world)).remote()
         ray.get(self._manager.setup.remote(self.config, colocated_gpus, log_dir))
+
+    def _start_actors(self, world: int) -> None:
+        """One trainer rank per bundle of the placement group, each building its model (from --hf-checkpoint,
+        or --ref-load)."""
+        import ray
+
+        gpus = torch.cuda.is_available()
+        worker_cls = ray.remote(_TrainWorker)
+        self._actors = [worker_cls.options(num_cpus=1, num_gpus=1 if gpus else 0,
+                                           scheduling_strategy=self._in_bundle(i)).remote() for i in range(world)]
+        if world:
+            addr, port = ray.get(self._actors[0].address.remote())
+            self.layouts = ray.get([a.setup.remote(self.config, r, world, addr, port)
+                                    for r, a in enumerate(self._actors)])
+
+    def restart_actors(self) -> None:
+        """After a rank died: the survivors are killed too (their process group is broken) and a new group
+        starts in the same bundles, with its starting weights; the driver then loads a checkpoint into it.
+        Ray only: without Ray the trainer rank is the driver's own process."""
+        import ray
+
+        for actor in self._actors:
+            ray.kill(actor, no_restart=True)
+        self._start_actors(len(self._actors))
+        self._hand_gpus_to_engines()
 
     def _hand_gpus_to_engines(self) -> None:
         """Colocated on GPUs: the trainer ranks release their memory before the engines start, since vLLM sizes
@@ -153,7 +177,10 @@ class Cluster:
             return [getattr(a, method)(*arg) for a, arg in zip(self._actors, args)]
         import ray
 
-        return ray.get([a.call.remote(method, *arg) for a, arg in zip(self._actors, args)])
+        try:
+            return ray.get([a.call.remote(method, *arg) for a, arg in zip(self._actors, args)])
+        except ray.exceptions.RayActorError as err:
+            raise TrainerDied(f"a trainer rank died during {method}: {str(err).strip().splitlines()[0]}") from err
 
     def manager(self, method: str, *args) -> Any:
         if not self.use_ray:

@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from vime_ext.algorithms.train_data import TrainSequence
 from vime_ext.arguments import TrainConfig, parse_train_args
-from vime_ext.cluster import Cluster
+from vime_ext.cluster import Cluster, TrainerDied
 from vime_ext.rollout.debug_data import load_rollout, save_rollout
 from vime_ext.rollout.plugins import load_function
 from vime_ext.rollout.rollout import RolloutOutput, rollout_metrics
@@ -82,6 +82,8 @@ class Trainer:
         self.handover = config.cluster.colocate and self.cluster.has_engines and self.cluster.has_actors and \
             layouts[0].get("device") == "cuda"
         self.start_rollout = 0
+        self.restarts = 0  # trainer-rank restarts so far (--max-restarts)
+        self.initial_data: dict | None = None  # the data position the run started from, for a restart without save
         self.history: list[dict[str, float]] = []  # every logged metric dict, for tests and the demo's summary
 
     # ---- pieces of one rollout ------------------------------------------------------------------------------
@@ -180,14 +182,42 @@ class Trainer:
                 self.to_trainer(times, memory)
                 self.to_engines(0, times, memory)
             return
+        self.start_rollout = self.load(path)
+        print(f"resumed from {path} at rollout {self.start_rollout}")
+
+    def load(self, path: str) -> int:
+        """A checkpoint into the trainer ranks, its data position into the rollout manager, its weights to the
+        engines; returns the rollout to go on from."""
         times, memory = {}, {}
         self.to_trainer(times, memory)
         state = self.cluster.actors("load", [(path,)] * len(self.dp_rank))[0]
         if self.cluster.has_manager and state["data"] is not None:
             self.cluster.manager("load_data_state", state["data"])
-        self.start_rollout = int(state["next_rollout"])
+        next_rollout = int(state["next_rollout"])
+        self.to_engines(next_rollout, times, memory)
+        return next_rollout
+
+    def recover(self, err: Exception) -> int:
+        """A trainer rank died: a new group of ranks starts, loads the last complete checkpoint (``--save``'s, else
+        the one the run started from, else the starting weights and data position), and the run goes on from
+        there; the rollouts since are generated again, and their steps trained once, on the restored weights."""
+        self.restarts += 1
+        print(f"{err}; restarting the trainer ranks ({self.restarts} of --max-restarts "
+              f"{self.config.cluster.max_restarts})", flush=True)
+        self.cluster.restart_actors()
+        for path in (self.config.checkpoint.save, self.config.checkpoint.load):
+            if path and has_checkpoint(path):
+                rollout_id = self.load(path)
+                print(f"the trainer ranks restarted from {path}; going on from rollout {rollout_id}", flush=True)
+                return rollout_id
+        if self.cluster.has_manager:
+            self.cluster.manager("load_data_state", self.initial_data)
+        times, memory = {}, {}
+        self.to_trainer(times, memory)
         self.to_engines(self.start_rollout, times, memory)
-        print(f"resumed from {path} at rollout {self.start_rollout}")
+        print(f"no checkpoint yet: the trainer ranks restarted from their starting weights; going on from rollout "
+              f"{self.start_rollout}", flush=True)
+        return self.start_rollout
 
     def evaluate(self, rollout_id: int) -> dict[str, float]:
         """Every evaluation set: the policy's answers and their rewards, or (SFT) the loss on its chats."""
@@ -261,6 +291,8 @@ class Trainer:
             metrics.update(self.train_on(rollout_id, samples, times, memory))
         if self.cluster.has_engines:
             metrics.update({f"rollout/{k}": float(v) for k, v in self.cluster.manager("restart_count").items()})
+        if self.restarts:
+            metrics["train/restarts"] = float(self.restarts)
         times["total"] = time.perf_counter() - start
         metrics.update({f"time/{k}": v for k, v in times.items()})
         metrics.update({f"memory/{k}": v for k, v in memory.items()})
@@ -323,16 +355,29 @@ class Trainer:
         config = self.config
         try:
             self.resume()
+            if self.cluster.has_manager:
+                self.initial_data = self.cluster.manager("data_state")
             if config.eval.eval_prompt_data and not config.eval.skip_eval_before_train:
                 self.evaluate(self.start_rollout)
-            bar = tqdm(range(self.start_rollout, config.data.num_rollout), desc="train", unit="rollout")
-            for rollout_id in bar:
-                m = self.train_one(rollout_id)
+            bar = tqdm(total=config.data.num_rollout, initial=self.start_rollout, desc="train", unit="rollout")
+            rollout_id = self.start_rollout
+            while rollout_id < config.data.num_rollout:
+                try:
+                    m = self.train_one(rollout_id)
+                except TrainerDied as err:
+                    if self.restarts >= config.cluster.max_restarts:
+                        raise
+                    rollout_id = self.recover(err)
+                    bar.n = rollout_id
+                    continue
                 shown = {} if config.sft else {"reward": f"{m['rollout/reward_mean']:.3f}"}
+                bar.update(1)
                 bar.set_postfix(**shown, loss=f"{m.get('train/loss', 0.0):.4f}", step_s=f"{m['time/total']:.1f}")
                 tqdm.write(json.dumps({"rollout": rollout_id, **{k: float(f"{v:.6g}") for k, v in m.items()}}))
                 if config.eval.eval_interval and (rollout_id + 1) % config.eval.eval_interval == 0:
                     self.evaluate(rollout_id + 1)
+                rollout_id += 1
+            bar.close()
         finally:
             self.tracker.close()
             self.cluster.shutdown()

@@ -172,6 +172,40 @@ def test_resume_reproduces_the_next_step(algorithm, tiny_model, tmp_path):
         assert max((first[k] - second[k]).abs().max().item() for k in first) < 1e-6
 
 
+@pytest.mark.slow
+def test_a_dead_trainer_rank_is_restarted_from_the_last_checkpoint(tiny_model, tmp_path):
+    """Through Ray: the trainer rank's process is SIGKILLed in rollout 2, after the save of rollout 1. The driver
+    restarts the rank (--max-restarts 1), loads that checkpoint, generates rollout 2 again from the saved data
+    position and goes on: rollouts 2 and 3 train exactly as in a run that was never interrupted (the same
+    prompts, losses and weights), nothing is trained twice. With --max-restarts 0 the same death ends the run."""
+    data = write_jsonl(tmp_path / "arith.jsonl", "arithmetic", 8)
+    flags = common_flags(tiny_model, data) + ["--engine-backend", "hf", "--rollout-seed", "7", "--num-rollout", "4",
+                                              "--save-interval", "2"]
+    whole = tmp_path / "whole"
+    train(flags + ["--save", str(whole)], tmp_path / "whole.log")
+    reward = flags.index("tests.train.toy_rewards.even_token_share")
+    killing = flags[:reward] + ["tests.train.toy_rewards.even_token_share_killing_a_trainer_rank"] + \
+        flags[reward + 1:]
+    cut, marker = tmp_path / "cut", tmp_path / "trainer_killed"
+    train(killing + ["--save", str(cut)], tmp_path / "cut.log", env={"VIME_TEST_TRAINER_KILLED": str(marker)})
+    assert marker.read_text().startswith("killed")
+    log = (tmp_path / "cut.log").read_text()
+    assert "restarting the trainer ranks (1 of --max-restarts 1)" in log
+    assert f"the trainer ranks restarted from {cut}; going on from rollout 2" in log
+    expected, got = metrics(whole / "tensorboard"), metrics(cut / "tensorboard")
+    assert sorted(got) == [0, 1, 2, 3] and got[3]["train/restarts"] == 1
+    for step in (2, 3):
+        assert got[step]["prompts"] == expected[step]["prompts"]
+        for key in ("rollout/reward_mean", "train/loss", "train/grad_norm"):
+            assert got[step][key] == pytest.approx(expected[step][key], rel=1e-5, abs=1e-7), (step, key)
+    marker.unlink()
+    process = train(killing + ["--save", str(tmp_path / "no_restart"), "--max-restarts", "0"],
+                    tmp_path / "no_restart.log", wait=False, env={"VIME_TEST_TRAINER_KILLED": str(marker)})
+    process.wait(timeout=1200)
+    assert process.returncode != 0 and "TrainerDied: a trainer rank died during" in \
+        (tmp_path / "no_restart.log").read_text()
+
+
 def one_word_run(smollm2_dir: Path, tmp_path: Path, num_rollout: int, extra: list[str]) -> list[dict]:
     """SmolLM2-135M learning to answer "no" first (fixed seeds); the metrics of each rollout."""
     data = write_jsonl(tmp_path / "yesno.jsonl", "one_word", 32)
