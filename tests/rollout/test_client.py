@@ -252,8 +252,6 @@ async def faulty_reward(args, sample):
     """A reward that misbehaves as its prompt's label asks:
     "flaky" raises the first time the group's first sample is scored, "broken" always raises, "hang" blocks past the
     timeout, "nan" returns NaN, anything else is the response length."""
-    import time
-
     if sample.label == "flaky" and sample.index % 2 == 0 and sample.index not in _FIRST_TRIES:
         _FIRST_TRIES.add(sample.index)
         raise ConnectionError("reward service hiccup\nretry later")
@@ -320,24 +318,26 @@ def test_a_plugin_that_raises_or_hangs_fails_its_sample_not_the_run(engines, tin
 
 
 _ACTIVE = {"now": 0, "most": 0}
+_ACTIVE_LOCK = __import__("threading").Lock()
 
 
 def slow_plain_reward(args, sample) -> float:
-    """A plain-def reward: blocks for 3 s on the prompt "hang", 0.05 s otherwise; counts how many of its calls
-    overlap."""
+    """A plain-def reward: blocks for 6 s on the first sample of the prompt "hang", 0.05 s otherwise; counts how
+    many of its calls overlap."""
     import time
 
-    _ACTIVE["now"] += 1
-    _ACTIVE["most"] = max(_ACTIVE["most"], _ACTIVE["now"])
-    time.sleep(3.0 if sample.label == "hang" else 0.05)
-    _ACTIVE["now"] -= 1
+    with _ACTIVE_LOCK:
+        _ACTIVE["now"] += 1
+        _ACTIVE["most"] = max(_ACTIVE["most"], _ACTIVE["now"])
+    time.sleep(6.0 if sample.label == "hang" and sample.index == 0 else 0.3)
+    with _ACTIVE_LOCK:
+        _ACTIVE["now"] -= 1
     return 1.0
 
 
-def test_plain_def_plugins_run_one_at_a_time_and_time_out(engines, tiny_hf_dirs):
-    """A plain-def plug-in runs off the event loop, one call at a time (as if on the loop: its author need not
-    make it thread-safe); one that blocks fails its sample at --rollout-sample-timeout, and the samples queued
-    behind it too, instead of hanging the rollout."""
+def test_plain_def_plugins_run_off_the_loop_and_time_out(engines, tiny_hf_dirs):
+    """A plain-def plug-in runs on threads, several calls at once (as async ones interleave); one that blocks
+    fails its own sample at --rollout-sample-timeout while the others finish."""
     from transformers import AutoTokenizer
 
     from vime_ext.data.prompt_dataset import PromptRecord
@@ -345,7 +345,7 @@ def test_plain_def_plugins_run_one_at_a_time_and_time_out(engines, tiny_hf_dirs)
     from vime_ext.rollout.data_source import DataSource
     from vime_ext.rollout.plugins import plugin_args
     from vime_ext.rollout.rollout import run_rollout
-    from vime_ext.rollout.sample import TRAINABLE
+    from vime_ext.rollout.sample import TRAINABLE, Status
 
     urls, procs = engines
     live = [u for u, p in zip(urls, procs) if p.poll() is None]
@@ -361,9 +361,11 @@ def test_plain_def_plugins_run_one_at_a_time_and_time_out(engines, tiny_hf_dirs)
 
     _ACTIVE.update(now=0, most=0)
     assert all(s.status in TRAINABLE and s.reward == 1.0 for s in rollout("fine"))
-    assert _ACTIVE["most"] == 1
+    assert _ACTIVE["most"] > 1  # the event loop went on while one call slept
     hung = rollout("hang")
-    assert sum(s.error == "timed out after 2 s (--rollout-sample-timeout)" for s in hung) >= 5
+    assert hung[0].error == "timed out after 2 s (--rollout-sample-timeout)"
+    assert all(s.status in TRAINABLE for s in hung[3:])  # the other group: scored beside the hung call
+    assert {s.status for s in hung[1:3]} == {Status.ABORTED}  # dropped with the hung sample's group
 
 
 async def reward_by_length(args, sample) -> float:

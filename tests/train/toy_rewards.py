@@ -8,7 +8,11 @@ def even_token_share(args, sample) -> float:
 
 
 # Faults injected at a known point of a run (not after a sleep), so the tests that use them do not depend on how
-# fast the machine is. Both run where rewards run: in the driver's process with --no-ray.
+# fast the machine is. They run where rewards run (in the driver's process with --no-ray), several at once on
+# threads (plain-def plug-ins do), hence the lock around each one-off fault.
+import threading
+
+_ONCE = threading.Lock()
 
 def even_token_share_killed_after_checkpoint(args, sample) -> float:
     """even_token_share; but once the checkpoint tracker named by VIME_TEST_KILL_AFTER says the iteration in
@@ -34,17 +38,21 @@ def even_token_share_killing_an_engine(args, sample) -> float:
     import psutil
 
     marker = Path(os.environ["VIME_TEST_ENGINE_KILLED"])
-    if sample.weight_version == 1 and not marker.exists():
-        def is_engine(process) -> bool:
-            try:
-                return "vime_ext.rollout.hf_engine" in " ".join(process.cmdline())
-            except psutil.Error:  # short-lived helper processes come and go
-                return False
-
-        engines = [p for p in psutil.Process().children(recursive=True) if is_engine(p)]
-        marker.write_text(f"killed {engines[0].pid} of {[p.pid for p in engines]}")
-        engines[0].kill()
+    with _ONCE:
+        if sample.weight_version == 1 and not marker.exists():
+            engines = [p for p in psutil.Process().children(recursive=True) if _runs(p, "vime_ext.rollout.hf_engine")]
+            marker.write_text(f"killed {engines[0].pid} of {[p.pid for p in engines]}")
+            engines[0].kill()
     return even_token_share(args, sample)
+
+
+def _runs(process, needle: str) -> bool:
+    import psutil
+
+    try:
+        return needle in " ".join(process.cmdline())
+    except psutil.Error:  # short-lived helper processes come and go
+        return False
 
 
 def label_decides_the_group(args, samples) -> list[float]:
@@ -65,14 +73,9 @@ def even_token_share_killing_a_trainer_rank(args, sample) -> float:
     import psutil
 
     marker = Path(os.environ["VIME_TEST_TRAINER_KILLED"])
-    if sample.weight_version == 2 and not marker.exists():
-        def is_trainer(process) -> bool:
-            try:
-                return "_TrainWorker" in " ".join(process.cmdline())
-            except psutil.Error:
-                return False
-
-        ranks = [p for p in psutil.process_iter() if is_trainer(p)]
-        marker.write_text(f"killed {ranks[0].pid} of {[p.pid for p in ranks]}")
-        ranks[0].kill()
+    with _ONCE:
+        if sample.weight_version == 2 and not marker.exists():
+            ranks = [p for p in psutil.process_iter() if _runs(p, "_TrainWorker")]
+            marker.write_text(f"killed {ranks[0].pid} of {[p.pid for p in ranks]}")
+            ranks[0].kill()
     return even_token_share(args, sample)

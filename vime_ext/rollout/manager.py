@@ -29,7 +29,7 @@ class RolloutManager:
         from transformers import AutoTokenizer
 
         self.config = config
-        cl, d, e = config.cluster, config.data, config.eval
+        d, e = config.data, config.eval
         model = hf_checkpoint or config.checkpoint.hf_checkpoint
         self.tokenizer = AutoTokenizer.from_pretrained(model)
         self.args = config.plugin_args()

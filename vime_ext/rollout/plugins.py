@@ -21,7 +21,6 @@ import importlib
 import inspect
 import json
 import os
-import queue
 import re
 import sys
 import threading
@@ -174,40 +173,24 @@ def check_plugin(path: str, name: str) -> None:
                          f"does not accept ({err})") from None
 
 
-class _PluginThread:
-    """One daemon thread that runs plain-def plug-ins, one call at a time as if they ran on the event loop (their
-    authors need not make them thread-safe), while the loop goes on: other samples' async work, and
-    ``--rollout-sample-timeout``, which a plain function that hangs could not otherwise be held to. A call whose
-    sample timed out while it waited its turn is skipped; a daemon thread never keeps a finished run alive."""
+def _in_daemon_thread(function: Callable, args: tuple, kwargs: dict) -> asyncio.Future:
+    """``function(*args, **kwargs)`` on a thread of its own, its outcome settling the returned future on this
+    loop. A daemon thread: one that hangs past its sample's timeout never keeps a finished run alive."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
 
-    def __init__(self):
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
+    def run() -> None:
+        try:
+            outcome = (function(*args, **kwargs), None)
+        except BaseException as err:  # noqa: BLE001 (handed to the awaiting coroutine)
+            outcome = (None, err)
+        try:
+            loop.call_soon_threadsafe(_settle, future, *outcome)
+        except RuntimeError:  # the rollout's loop is gone (it finished without this call)
+            pass
 
-    def submit(self, function: Callable, args: tuple, kwargs: dict) -> asyncio.Future:
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        with self._lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._work, name="vime-plugins", daemon=True)
-                self._thread.start()
-        self._queue.put((loop, future, function, args, kwargs))
-        return future
-
-    def _work(self) -> None:
-        while True:
-            loop, future, function, args, kwargs = self._queue.get()
-            if future.cancelled():
-                continue
-            try:
-                outcome = (function(*args, **kwargs), None)
-            except BaseException as err:  # noqa: BLE001 (handed to the awaiting coroutine)
-                outcome = (None, err)
-            try:
-                loop.call_soon_threadsafe(_settle, future, *outcome)
-            except RuntimeError:  # the rollout's loop is gone (it timed out and finished without this call)
-                pass
+    threading.Thread(target=run, name="vime-plugin", daemon=True).start()
+    return future
 
 
 def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
@@ -215,15 +198,14 @@ def _settle(future: asyncio.Future, result: Any, error: BaseException | None) ->
         future.set_exception(error) if error is not None else future.set_result(result)
 
 
-_PLUGIN_THREAD = _PluginThread()
-
-
 async def call_plugin(function: Callable, *args, **kwargs) -> Any:
-    """Call a plug-in that may be ``async def`` or plain ``def`` (run on the plug-in thread, see
-    ``_PluginThread``; it may wait on ``asyncio.run_coroutine_threadsafe(..., args.loop)``)."""
+    """Call a plug-in that may be ``async def`` or plain ``def``. A plain one runs on a thread of its own, so that
+    the event loop goes on (other samples, and ``--rollout-sample-timeout``, which a plain function that hangs
+    could not otherwise be held to) and so that it may wait on ``asyncio.run_coroutine_threadsafe(...,
+    args.loop)``; several run at once, as async ones interleave, so state they share needs a lock."""
     if inspect.iscoroutinefunction(function):
         return await function(*args, **kwargs)
-    result = await _PLUGIN_THREAD.submit(function, args, kwargs)
+    result = await _in_daemon_thread(function, args, kwargs)
     if hasattr(result, "__await__"):  # a plain function that returned a coroutine
         result = await result
     return result
