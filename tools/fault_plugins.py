@@ -72,7 +72,7 @@ def _arm(fault: str, sample) -> None:
         _when(training, lambda: _processes("_TrainWorker")[0].kill(), "trainer rank killed mid-step")
     elif fault == "save_kill":
         save = Path(os.environ["VIME_FAULT_SAVE"])
-        _when(lambda: (save / "iter_0000004").exists(), lambda: os.killpg(os.getpgrp(), signal.SIGKILL),
+        _when(lambda: (save / "iter_0000004.partial").exists(), lambda: os.killpg(os.getpgrp(), signal.SIGKILL),
               "run killed while saving iteration 4")
     else:
         raise ValueError(f"VIME_FAULT={fault!r}: not a fault this plug-in injects")

@@ -45,10 +45,14 @@ def connect_ray(world: int) -> None:
 class _TrainWorker:
     """The Ray-side holder of one TrainActor (created after the rank-0 address is known)."""
 
-    def address(self) -> tuple[str, int]:
+    def node_ip(self) -> str:
         import ray
 
-        return ray.util.get_node_ip_address(), free_port()
+        return ray.util.get_node_ip_address()
+
+    def address(self, one_node: bool) -> tuple[str, int]:
+        """Where rank 0's store listens: the loopback when every rank is on its node, else the node's address."""
+        return ("127.0.0.1" if one_node else self.node_ip()), free_port()
 
     def gpu_ids(self) -> list[int]:
         import ray
@@ -149,7 +153,8 @@ class Cluster:
         self._actors = [worker_cls.options(num_cpus=1, num_gpus=1 if gpus else 0,
                                            scheduling_strategy=self._in_bundle(i)).remote() for i in range(world)]
         if world:
-            addr, port = ray.get(self._actors[0].address.remote())
+            one_node = len(set(ray.get([a.node_ip.remote() for a in self._actors]))) == 1
+            addr, port = ray.get(self._actors[0].address.remote(one_node))
             self.layouts = ray.get([a.setup.remote(self.config, r, world, addr, port)
                                     for r, a in enumerate(self._actors)])
 

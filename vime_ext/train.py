@@ -92,12 +92,18 @@ class Trainer:
         if not (self.cluster.has_engines and self.cluster.has_actors):  # SFT, or a debug run with one side only
             return 0.0
         start = time.perf_counter()
-        self.cluster.manager("begin_weight_update")
-        try:
-            target = self.cluster.manager("weight_target")
-            self.cluster.actors("push_weights", [(target, WEIGHT_BUCKET_BYTES)] * len(self.dp_rank))
-        finally:
-            self.cluster.manager("finish_weight_update", version)
+        for attempt in range(2):
+            try:
+                self.cluster.manager("begin_weight_update")  # restarts an engine that died since the last one
+                target = self.cluster.manager("weight_target")
+                self.cluster.actors("push_weights", [(target, WEIGHT_BUCKET_BYTES)] * len(self.dp_rank))
+                self.cluster.manager("finish_weight_update", version)
+                break
+            except Exception as err:  # noqa: BLE001 (an engine that died mid-push; anything else goes on up)
+                if attempt or not self.cluster.manager("dead_engines"):
+                    raise
+                tqdm.write(f"an engine died during the weight push ({type(err).__name__}); restarting it and "
+                           "pushing again")
         return time.perf_counter() - start
 
     def to_trainer(self, times: dict[str, float], memory: dict[str, float]) -> None:

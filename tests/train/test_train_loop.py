@@ -248,7 +248,8 @@ def test_training_survives_a_crashed_engine(mode, tiny_model, tmp_path):
     - --colocate, its one engine: the requests in flight are aborted, regenerated once (the engine is still
       dead), and their groups dropped: nothing trains on a partial group. Putting the engines to sleep restarts
       the dead one, the push gives it the trainer's weights, and the later rollouts train as usual.
-    Either way every rollout is logged and the run finishes."""
+    Either way every rollout is logged and the run finishes. With two engines, rollout 0 also lists the run's
+    listening sockets: the trainer's, the engines' and the router's, all on the loopback."""
     data = write_jsonl(tmp_path / "arith.jsonl", "arithmetic", 8)
     out = tmp_path / "tb"
     marker = tmp_path / "engine_killed"
@@ -256,9 +257,17 @@ def test_training_survives_a_crashed_engine(mode, tiny_model, tmp_path):
     flags[flags.index("tests.train.toy_rewards.even_token_share")] = \
         "tests.train.toy_rewards.even_token_share_killing_an_engine"
     flags += ["--rollout-num-gpus", "2"] if mode == "two_engines" else ["--colocate"]
+    env = {"VIME_TEST_ENGINE_KILLED": str(marker)}
+    if mode == "two_engines":
+        env["VIME_TEST_SOCKETS"] = str(tmp_path / "sockets.json")
     train(flags + ["--no-ray", "--engine-backend", "hf", "--num-rollout", "4", "--tensorboard-dir", str(out)],
-          tmp_path / "run.log", env={"VIME_TEST_ENGINE_KILLED": str(marker)})
+          tmp_path / "run.log", env=env)
     assert marker.read_text().startswith("killed")
+    if mode == "two_engines":
+        sockets = json.loads((tmp_path / "sockets.json").read_text())
+        assert sum("hf_engine" in c for _, _, c in sockets) == 2 and any("router" in c for _, _, c in sockets)
+        assert any("vime_ext.train" in c for _, _, c in sockets)  # the trainer rank's process groups
+        assert {address for address, _, _ in sockets} == {"127.0.0.1"}, sockets
     rows = {row["step"]: row for row in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
             if "rollout/reward_mean" in row}
     assert sorted(rows) == [0, 1, 2, 3]

@@ -1,6 +1,7 @@
 """Process groups: torch.distributed (gloo on CPU, NCCL on GPU) and megatron-core's model-parallel state."""
 
 import os
+import socket
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -8,7 +9,6 @@ import torch
 import torch.distributed as dist
 
 from vime_ext.trainer import cpu_shim
-from vime_ext.trainer.launch import free_port
 from vime_ext.trainer.model_config import ParallelConfig
 
 
@@ -42,13 +42,12 @@ def init_distributed(parallel: ParallelConfig, seed: int = 1234, timeout_s: int 
             torch.cuda.set_device(local_rank)
         timeout = timedelta(seconds=timeout_s)
         if rendezvous is not None:
-            dist.init_process_group(backend=backend, init_method=f"tcp://{rendezvous.addr}:{rendezvous.port}",
-                                    rank=rendezvous.rank, world_size=rendezvous.world_size, timeout=timeout)
+            dist.init_process_group(backend=backend, store=_store(rendezvous, timeout), rank=rendezvous.rank,
+                                    world_size=rendezvous.world_size, timeout=timeout)
         elif "WORLD_SIZE" in os.environ:
             dist.init_process_group(backend=backend, timeout=timeout)
         else:  # leave os.environ alone: child processes must not inherit a rank
-            dist.init_process_group(backend=backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
-                                    world_size=1, timeout=timeout)
+            dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
     world = dist.get_world_size()
     if world % parallel.model_parallel_size:
         raise ValueError(f"world size {world} is not divisible by TP x PP = {parallel.model_parallel_size}")
@@ -58,6 +57,24 @@ def init_distributed(parallel: ParallelConfig, seed: int = 1234, timeout_s: int 
             pipeline_model_parallel_size=parallel.pipeline_model_parallel_size,
         )
     model_parallel_cuda_manual_seed(seed)
+
+
+def _store(rendezvous: Rendezvous, timeout: timedelta) -> dist.Store:
+    """The group's key-value store: in memory for a world of one (no socket at all); else a TCPStore served by
+    rank 0 on the rendezvous address only. Given just a port, TCPStore listens on every interface; handed a socket
+    bound to the address, it listens there (127.0.0.1 on one node)."""
+    if rendezvous.world_size == 1:
+        return dist.HashStore()
+    fd = None
+    if rendezvous.rank == 0:
+        family = socket.AF_INET6 if ":" in rendezvous.addr else socket.AF_INET
+        listener = socket.socket(family, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((rendezvous.addr, rendezvous.port))
+        listener.listen(128)
+        fd = listener.detach()  # the store owns it from here
+    return dist.TCPStore(rendezvous.addr, rendezvous.port, rendezvous.world_size, rendezvous.rank == 0, timeout,
+                         master_listen_fd=fd)
 
 
 def destroy_distributed() -> None:
