@@ -176,7 +176,7 @@ def main() -> None:
             results.append(one(fault, model, data, bad, out))
             print(f"[{fault.name}] {results[-1]['outcome']}", flush=True)
     clean = results[0]
-    print(f"\n| fault | outcome | rollouts trained | samples not trained | restarts (engine/router/trainer) | "
+    print("\n| fault | outcome | rollouts trained | samples not trained | restarts (engine/router/trainer) | "
           f"extra wall s | final weights = clean run |\n|---|---|---|---|---|---|---|")
     for r in results:
         if "seconds" not in r:

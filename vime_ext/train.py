@@ -7,9 +7,11 @@ Flags: ``python -m vime_ext.train --help``; their meaning and checks: ``vime_ext
 """
 
 import json
+import shutil
 import sys
 import time
 from dataclasses import asdict
+from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
@@ -24,7 +26,7 @@ from vime_ext.rollout.sample import TRAINABLE, Sample
 from vime_ext.rollout.sft_rollout import check_chats
 from vime_ext.rollout.validate import RolloutError, check_groups
 from vime_ext.trainer.batching import split_data_parallel
-from vime_ext.trainer.checkpoint import has_checkpoint
+from vime_ext.trainer.checkpoint import PARTIAL_SUFFIX, TRACKER_FILE, SaveError, has_checkpoint, iteration_dir
 
 WEIGHT_BUCKET_BYTES = 512 * 2**20
 # Optimizer figures: the same on every rank, so not summed over data-parallel shares.
@@ -170,7 +172,21 @@ class Trainer:
         start = time.perf_counter()
         data = self.cluster.manager("data_state") if self.cluster.has_manager else None
         extra = {"next_rollout": rollout_id + 1, "data": data}
-        self.cluster.actors("save", [(self.config.checkpoint.save, rollout_id + 1, extra)] * len(self.dp_rank))
+        save = self.config.checkpoint.save
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        try:
+            self.cluster.actors("save", [(save, rollout_id + 1, extra)] * len(self.dp_rank))
+        except (OSError, CheckpointException) as err:  # a full disk, a quota, a lost mount (Ray's errors subclass
+            # their cause); megatron's writer wraps the OSError of its worker in a CheckpointException
+            partial = iteration_dir(save, rollout_id + 1).with_name(f"iter_{rollout_id + 1:07d}{PARTIAL_SUFFIX}")
+            shutil.rmtree(partial, ignore_errors=True)  # useless, and in the way of the room a resume needs
+            tracker = Path(save) / TRACKER_FILE
+            last = f"iteration {tracker.read_text().strip()}" if tracker.is_file() else "none yet"
+            free = shutil.disk_usage(save).free / 2**20
+            raise SaveError(f"saving iteration {rollout_id + 1} to {save} failed ({_os_cause(err)}; {free:.0f} "
+                            f"MiB free there). The last complete checkpoint ({last}) is untouched; make room and "
+                            f"resume with --load {save}") from err
         return time.perf_counter() - start
 
     def resume(self) -> None:
@@ -393,6 +409,23 @@ class Trainer:
         return self.history
 
 
+def _os_cause(err: BaseException) -> str:
+    """The operating system's words for a failed write, dug out of the wrappers around it (megatron's writer
+    threads, torch's CheckpointException, Ray), else the error's own last line."""
+    seen, todo = set(), [err]
+    while todo:
+        e = todo.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.strerror:
+            return f"{e.strerror}" + (f": {e.filename}" if e.filename else "")
+        todo += [c for c in (e.__cause__, e.__context__) if c is not None]
+        todo += [f for f in getattr(e, "failures", {}).values() if isinstance(f, BaseException)]
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[-1] if lines else ''}"
+
+
 def _max_over_ranks(reports: list[dict[str, float]], phase: str) -> dict[str, float]:
     """``{phase}_{key}``: the largest of each figure over the trainer ranks' reports (the rank that runs out of
     memory first is the one that matters)."""
@@ -423,7 +456,11 @@ def main(argv: list[str] | None = None) -> list[dict[str, float]]:
     except (ConfigError, DataError) as err:  # the user's flags or data: one message, no traceback
         print(f"train.py: {err}", file=sys.stderr)
         raise SystemExit(2) from err
-    return trainer.run()
+    try:
+        return trainer.run()
+    except SaveError as err:  # the machine's disk, not a bug: one message
+        print(f"train.py: {err}", file=sys.stderr)
+        raise SystemExit(1) from err
 
 
 if __name__ == "__main__":

@@ -206,6 +206,31 @@ def test_a_dead_trainer_rank_is_restarted_from_the_last_checkpoint(tiny_model, t
         (tmp_path / "no_restart.log").read_text()
 
 
+def test_a_save_that_cannot_be_written_stops_the_run_with_one_message(tiny_model, tmp_path):
+    """A save that fails to write (here every file is capped at 4 MiB, as a full disk would stop it) ends the
+    run with one line naming the iteration and the last complete checkpoint, and leaves no partial directory
+    behind; the earlier checkpoint stays loadable. (``tools/fault_suite.py`` fills a real tmpfs instead.)"""
+    import resource
+
+    data = write_jsonl(tmp_path / "arith.jsonl", "arithmetic", 4)
+    save = tmp_path / "save"
+    flags = common_flags(tiny_model, data) + ["--no-ray", "--engine-backend", "hf", "--num-rollout", "1",
+                                              "--save", str(save)]
+
+    def cap_files():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the cap fails with EFBIG instead
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4 * 2**20, 4 * 2**20))
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "VIME_EXT_LOG_DIR": str(tmp_path / "engines")}
+    done = subprocess.run([sys.executable, "-m", "vime_ext.train", *flags], preexec_fn=cap_files, env=env,
+                          capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 1, done.stderr[-3000:]
+    last = [line for line in done.stderr.splitlines() if line.startswith("train.py:")][-1]
+    assert last.startswith(f"train.py: saving iteration 1 to {save} failed (") and \
+        "The last complete checkpoint (none yet) is untouched" in last, last
+    assert not list(save.glob("iter_*"))
+
+
 def one_word_run(smollm2_dir: Path, tmp_path: Path, num_rollout: int, extra: list[str]) -> list[dict]:
     """SmolLM2-135M learning to answer "no" first (fixed seeds); the metrics of each rollout."""
     data = write_jsonl(tmp_path / "yesno.jsonl", "one_word", 32)

@@ -25,6 +25,10 @@ PARTIAL_SUFFIX = ".partial"
 _REQUIRED_FILES = (".metadata", "metadata.json")
 
 
+class SaveError(RuntimeError):
+    """A save that could not complete (a full disk, say); the previous complete checkpoint is untouched."""
+
+
 class CheckpointError(RuntimeError):
     pass
 
