@@ -57,7 +57,7 @@ def _arm(fault: str, sample) -> None:
         _when(lambda: any(shm.glob("vime_ext_weights_*.safetensors")),
               lambda: _processes("vime_ext.rollout.hf_engine")[0].kill(), "engine killed during the weight push")
     elif fault == "router_kill":
-        router = _processes("vllm-router")[0]
+        router = _processes("vllm::router")[0]  # the router's process title
         _record(f"router {router.pid} killed mid-rollout")
         router.kill()
     elif fault == "trainer_kill":

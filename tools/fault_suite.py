@@ -10,7 +10,8 @@ repeating anything ends with the same weights as the clean run, which the last c
 
 Columns: outcome (survived: exit 0 and every rollout trained; refused: exit 2 and the message; died: the last
 line), rollouts with a training step, samples that trained nothing (dropped with their groups), restarts
-(engine/router/trainer), wall seconds over the clean run's, and whether the final weights equal the clean run's.
+(engine/router/trainer), wall seconds over the clean run's, and whether the final weights equal the clean run's
+(to 1e-5, with the largest difference: a Ray trainer rank sums on one thread, the clean run's on two).
 Needs the tests' helpers (a checkout, not an install); ``disk_full`` mounts a tmpfs (root).
 """
 
@@ -139,10 +140,11 @@ def one(fault: Fault, model: Path, data: Path, bad_data: Path, out: Path) -> dic
         if mounted:
             subprocess.run(["umount", str(save)], check=False)
     trained = [r for r in rows.values() if r.get("train/sequences", 0) > 0]
+    said = [line for line in log.read_text(errors="replace").splitlines() if line.startswith("train.py: ")]
     if code == 0 and len(rows) == ROLLOUTS:
         outcome = "survived"
-    elif code == 2:
-        outcome = f"refused: {last_line(log)}"
+    elif said:  # refused at start (exit 2) or stopped with one message (exit 1)
+        outcome = f"{'refused' if code == 2 else 'stopped'}: {said[-1].removeprefix('train.py: ')}"
     else:
         outcome = f"died (exit {code}): {last_line(log)}"
     last = rows.get(ROLLOUTS - 1, {})
@@ -185,7 +187,8 @@ def main() -> None:
         same = ""
         if r["weights"] is not None and clean["weights"] is not None:
             diff = max((r["weights"][k] - clean["weights"][k]).abs().max().item() for k in clean["weights"])
-            same = "yes" if diff < 1e-6 else f"no (max |diff| {diff:.2g})"
+            # Ray's trainer rank computes on one thread, the clean run's on two: sums round differently.
+            same = f"yes ({diff:.1g})" if diff < 1e-5 else f"no (max |diff| {diff:.2g})"
         print(f"| {r['fault']} | {r['outcome']} | {r['trained_rollouts']} of {ROLLOUTS} | {r['not_trained']:g} | "
               f"{r['restarts']} | {r['seconds'] - clean['seconds']:+.0f} | {same} |")
 

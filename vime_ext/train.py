@@ -297,10 +297,21 @@ class Trainer:
         config, times = self.config, {}
         start = time.perf_counter()
         memory: dict[str, float] = {}
-        if not config.debug.load_debug_rollout_data:
+        generating = self.cluster.has_engines and not config.debug.load_debug_rollout_data
+        if generating:
             self.heal_engines(rollout_id, times, memory)
+            position = self.cluster.manager("data_state")
         tick = time.perf_counter()
         output = self.rollout(rollout_id)
+        if generating and output.metrics.get("groups_dropped") and self.cluster.manager("dead_engines"):
+            # Its only engine (or every engine a group could reach) died mid-rollout: rather than train without
+            # those groups, restart it with the same weights and generate the same prompts again, once.
+            tqdm.write(f"rollout {rollout_id}: an engine died and {output.metrics['groups_dropped']:.0f} groups "
+                       "were dropped; restarting it and generating the rollout again")
+            self.heal_engines(rollout_id, times, memory)
+            self.cluster.manager("load_data_state", position)
+            tick = time.perf_counter()
+            output = self.rollout(rollout_id)
         samples = [s for g in output.groups for s in g]
         times["rollout"] = time.perf_counter() - tick
         metrics = rollout_metrics(samples, "rollout")

@@ -20,7 +20,7 @@ def test_reads_text_and_chat_prompts(tmp_path):
 
 
 @pytest.mark.parametrize("bad_line,message", [
-    ('{"q": "x", "a": 1', "data.jsonl:2: not valid JSON"),
+    ('{"q": "x", "a": 1', "data.jsonl:2: not valid JSON (Expecting ',' delimiter at column 18, the end of the line)"),
     ('["q"]', "data.jsonl:2: expected a JSON object, got list"),
     ({"question": "x", "a": 1}, "data.jsonl:2: missing field 'q' (--input-key)"),
     ({"q": "x"}, "data.jsonl:2: missing field 'a' (--label-key)"),

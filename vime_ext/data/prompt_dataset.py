@@ -50,9 +50,10 @@ def jsonl_rows(path: str | Path, input_key: str, label_key: str | None = None):
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                row = json.loads(line.rstrip("\r\n"))  # with its newline, an unclosed line errs at "column 1"
             except json.JSONDecodeError as err:
-                raise DataError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from err
+                end = ", the end of the line" if err.pos >= len(line.rstrip("\r\n")) else ""
+                raise DataError(f"{where}: not valid JSON ({err.msg} at column {err.colno}{end})") from err
             if not isinstance(row, dict):
                 raise DataError(f"{where}: expected a JSON object, got {type(row).__name__}")
             if input_key not in row:

@@ -9,6 +9,7 @@ set, and runs the rollout function with the plug-in ``args`` (tokenizer and rout
 """
 
 import os
+import subprocess
 
 from vime_ext.arguments import TrainConfig
 from vime_ext.rollout.data_source import DataSource
@@ -174,9 +175,28 @@ class RolloutManager:
         return self.sync.versions()
 
     def _post_all(self, route: str, skip: set[str] = frozenset(), **params) -> None:
-        for url in self.engine_urls():
-            if url not in skip:
+        """``route`` to every engine but ``skip``. One that fails because its engine just died (it may die at any
+        moment, not only when it is checked) is restarted; the new engine gets the route too, unless it is a
+        wake-up (a new engine is awake already)."""
+        for i, url in enumerate(self.engine_urls()):
+            if url in skip:
+                continue
+            try:
                 self.sync.post(url, route, params=params)
+            except Exception:  # noqa: BLE001 (re-raised unless the engine's process is gone)
+                if not self._exited(i):
+                    raise
+                self.restart_dead_engines()
+                if route != "/wake_up":
+                    self.sync.post(url, route, params=params)
+
+    def _exited(self, i: int, grace_s: float = 10.0) -> bool:
+        """Whether engine ``i``'s process has exited, or does within ``grace_s`` (a kill is not instant)."""
+        try:
+            self.engines[i].process.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
 
     def sleep(self) -> None:
         """Colocated mode: engines give their accelerator memory back while the actors train. One that died
