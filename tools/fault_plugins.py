@@ -26,12 +26,15 @@ def _record(what: str) -> None:
 
 
 def _processes(needle: str) -> list[psutil.Process]:
+    """This run's processes whose command line holds ``needle``: those of its session (the suite starts each run
+    in a session of its own; Ray's workers stay in it), never another run's on the same machine."""
+    session = os.getsid(0)
     found = []
     for process in psutil.process_iter():
         try:
-            if needle in " ".join(process.cmdline()):
+            if os.getsid(process.pid) == session and needle in " ".join(process.cmdline()):
                 found.append(process)
-        except psutil.Error:
+        except (psutil.Error, ProcessLookupError, PermissionError):
             continue
     return found
 

@@ -303,11 +303,12 @@ class Trainer:
             position = self.cluster.manager("data_state")
         tick = time.perf_counter()
         output = self.rollout(rollout_id)
-        if generating and output.metrics.get("groups_dropped") and self.cluster.manager("dead_engines"):
-            # Its only engine (or every engine a group could reach) died mid-rollout: rather than train without
-            # those groups, restart it with the same weights and generate the same prompts again, once.
-            tqdm.write(f"rollout {rollout_id}: an engine died and {output.metrics['groups_dropped']:.0f} groups "
-                       "were dropped; restarting it and generating the rollout again")
+        dead = self.cluster.manager("dead_servers") if generating and output.metrics.get("groups_dropped") else []
+        if dead:
+            # The router, or the only engine a group could reach, died mid-rollout: rather than train without
+            # those groups, restart it (an engine with the same weights) and generate the same prompts again, once.
+            tqdm.write(f"rollout {rollout_id}: {', '.join(dead)} died and {output.metrics['groups_dropped']:.0f} "
+                       "groups were dropped; restarting and generating the rollout again")
             self.heal_engines(rollout_id, times, memory)
             self.cluster.manager("load_data_state", position)
             tick = time.perf_counter()

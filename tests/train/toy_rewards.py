@@ -71,11 +71,15 @@ def _list_listening_sockets(out) -> None:
 
 
 def _runs(process, needle: str) -> bool:
+    """Whether ``process`` belongs to this run (the tests start each run in a session of its own, and Ray's
+    workers stay in it) and its command line holds ``needle``."""
+    import os
+
     import psutil
 
     try:
-        return needle in " ".join(process.cmdline())
-    except psutil.Error:  # short-lived helper processes come and go
+        return os.getsid(process.pid) == os.getsid(0) and needle in " ".join(process.cmdline())
+    except (psutil.Error, ProcessLookupError, PermissionError):  # short-lived helper processes come and go
         return False
 
 
@@ -99,7 +103,7 @@ def even_token_share_killing_a_trainer_rank(args, sample) -> float:
     marker = Path(os.environ["VIME_TEST_TRAINER_KILLED"])
     with _ONCE:
         if sample.weight_version == 2 and not marker.exists():
-            ranks = [p for p in psutil.process_iter() if _runs(p, "_TrainWorker")]
+            ranks = [p for p in psutil.process_iter() if _runs(p, "_TrainWorker")]  # this run's: same session
             marker.write_text(f"killed {ranks[0].pid} of {[p.pid for p in ranks]}")
             ranks[0].kill()
     return even_token_share(args, sample)

@@ -135,6 +135,10 @@ class RolloutManager:
     def dead_engines(self) -> list[str]:
         return [e.url for e in self.engines if not e.alive()]
 
+    def dead_servers(self) -> list[str]:
+        """Dead engines' URLs, and "router" if the router is dead (restarted at the next rollout)."""
+        return self.dead_engines() + (["router"] if self.router is not None and not self.router.alive() else [])
+
     def _check_engines(self) -> None:
         dead = [e for e in self.engines if not e.alive()]
         if dead and len(dead) == len(self.engines):
