@@ -179,7 +179,7 @@ def main() -> None:
             print(f"[{fault.name}] {results[-1]['outcome']}", flush=True)
     clean = results[0]
     print("\n| fault | outcome | rollouts trained | samples not trained | restarts (engine/router/trainer) | "
-          f"extra wall s | final weights = clean run |\n|---|---|---|---|---|---|---|")
+          "extra wall s | final weights = clean run |\n|---|---|---|---|---|---|---|")
     for r in results:
         if "seconds" not in r:
             print(f"| {r['fault']} | {r['outcome']} | | | | | |")

@@ -177,7 +177,7 @@ def test_a_dead_trainer_rank_is_restarted_from_the_last_checkpoint(tiny_model, t
     """Through Ray: the trainer rank's process is SIGKILLed in rollout 2, after the save of rollout 1. The driver
     restarts the rank (--max-restarts 1), loads that checkpoint, generates rollout 2 again from the saved data
     position and goes on: rollouts 2 and 3 train exactly as in a run that was never interrupted (the same
-    prompts, losses and weights), nothing is trained twice. With --max-restarts 0 the same death ends the run."""
+    prompts, losses and weights), nothing is trained twice."""
     data = write_jsonl(tmp_path / "arith.jsonl", "arithmetic", 8)
     flags = common_flags(tiny_model, data) + ["--engine-backend", "hf", "--rollout-seed", "7", "--num-rollout", "4",
                                               "--save-interval", "2"]
@@ -198,12 +198,6 @@ def test_a_dead_trainer_rank_is_restarted_from_the_last_checkpoint(tiny_model, t
         assert got[step]["prompts"] == expected[step]["prompts"]
         for key in ("rollout/reward_mean", "train/loss", "train/grad_norm"):
             assert got[step][key] == pytest.approx(expected[step][key], rel=1e-5, abs=1e-7), (step, key)
-    marker.unlink()
-    process = train(killing + ["--save", str(tmp_path / "no_restart"), "--max-restarts", "0"],
-                    tmp_path / "no_restart.log", wait=False, env={"VIME_TEST_TRAINER_KILLED": str(marker)})
-    process.wait(timeout=1200)
-    assert process.returncode != 0 and "TrainerDied: a trainer rank died during" in \
-        (tmp_path / "no_restart.log").read_text()
 
 
 def test_a_save_that_cannot_be_written_stops_the_run_with_one_message(tiny_model, tmp_path):
@@ -253,9 +247,12 @@ def test_reward_rises_on_a_toy_task(smollm2_dir, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("VIME_EXT_LEARNING_RUNS") != "1",
+                    reason="a learning run, by hand for the suite's time: VIME_EXT_LEARNING_RUNS=1 (5-9 min)")
 def test_ppo_reward_rises_and_the_critic_follows(smollm2_dir, tmp_path):
     """6 PPO steps on the same task: the reward rises, and the critic's values (0 at the start: zero value
-    head) climb toward the returns."""
+    head) climb toward the returns. (PPO's step itself is checked in every CI run: its resume is exact, and its
+    losses equal the reference step's in every layout, test_actor_layouts.py.)"""
     rows = one_word_run(smollm2_dir, tmp_path, 6, ["--advantage-estimator", "ppo", "--critic-lr", "1e-4",
                                                    "--normalize-advantages"])
     rewards, values = [m["rollout/reward_mean"] for m in rows], [m["train/values"] for m in rows]
