@@ -207,9 +207,9 @@ class RolloutManager:
         during the rollout is restarted first, while the memory is still the engines' (it serves the starting
         weights until the next push, and nothing is generated before then), and sleeps with the others."""
         self.restart_dead_engines()
-        self.fresh.clear()
         self._post_all("/pause", mode="abort")
         self._post_all("/sleep", level=1)
+        self.fresh.clear()  # every engine sleeps now, one restarted during these calls too: all are to be woken
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         """Give the engines their memory back: all of it, or only ``tags`` (vLLM's ``weights``, ``kv_cache``),
