@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 
-from tests.train.toy_rewards import even_token_share
+from tests.train.toy_rewards import even_token_share, in_this_run
 
 _LOCK = threading.Lock()
 
@@ -26,17 +26,8 @@ def _record(what: str) -> None:
 
 
 def _processes(needle: str) -> list[psutil.Process]:
-    """This run's processes whose command line holds ``needle``: those of its session (the suite starts each run
-    in a session of its own; Ray's workers stay in it), never another run's on the same machine."""
-    session = os.getsid(0)
-    found = []
-    for process in psutil.process_iter():
-        try:
-            if os.getsid(process.pid) == session and needle in " ".join(process.cmdline()):
-                found.append(process)
-        except (psutil.Error, ProcessLookupError, PermissionError):
-            continue
-    return found
+    """This run's processes whose command line holds ``needle`` (its session's: never another run's)."""
+    return [p for p in psutil.process_iter() if in_this_run(p, needle)]
 
 
 def _when(condition, action, what: str) -> None:

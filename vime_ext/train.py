@@ -20,13 +20,14 @@ from vime_ext.algorithms.train_data import TrainSequence
 from vime_ext.arguments import TrainConfig, parse_train_args
 from vime_ext.cluster import Cluster, TrainerDied
 from vime_ext.rollout.debug_data import load_rollout, save_rollout
+from vime_ext.rollout.failures import last_line
 from vime_ext.rollout.plugins import load_function
 from vime_ext.rollout.rollout import RolloutOutput, rollout_metrics
 from vime_ext.rollout.sample import TRAINABLE, Sample
 from vime_ext.rollout.sft_rollout import check_chats
 from vime_ext.rollout.validate import RolloutError, check_groups
 from vime_ext.trainer.batching import split_data_parallel
-from vime_ext.trainer.checkpoint import PARTIAL_SUFFIX, TRACKER_FILE, SaveError, has_checkpoint, iteration_dir
+from vime_ext.trainer.checkpoint import TRACKER_FILE, SaveError, has_checkpoint, partial_dir
 
 WEIGHT_BUCKET_BYTES = 512 * 2**20
 # Optimizer figures: the same on every rank, so not summed over data-parallel shares.
@@ -179,8 +180,8 @@ class Trainer:
             self.cluster.actors("save", [(save, rollout_id + 1, extra)] * len(self.dp_rank))
         except (OSError, CheckpointException) as err:  # a full disk, a quota, a lost mount (Ray's errors subclass
             # their cause); megatron's writer wraps the OSError of its worker in a CheckpointException
-            partial = iteration_dir(save, rollout_id + 1).with_name(f"iter_{rollout_id + 1:07d}{PARTIAL_SUFFIX}")
-            shutil.rmtree(partial, ignore_errors=True)  # useless, and in the way of the room a resume needs
+            # useless, and in the way of the room a resume needs
+            shutil.rmtree(partial_dir(save, rollout_id + 1), ignore_errors=True)
             tracker = Path(save) / TRACKER_FILE
             last = f"iteration {tracker.read_text().strip()}" if tracker.is_file() else "none yet"
             free = shutil.disk_usage(save).free / 2**20
@@ -434,8 +435,7 @@ def _os_cause(err: BaseException) -> str:
             return f"{e.strerror}" + (f": {e.filename}" if e.filename else "")
         todo += [c for c in (e.__cause__, e.__context__) if c is not None]
         todo += [f for f in getattr(e, "failures", {}).values() if isinstance(f, BaseException)]
-    lines = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {lines[-1] if lines else ''}"
+    return last_line(err)
 
 
 def _max_over_ranks(reports: list[dict[str, float]], phase: str) -> dict[str, float]:

@@ -43,7 +43,8 @@ def even_token_share_killing_an_engine(args, sample) -> float:
         if sample.weight_version == 0 and "VIME_TEST_SOCKETS" in os.environ:
             _list_listening_sockets(Path(os.environ["VIME_TEST_SOCKETS"]))
         if sample.weight_version == 1 and not marker.exists():
-            engines = [p for p in psutil.Process().children(recursive=True) if _runs(p, "vime_ext.rollout.hf_engine")]
+            engines = [p for p in psutil.Process().children(recursive=True)
+                       if in_this_run(p, "vime_ext.rollout.hf_engine")]
             marker.write_text(f"killed {engines[0].pid} of {[p.pid for p in engines]}")
             engines[0].kill()
     return even_token_share(args, sample)
@@ -70,7 +71,7 @@ def _list_listening_sockets(out) -> None:
     out.write_text(json.dumps(found))
 
 
-def _runs(process, needle: str) -> bool:
+def in_this_run(process, needle: str) -> bool:
     """Whether ``process`` belongs to this run (the tests start each run in a session of its own, and Ray's
     workers stay in it) and its command line holds ``needle``."""
     import os
@@ -103,7 +104,7 @@ def even_token_share_killing_a_trainer_rank(args, sample) -> float:
     marker = Path(os.environ["VIME_TEST_TRAINER_KILLED"])
     with _ONCE:
         if sample.weight_version == 2 and not marker.exists():
-            ranks = [p for p in psutil.process_iter() if _runs(p, "_TrainWorker")]  # this run's: same session
+            ranks = [p for p in psutil.process_iter() if in_this_run(p, "_TrainWorker")]  # this run's: same session
             marker.write_text(f"killed {ranks[0].pid} of {[p.pid for p in ranks]}")
             ranks[0].kill()
     return even_token_share(args, sample)

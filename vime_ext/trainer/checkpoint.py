@@ -37,6 +37,12 @@ def iteration_dir(save_dir: str | Path, iteration: int) -> Path:
     return Path(save_dir) / f"iter_{iteration:07d}"
 
 
+def partial_dir(save_dir: str | Path, iteration: int) -> Path:
+    """Where a save of ``iteration`` is written until it is complete (then renamed to ``iteration_dir``)."""
+    final = iteration_dir(save_dir, iteration)
+    return final.with_name(final.name + PARTIAL_SUFFIX)
+
+
 def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
@@ -72,8 +78,7 @@ def save_model_checkpoint(model, shape: ModelShape, save_dir: str | Path, iterat
     each of ``inner_models`` (name -> (model, optimizer), e.g. PPO's critic), as its own torch_dist checkpoint
     in ``<name>/`` whose ``vime_ext`` state holds ``{name: True}``.
     """
-    final = iteration_dir(save_dir, iteration)
-    partial = final.with_name(final.name + PARTIAL_SUFFIX)
+    final, partial = iteration_dir(save_dir, iteration), partial_dir(save_dir, iteration)
     if _rank() == 0:
         shutil.rmtree(partial, ignore_errors=True)
     _barrier()
