@@ -7,6 +7,9 @@
 #   EXAMPLE=mem_agent bash tools/gpu_recipe.sh prepare   # the 8 GB model, its torch_dist copy, the data
 #   EXAMPLE=mem_agent bash tools/gpu_recipe.sh train [train.py flags]   # NUM_ROLLOUT rollouts, push, save
 #   EXAMPLE=mem_agent bash tools/gpu_recipe.sh eval      # CONVERT=1 run-eval.sh on the last iteration
+# or, on a machine of 2 or more GPUs, both examples at once (prepare each first):
+#   bash tools/gpu_recipe.sh both        # one Ray head for both, each example colocated on a GPU of its own,
+#                                        # then each one's eval; stage logs in VIME_EXT_OUT/<example>_stage.log
 # and the loop's parts alone on the same GPU, then the table (tools/loop_efficiency.py):
 #   ... gpu_recipe.sh train_only   # the saved rollouts through the same script's trainer, no engine
 #   ... gpu_recipe.sh replay       # rollout 1's requests on the loop's engine flags, the engine alone
@@ -69,6 +72,29 @@ case "${STAGE}" in
         CONVERT=1 TEST_DATA="${DATA_ROOT}/test.jsonl" RESULTS="${OUT_DIR}/mem_update_eval" \
           bash examples/mem_update/run-eval.sh "$@" ;;
     esac 2>&1 | tee "${OUT_DIR}/${EXAMPLE}_eval.log" | grep --line-buffered -v "it/s\]\|s/it\]" ;;
+  both)
+    # As on a shared cluster: one Ray head started here, RAY_ADDRESS set, so the launch scripts start none and
+    # Ray gives each example's trainer rank a GPU of its own (its engine colocated on it).
+    ray_dir=$(mktemp -d /tmp/gpu_recipe_ray.XXXXXX)
+    ray start --head --node-ip-address 127.0.0.1 --port "${RAY_PORT:-6390}" --num-cpus "$(nproc)" \
+      --temp-dir "${ray_dir}" --disable-usage-stats --include-dashboard=false >/dev/null
+    trap 'pkill -TERM -f -- "${ray_dir}" || true' EXIT
+    export RAY_ADDRESS=127.0.0.1:${RAY_PORT:-6390}
+    pids=()
+    for example in mem_agent mem_update; do
+      EXAMPLE=${example} COLOCATE=1 ACTOR_GPUS=1 bash "$0" train "$@" >"${OUT_DIR}/${example}_stage.log" 2>&1 &
+      pids+=($!)
+    done
+    status=0
+    for pid in "${pids[@]}"; do wait "${pid}" || status=1; done
+    # Then both evaluations at once, one per GPU (an engine each, outside Ray).
+    for example in mem_agent mem_update; do
+      gpu=$([ "${example}" = mem_agent ] && echo 0 || echo 1)
+      CUDA_VISIBLE_DEVICES=${gpu} EXAMPLE=${example} bash "$0" eval >>"${OUT_DIR}/${example}_stage.log" 2>&1 &
+      pids+=($!)
+    done
+    for pid in "${pids[@]:2}"; do wait "${pid}" || status=1; done
+    exit "${status}" ;;
   train_only)
     SAVE_PATH=${WORK}/${EXAMPLE}_train_only bash "examples/${EXAMPLE}/run-qwen3-4b-train.sh" --debug-train-only \
       --load-debug-rollout-data "${ROLLOUTS}" "$@" 2>&1 | tee "${OUT_DIR}/${EXAMPLE}_train_only.log" \

@@ -315,6 +315,12 @@ class TrainActor:
         return self._weight_sync[1].send(weights)
 
     def save(self, save_dir: str, iteration: int, extra_state: dict) -> str:
+        """Write iteration ``iteration``; colocated, in memory it can hand back whole, as training is (a save
+        comes between the step and the hand-over, and its staging buffers must not pin segments)."""
+        with releasable_training_memory(self.config.cluster.colocate):
+            return self._save(save_dir, iteration, extra_state)
+
+    def _save(self, save_dir: str, iteration: int, extra_state: dict) -> str:
         from vime_ext.trainer.checkpoint import save_model_checkpoint
         from vime_ext.trainer.critic import CRITIC_DIR
 

@@ -107,6 +107,9 @@ class MemoryHandover:
             gc.collect()
             torch.cuda.ipc_collect()
             torch.cuda.empty_cache()
+            pinned = describe_pinned_segments(torch.cuda.memory_snapshot())
+            if pinned:  # what keeps the engines from waking, named in the log before they try
+                print(f"after the hand-over the allocator still holds {pinned}", flush=True)
         stats.seconds = time.perf_counter() - start
         return stats
 
@@ -157,6 +160,26 @@ def memory_snapshot() -> dict[str, float]:
             "peak_allocated_gb": torch.cuda.max_memory_allocated() / GiB, "device_used_gb": (total - free) / GiB}
     torch.cuda.reset_peak_memory_stats()
     return snap
+
+
+def describe_pinned_segments(segments: list[dict], floor_gb: float = 1.0, top: int = 4) -> str:
+    """The caching allocator's segments that live blocks keep from the driver (``torch.cuda.memory_snapshot()``'s
+    format), largest first, when they add up to ``floor_gb`` or more; "" otherwise. Each names its size, what is
+    allocated in it, in how many blocks, and whether it is expandable (an expandable one returns its free pages)."""
+    held = []
+    for seg in segments:
+        live = [b for b in seg.get("blocks", []) if b.get("state") == "active_allocated"]
+        if live and not seg.get("is_expandable", False):
+            held.append((seg["total_size"], sum(b["size"] for b in live), len(live)))
+        elif live:  # an expandable segment keeps only its mapped, allocated pages
+            held.append((sum(b["size"] for b in live), sum(b["size"] for b in live), len(live)))
+    pinned = sum(size - used for size, used, _ in held)
+    if pinned / GiB < floor_gb:
+        return ""
+    held.sort(reverse=True)
+    parts = [f"{size / GiB:.2f} GiB segment with {used / 2**20:.1f} MiB in {n} live block(s)"
+             for size, used, n in held[:top]]
+    return f"{pinned / GiB:.2f} GiB pinned by live blocks: " + "; ".join(parts)
 
 
 def _set_expandable_segments(enabled: bool) -> None:
