@@ -3,6 +3,7 @@ test_vllm_engine.py): the release adapter, the IPC transport's payload, and how 
 The IPC transport itself needs a GPU and vLLM on CUDA; it runs on the device (docs/performance.md)."""
 
 import base64
+import json
 import pickle
 
 import httpx
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 from vime_ext.rollout.engines import EngineConfig, server_command, server_env
-from vime_ext.rollout.weight_sync import WeightSync, buckets, ipc_update_info
+from vime_ext.rollout.weight_sync import WeightSync, buckets, ipc_update_info, packed
 
 
 def routes_of(release: str, calls: list) -> httpx.MockTransport:
@@ -42,6 +43,40 @@ def test_buckets_keep_tensors_where_they_are_for_ipc():
     assert len(kept) == 1 and kept[0]["b"].is_contiguous() and kept[0]["a"].dtype == torch.bfloat16
     split = list(buckets(iter(weights), max_bytes=8))
     assert [list(b) for b in split] == [["a"], ["b"]]
+
+
+def test_ipc_buckets_are_packed_into_one_allocation_of_their_own():
+    weights = {"a": torch.arange(3, dtype=torch.bfloat16), "b": torch.randn(2, 5), "c": torch.ones(0),
+               "d": torch.tensor([7], dtype=torch.int64)}
+    out = packed(weights)
+    assert list(out) == list(weights)
+    assert all(torch.equal(out[k], weights[k]) and out[k].dtype == weights[k].dtype for k in weights)
+    storages = {t.untyped_storage().data_ptr() for t in out.values()}
+    assert len(storages) == 1 and storages.isdisjoint({t.untyped_storage().data_ptr() for t in weights.values()})
+    assert all(t.storage_offset() * t.element_size() % 256 == 0 for t in out.values())
+
+
+def test_the_shm_engine_sends_as_the_trainer_does(monkeypatch):
+    """vLLM 0.26's transfer-engine interface makes ``trainer_send_weights`` abstract: an engine class without it
+    cannot start there (an H100 eval engine failed so). vime_shm's posts each bucket's file to every engine."""
+    from safetensors.torch import load_file
+
+    from vime_ext.rollout.shm_weight_transfer import SharedMemoryWeightTransferEngine
+
+    received = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        info = json.loads(request.content)["update_info"]
+        received.append((request.url.host, request.url.path, load_file(info["path"])))
+        return httpx.Response(200, json={})
+
+    real_client = httpx.Client
+    monkeypatch.setattr(httpx, "Client", lambda **kw: real_client(transport=httpx.MockTransport(handle)))
+    SharedMemoryWeightTransferEngine.trainer_send_weights(iter([("w", torch.ones(2, 2)), ("b", torch.zeros(3))]),
+                                                          {"urls": ["http://e1", "http://e2"]})
+    assert [(host, path) for host, path, _ in received] == [("e1", "/update_weights"), ("e2", "/update_weights")]
+    assert torch.equal(received[0][2]["w"], torch.ones(2, 2)) and torch.equal(received[1][2]["b"], torch.zeros(3))
+    assert not SharedMemoryWeightTransferEngine.__abstractmethods__
 
 
 def test_ipc_payload_refuses_host_tensors():

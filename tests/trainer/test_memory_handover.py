@@ -5,6 +5,8 @@ go through it. On the CPU the storages are freed and refilled in host memory; on
 same code frees device memory, with megatron-core's DDP buffers and optimizer."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -12,7 +14,7 @@ import torch
 from tests import dist_workers
 from tests.train.test_optimizer_resume import DISTRIBUTED, OFFLOAD, OFFLOAD_NEEDS_CUDA, trainer_flags
 from vime_ext.trainer.launch import run_on_ranks
-from vime_ext.trainer.memory_handover import MemoryHandover
+from vime_ext.trainer.memory_handover import MemoryHandover, describe_pinned_segments
 
 PPO = ["--advantage-estimator", "ppo", "--kl-coef", "0.05", "--critic-lr", "1e-3"]
 
@@ -50,3 +52,42 @@ def test_views_survive_and_zeroed_buffers_come_back_zero():
     assert torch.equal(grads, torch.zeros(6))
     view.add_(1)  # the view still writes into the buffer's (new) memory
     assert buffer[4].item() == 5.0
+
+
+def test_pinned_segments_are_named_largest_first():
+    """The log line a hand-over prints when live blocks keep memory from the engines, on segments in
+    ``torch.cuda.memory_snapshot()``'s format: the H100 case, a 1.1 MiB tensor in a 15 GiB classic segment."""
+    mib, gib = 2**20, 2**30
+    segments = [
+        {"total_size": 15 * gib, "is_expandable": False,
+         "blocks": [{"size": int(1.1 * mib), "state": "active_allocated"}, {"size": 15 * gib, "state": "inactive"}]},
+        {"total_size": 40 * gib, "is_expandable": True,  # expandable: only its live pages count
+         "blocks": [{"size": 2 * mib, "state": "active_allocated"}, {"size": 40 * gib, "state": "inactive"}]},
+        {"total_size": 8 * gib, "is_expandable": False, "blocks": [{"size": 8 * gib, "state": "inactive"}]},
+    ]
+    line = describe_pinned_segments(segments)
+    assert line.startswith("15.00 GiB pinned by live blocks: 15.00 GiB segment with 1.1 MiB in 1 live block(s)")
+    assert describe_pinned_segments(segments[1:]) == ""  # nothing pinned: no line
+
+
+PINNED_TAIL = """
+import torch
+from vime_ext.trainer.memory_handover import use_releasable_allocations
+if {expandable}:
+    use_releasable_allocations()
+big = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+del big
+small = torch.empty(3 * 2**20 // 2, dtype=torch.uint8, device="cuda")  # carved from the big block's segment
+torch.cuda.empty_cache()
+print(torch.cuda.memory_reserved() / 2**20)
+"""
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA caching allocator's segments")
+def test_a_small_live_tensor_pins_only_its_pages_with_releasable_allocations():
+    """What kept the KV cache from waking on the H100: a small tensor placed in a freed large block's segment
+    keeps the whole classic segment; with the trainer's releasable allocations it keeps its own pages."""
+    reserved = {flag: float(subprocess.run([sys.executable, "-c", PINNED_TAIL.format(expandable=flag)],
+                                           check=True, capture_output=True, text=True).stdout.split()[-1])
+                for flag in (False, True)}
+    assert reserved[False] >= 256 and reserved[True] < 64

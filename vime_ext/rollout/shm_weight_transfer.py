@@ -72,3 +72,13 @@ class SharedMemoryWeightTransferEngine(WeightTransferEngine[SharedMemoryInitInfo
 
     def shutdown(self) -> None:
         pass
+
+    @staticmethod
+    def trainer_send_weights(iterator, trainer_args: dict) -> None:
+        """The trainer's side, for vLLM's transfer-engine interface (abstract from vLLM 0.26 on; an engine whose
+        class lacks it cannot start there): ``(name, tensor)`` pairs to the engines at ``trainer_args["urls"]``,
+        between the caller's ``start_weight_update`` and ``finish_weight_update``. vime_ext's own trainer sends
+        through ``WeightSync`` directly; this is the same code."""
+        from vime_ext.rollout.weight_sync import WeightSync
+
+        WeightSync(list(trainer_args["urls"]), transport="vime_shm").send(iterator)

@@ -91,6 +91,24 @@ def buckets(weights: Iterable[tuple[str, torch.Tensor]], max_bytes: int,
         yield bucket
 
 
+def packed(bucket: dict[str, torch.Tensor], align: int = 256) -> dict[str, torch.Tensor]:
+    """The bucket's tensors copied into one new allocation, as views of it (same names, dtypes and shapes, each
+    starting on an ``align``-byte boundary). The IPC push shares these instead of the trainer's own tensors: the
+    engine maps memory that belongs to the push alone and is freed whole after it, whatever allocator segments
+    the weights live in."""
+    sizes = [t.numel() * t.element_size() for t in bucket.values()]
+    offsets = [0]
+    for size in sizes[:-1]:
+        offsets.append(offsets[-1] + -(-size // align) * align)
+    device = next(iter(bucket.values())).device
+    flat = torch.empty(offsets[-1] + sizes[-1], dtype=torch.uint8, device=device)
+    out = {}
+    for (name, tensor), offset, size in zip(bucket.items(), offsets, sizes):
+        out[name] = flat[offset:offset + size].view(tensor.dtype).view(tensor.shape)
+        out[name].copy_(tensor)
+    return out
+
+
 class WeightSyncError(RuntimeError):
     pass
 
@@ -213,8 +231,9 @@ class WeightSync:
             if self.transport == "nccl":
                 self._broadcast(bucket)
             elif self.transport == "ipc":
-                # The bucket's tensors stay referenced until every engine has copied them (the call returns
-                # after the engine loaded them), so the shared GPU memory is not reused under it.
+                # The bucket stays referenced until every engine has copied it (the call returns after the
+                # engine loaded it), so the shared GPU memory is not reused under it.
+                bucket = packed(bucket)
                 info = ipc_update_info(bucket)
                 for url in self.engine_urls:
                     self.post(url, "/update_weights", json={"update_info": info})

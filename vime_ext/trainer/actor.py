@@ -16,7 +16,8 @@ from vime_ext.algorithms.train_data import TrainSequence
 from vime_ext.arguments import TrainConfig
 from vime_ext.trainer.batching import MicroBatch, copy_rows, micro_batches
 from vime_ext.trainer.forward import forward_backward, forward_log_probs
-from vime_ext.trainer.memory_handover import MemoryHandover, memory_snapshot, releasable_training_memory
+from vime_ext.trainer.memory_handover import (MemoryHandover, ipc_shareable_allocations, memory_snapshot,
+                                              use_releasable_allocations)
 from vime_ext.trainer.rl_loss import LossSettings, micro_batch_loss, micro_batch_sft_loss
 
 if TYPE_CHECKING:
@@ -55,6 +56,8 @@ class TrainActor:
         from vime_ext.trainer.parallel import Rendezvous, init_distributed
 
         self.config, self.shape, self.rank = config, config.shape, rank
+        if config.cluster.colocate and torch.cuda.is_available():
+            use_releasable_allocations()  # before anything is allocated: the hand-over must get it all back
         parallel = config.trainer.parallel
         # Sequence parallelism splits the packed row over TP ranks, so it must divide evenly.
         self.pack_multiple = (parallel.tensor_model_parallel_size if parallel.sequence_parallel else 1) \
@@ -218,12 +221,6 @@ class TrainActor:
         return {**stats, **self.optimizer.step()}
 
     def train_rollout(self, steps: list[list[TrainSequence]], totals: list[tuple[float, float]],
-                      update_policy: bool = True) -> dict:
-        """Train on one rollout (``_train_rollout``); colocated on GPUs, in memory it can hand back whole."""
-        with releasable_training_memory(self.config.cluster.colocate):
-            return self._train_rollout(steps, totals, update_policy)
-
-    def _train_rollout(self, steps: list[list[TrainSequence]], totals: list[tuple[float, float]],
                        update_policy: bool = True) -> dict:
         """Train on one rollout: ``steps[i]`` is this rank's data-parallel share of optimizer step i, ``totals[i]``
         that step's (loss tokens, sequences) over all ranks. With a critic (PPO) each step also updates it;
@@ -312,15 +309,10 @@ class TrainActor:
             if target.transport == "nccl":
                 sync.connect(target.workers_per_engine)
             self._weight_sync = ((target, bucket_bytes), sync)
-        return self._weight_sync[1].send(weights)
+        with ipc_shareable_allocations(target.transport == "ipc"):
+            return self._weight_sync[1].send(weights)
 
     def save(self, save_dir: str, iteration: int, extra_state: dict) -> str:
-        """Write iteration ``iteration``; colocated, in memory it can hand back whole, as training is (a save
-        comes between the step and the hand-over, and its staging buffers must not pin segments)."""
-        with releasable_training_memory(self.config.cluster.colocate):
-            return self._save(save_dir, iteration, extra_state)
-
-    def _save(self, save_dir: str, iteration: int, extra_state: dict) -> str:
         from vime_ext.trainer.checkpoint import save_model_checkpoint
         from vime_ext.trainer.critic import CRITIC_DIR
 

@@ -190,21 +190,26 @@ def _set_expandable_segments(enabled: bool) -> None:
         torch.cuda.memory._set_allocator_settings(setting)
 
 
+def use_releasable_allocations() -> None:
+    """A colocated trainer rank allocates from expandable segments for its whole life (call before its first
+    CUDA allocation). A classic segment goes back to the driver only when every block in it is free, and one
+    live block pins all of it: on an H100 with a colocated Qwen3-4B step, a 1.1 MiB tensor placed in the spare
+    tail of the 15 GiB gradient buffer's segment (and another in the weights' 7.5 GiB one) kept 22.5 GiB from
+    the engine's KV cache after every tensor of the hand-over had been freed. Expandable segments map memory in
+    pages and return every page without a live block."""
+    _set_expandable_segments(True)
+
+
 @contextlib.contextmanager
-def releasable_training_memory(enabled: bool):
-    """Train inside this so that what training leaves behind can go back to the driver. On an H100 with a
-    colocated Qwen3-4B step, the allocator still reserved 23.6 GiB after the hand-over with 0.11 GiB allocated:
-    small tensors made during the step pinned the large activation segments they shared, and the engine's KV
-    cache could not wake. Expandable segments are returned page by page, so the step runs with them; they are
-    switched off again before the weight push, whose tensors go to the engine over CUDA IPC, which takes
-    ordinary allocations (the same switch verl and miles make around their weight sync)."""
+def ipc_shareable_allocations(enabled: bool):
+    """Allocate from classic segments inside this (the weight push over CUDA IPC: an expandable segment's memory
+    is not what vLLM's IPC receiver maps), expandable ones again after it; what the push allocated is freed by
+    the next hand-over's ``empty_cache`` (verl and miles switch the same setting around their weight sync)."""
     if not (enabled and torch.cuda.is_available()):
         yield
         return
-    _set_expandable_segments(True)
+    _set_expandable_segments(False)
     try:
         yield
     finally:
-        _set_expandable_segments(False)
-        gc.collect()
-        torch.cuda.empty_cache()
+        _set_expandable_segments(True)
