@@ -21,7 +21,7 @@ fi
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "${VIME_EXT_OUT}/gpus.txt"
 case "${1:-}" in
   tests)
-    VIME_EXT_TINY_WITHOUT_TOKENIZER=1 python -m pytest -q -rs -p no:cacheprovider \
+    VIME_EXT_TINY_WITHOUT_TOKENIZER=1 python -m pytest -v -rs --durations=0 -p no:cacheprovider \
       tests/train/test_actor_layouts.py tests/train/test_optimizer_resume.py 2>&1 | tee "${VIME_EXT_OUT}/multi_gpu_pytest.txt"
     ;;
   nccl)
