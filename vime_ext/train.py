@@ -9,6 +9,7 @@ Flags: ``python -m vime_ext.train --help``; their meaning and checks: ``vime_ext
 import json
 import shutil
 import sys
+import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -26,6 +27,7 @@ from vime_ext.rollout.rollout import RolloutOutput, rollout_metrics
 from vime_ext.rollout.sample import TRAINABLE, Sample
 from vime_ext.rollout.sft_rollout import check_chats
 from vime_ext.rollout.validate import RolloutError, check_groups
+from vime_ext.rollout_ahead import Generated, RolloutAhead
 from vime_ext.trainer.batching import split_data_parallel
 from vime_ext.trainer.checkpoint import TRACKER_FILE, SaveError, has_checkpoint, partial_dir
 
@@ -88,6 +90,11 @@ class Trainer:
         self.restarts = 0  # trainer-rank restarts so far (--max-restarts)
         self.initial_data: dict | None = None  # the data position the run started from, for a restart without save
         self.history: list[dict[str, float]] = []  # every logged metric dict, for tests and the demo's summary
+        # Held while the engines generate, push weights or evaluate: with --async-training a rollout runs beside
+        # training, and the weights must not change inside one.
+        self.engine_lock = threading.Lock()
+        self.ahead: RolloutAhead | None = None  # --async-training's producer
+        self.positions: dict[int, dict] = {}  # the data position before each rollout drew its prompts
 
     # ---- pieces of one rollout ------------------------------------------------------------------------------
 
@@ -95,18 +102,21 @@ class Trainer:
         if not (self.cluster.has_engines and self.cluster.has_actors):  # SFT, or a debug run with one side only
             return 0.0
         start = time.perf_counter()
-        for attempt in range(2):
-            try:
-                self.cluster.manager("begin_weight_update")  # restarts an engine that died since the last one
-                target = self.cluster.manager("weight_target")
-                self.cluster.actors("push_weights", [(target, WEIGHT_BUCKET_BYTES)] * len(self.dp_rank))
-                self.cluster.manager("finish_weight_update", version)
-                break
-            except Exception as err:  # noqa: BLE001 (an engine that died mid-push; anything else goes on up)
-                if attempt or not self.cluster.manager("dead_engines"):
-                    raise
-                tqdm.write(f"an engine died during the weight push ({type(err).__name__}); restarting it and "
-                           "pushing again")
+        with self.engine_lock:  # between two rollouts, never inside one
+            for attempt in range(2):
+                try:
+                    self.cluster.manager("begin_weight_update")  # restarts an engine that died since the last one
+                    target = self.cluster.manager("weight_target")
+                    self.cluster.actors("push_weights", [(target, WEIGHT_BUCKET_BYTES)] * len(self.dp_rank))
+                    self.cluster.manager("finish_weight_update", version)
+                    break
+                except Exception as err:  # noqa: BLE001 (an engine that died mid-push; anything else goes on up)
+                    if attempt or not self.cluster.manager("dead_engines"):
+                        raise
+                    tqdm.write(f"an engine died during the weight push ({type(err).__name__}); restarting it and "
+                               "pushing again")
+        if self.ahead is not None:
+            self.ahead.pushed(version)
         return time.perf_counter() - start
 
     def to_trainer(self, times: dict[str, float], memory: dict[str, float]) -> None:
@@ -171,7 +181,12 @@ class Trainer:
 
     def save(self, rollout_id: int) -> float:
         start = time.perf_counter()
-        data = self.cluster.manager("data_state") if self.cluster.has_manager else None
+        # The position before rollout rollout_id + 1 drew its prompts: with --async-training it may have been
+        # drawn (and be generating) already, and a resume must draw the same prompts again.
+        data = self.positions.get(rollout_id + 1)
+        if data is None and self.cluster.has_manager:
+            with self.engine_lock:
+                data = self.positions.get(rollout_id + 1) or self.cluster.manager("data_state")
         extra = {"next_rollout": rollout_id + 1, "data": data}
         save = self.config.checkpoint.save
         from torch.distributed.checkpoint.api import CheckpointException
@@ -246,7 +261,9 @@ class Trainer:
         """Every evaluation set: the policy's answers and their rewards, or (SFT) the loss on its chats."""
         metrics = {}
         if self.cluster.has_manager:
-            for name, output in self.cluster.manager("evaluate", rollout_id).items():
+            with self.engine_lock:
+                outputs = self.cluster.manager("evaluate", rollout_id)
+            for name, output in outputs.items():
                 samples = [s for g in output.groups for s in g]
                 metrics.update(self.eval_loss(samples, f"eval/{name}") if self.config.sft
                                else rollout_metrics(samples, f"eval/{name}"))
@@ -295,32 +312,67 @@ class Trainer:
         times["engine_restart"] = time.perf_counter() - tick
 
     def train_one(self, rollout_id: int) -> dict[str, float]:
-        config, times = self.config, {}
+        """One synchronous step: generate rollout ``rollout_id`` with the current weights, then train on it."""
         start = time.perf_counter()
-        memory: dict[str, float] = {}
+        made = self.produce(rollout_id, lambda times, memory: self.heal_engines(rollout_id, times, memory))
+        return self.learn(made, start)
+
+    def train_one_async(self, rollout_id: int) -> dict[str, float]:
+        """One step of --async-training: rollout ``rollout_id`` from the producer (made while earlier steps
+        trained), then train on it. A dead engine the producer found is healed here, with this step's weights."""
+        start = time.perf_counter()
+        made = self.ahead.take(rollout_id, lambda: self.heal_engines(rollout_id, {}, {}))
+        made.times["wait_rollout"] = time.perf_counter() - start
+        return self.learn(made, start)
+
+    def start_ahead(self, first: int) -> RolloutAhead:
+        """--async-training's producer, from rollout ``first``, the engines holding version ``first``."""
+        return RolloutAhead(lambda n, heal: self.produce(n, lambda times, memory: heal()), first,
+                            self.config.data.num_rollout, self.config.rollout.staleness_bound, first)
+
+    def produce(self, rollout_id: int, heal) -> Generated:
+        """Generate rollout ``rollout_id`` (or read it back, ``--load-debug-rollout-data``). ``heal(times, memory)``
+        restarts dead engines and gives them the trainer's weights: before the rollout if one is dead, and when
+        the router or the only engine a group could reach died mid-rollout, after which the same prompts are
+        generated again, once, rather than trained without those groups."""
+        config, times, memory = self.config, {}, {}
         generating = self.cluster.has_engines and not config.debug.load_debug_rollout_data
-        if generating:
-            self.heal_engines(rollout_id, times, memory)
-            position = self.cluster.manager("data_state")
-        tick = time.perf_counter()
-        output = self.rollout(rollout_id)
-        dead = self.cluster.manager("dead_servers") if generating and output.metrics.get("groups_dropped") else []
-        if dead:
-            # The router, or the only engine a group could reach, died mid-rollout: rather than train without
-            # those groups, restart it (an engine with the same weights) and generate the same prompts again, once.
-            tqdm.write(f"rollout {rollout_id}: {', '.join(dead)} died and {output.metrics['groups_dropped']:.0f} "
-                       "groups were dropped; restarting and generating the rollout again")
-            self.heal_engines(rollout_id, times, memory)
-            self.cluster.manager("load_data_state", position)
+        position = None
+        if generating and self.cluster.manager("dead_engines"):
+            heal(times, memory)
+        with self.engine_lock:
+            if generating:
+                position = self.positions[rollout_id] = self.cluster.manager("data_state")
             tick = time.perf_counter()
             output = self.rollout(rollout_id)
+            times["rollout"] = time.perf_counter() - tick
+            dead = self.cluster.manager("dead_servers") if generating and output.metrics.get("groups_dropped") \
+                else []
+        if dead:
+            tqdm.write(f"rollout {rollout_id}: {', '.join(dead)} died and {output.metrics['groups_dropped']:.0f} "
+                       "groups were dropped; restarting and generating the rollout again")
+            heal(times, memory)
+            with self.engine_lock:
+                self.cluster.manager("load_data_state", position)
+                tick = time.perf_counter()
+                output = self.rollout(rollout_id)
+                times["rollout"] = time.perf_counter() - tick
+        return Generated(rollout_id, output, position, times, memory)
+
+    def learn(self, made: Generated, start: float) -> dict[str, float]:
+        """Train on a generated rollout and log the step (``start``: when the step's clock started)."""
+        config, rollout_id, output = self.config, made.rollout_id, made.output
+        times, memory = made.times, made.memory
         samples = [s for g in output.groups for s in g]
-        times["rollout"] = time.perf_counter() - tick
         metrics = rollout_metrics(samples, "rollout")
         if config.sft:  # SFT samples carry no reward
             metrics = {k: v for k, v in metrics.items() if "reward" not in k}
         metrics.update({f"rollout/{k}": float(v) for k, v in output.metrics.items()})
         metrics["rollout/tokens_per_s"] = sum(s.response_length for s in samples) / max(times["rollout"], 1e-9)
+        if self.cluster.has_engines and not config.debug.load_debug_rollout_data:
+            metrics.update(self.staleness(rollout_id, samples))
+        for old in [k for k in self.positions if k <= rollout_id]:
+            del self.positions[old]
         prompts = [g[0].metadata.get("source", "") for g in output.groups]
         if self.cluster.has_actors:
             metrics.update(self.train_on(rollout_id, samples, times, memory))
@@ -337,6 +389,18 @@ class Trainer:
         self.tracker.log(metrics, rollout_id, {"prompts": prompts})
         self.history.append({"rollout": rollout_id, **metrics})
         return metrics
+
+    def staleness(self, rollout_id: int, samples: list[Sample]) -> dict[str, float]:
+        """How many policy versions each sample's tokens lag the policy that trains on them (rollout n is trained
+        by version n). Weights change only between rollouts, so none may lag more than --max-staleness (0 in
+        the synchronous loop); one that does is a bug, and stops the run rather than train off-policy unawares."""
+        lags = [rollout_id - s.weight_version for s in samples if s.weight_version is not None]
+        bound = self.config.rollout.staleness_bound
+        if lags and max(lags) > bound:
+            raise RuntimeError(f"rollout {rollout_id}: a sample was generated {max(lags)} policy versions before "
+                               f"the step that trains on it, more than the bound {bound}")
+        return {"rollout/staleness_mean": float(np.mean(lags)) if lags else 0.0,
+                "rollout/staleness_max": float(max(lags, default=0))}
 
     def train_on(self, rollout_id: int, samples: list[Sample], times: dict[str, float],
                  memory: dict[str, float]) -> dict[str, float]:
@@ -396,13 +460,20 @@ class Trainer:
                 self.evaluate(self.start_rollout)
             bar = tqdm(total=config.data.num_rollout, initial=self.start_rollout, desc="train", unit="rollout")
             rollout_id = self.start_rollout
+            if config.rollout.async_training:
+                self.ahead = self.start_ahead(rollout_id)
             while rollout_id < config.data.num_rollout:
                 try:
-                    m = self.train_one(rollout_id)
+                    m = self.train_one_async(rollout_id) if self.ahead else self.train_one(rollout_id)
                 except TrainerDied as err:
                     if self.restarts >= config.cluster.max_restarts:
                         raise
+                    if self.ahead is not None:  # what it made was for weights the restart throws away
+                        self.ahead.stop()
+                        self.ahead = None
                     rollout_id = self.recover(err)
+                    if config.rollout.async_training:
+                        self.ahead = self.start_ahead(rollout_id)
                     bar.n = rollout_id
                     continue
                 shown = {} if config.sft else {"reward": f"{m['rollout/reward_mean']:.3f}"}
@@ -414,6 +485,8 @@ class Trainer:
                 rollout_id += 1
             bar.close()
         finally:
+            if self.ahead is not None:
+                self.ahead.stop(wait=False)  # on an error its rollout fails once the engines are gone
             self.tracker.close()
             self.cluster.shutdown()
         print(f"TensorBoard logs: {self.tracker.log_dir}")

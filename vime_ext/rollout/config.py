@@ -41,6 +41,12 @@ class RolloutConfig:
         "regenerate")
     max_failed_fraction: float = _help("stop the run when more than this share of a rollout's samples FAILED "
                                        "(plug-in errors, timeouts, refused requests; engine aborts do not count)", 0.5)
+    async_training: bool = _help(
+        "generate the next rollouts while the trainer trains on earlier ones (engines on GPUs of their own, not "
+        "--colocate; train_async.py sets it); weights reach the engines between rollouts", False)
+    max_staleness: int | None = _help(
+        "with --async-training: how many policy versions the policy that trains on a sample may be ahead of the "
+        "one that generated it (default 1: the next rollout overlaps the current step; 0: the synchronous loop)")
     rollout_sample_timeout: float = _help("seconds one sample's generate and reward may take before it fails "
                                           "(0: no limit)", 3600.0)
 
@@ -60,7 +66,19 @@ class RolloutConfig:
         if self.rollout_sample_timeout < 0:
             raise ValueError(f"--rollout-sample-timeout must be 0 (no limit) or positive, got "
                              f"{self.rollout_sample_timeout}")
+        if self.max_staleness is not None:
+            if not self.async_training:
+                raise ValueError("--max-staleness bounds --async-training; add it, or drop --max-staleness")
+            if self.max_staleness < 0:
+                raise ValueError(f"--max-staleness must be 0 or more, got {self.max_staleness}")
         sampling_params(self).validate()
+
+    @property
+    def staleness_bound(self) -> int:
+        """The most policy versions a trained sample may lag: 0 in the synchronous loop."""
+        if not self.async_training:
+            return 0
+        return 1 if self.max_staleness is None else self.max_staleness
 
     @classmethod
     def add_args(cls, parser: argparse.ArgumentParser) -> None:
