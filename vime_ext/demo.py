@@ -31,6 +31,8 @@ def main(argv=None) -> None:
     parser.add_argument("--no-ray", action="store_true", help="run the trainer in this process (no Ray)")
     parser.add_argument("--algorithm", choices=["grpo", "ppo"], default="grpo")
     parser.add_argument("--sft", action="store_true", help="supervised fine-tuning on generated chats instead")
+    parser.add_argument("--async-training", action="store_true",
+                        help="generate each next rollout while the trainer trains (--max-staleness 1)")
     args = parser.parse_args(argv)
     if args.sft:
         return sft_demo(Path(args.out if args.out != "runs/demo" else "runs/demo_sft").resolve(), args.num_rollout,
@@ -64,6 +66,8 @@ def main(argv=None) -> None:
         flags += ["--engine-max-model-len", "1024", "--vllm-enforce-eager"]
     if args.no_ray:
         flags += ["--no-ray"]
+    if args.async_training:
+        flags += ["--async-training"]
     if args.algorithm == "ppo":
         flags += ["--advantage-estimator", "ppo", "--critic-lr", "1e-4", "--normalize-advantages"]
     history = train(flags)
