@@ -413,10 +413,10 @@ def _check(config: TrainConfig) -> None:
                         f"policy (--num-rollout {config.data.num_rollout})")
     if cl.colocate and cl.rollout_num_gpus is not None:
         problems.append("--colocate puts the engines on the actors' GPUs; drop --rollout-num-gpus")
-    if r.async_training and (cl.colocate or config.sft or d.debug_train_only or d.debug_rollout_only):
-        problems.append("--async-training overlaps generation with training on engines of their own; it cannot "
-                        "be combined with --colocate (engines asleep while the trainer trains), --loss-type "
-                        "sft_loss (no engines) or --debug-train-only/--debug-rollout-only (one side only)")
+    if r.async_training and (config.sft or d.debug_train_only or d.debug_rollout_only):
+        problems.append("--async-training overlaps generation with training; it cannot be combined with "
+                        "--loss-type sft_loss (no engines) or --debug-train-only/--debug-rollout-only (one side "
+                        "only)")
     rollout_gpus = cl.actor_world_size if cl.colocate else (cl.rollout_num_gpus or 1)
     if rollout_gpus % cl.rollout_num_gpus_per_engine:
         problems.append(f"{rollout_gpus} rollout GPUs do not split into engines of "

@@ -109,6 +109,7 @@ class Cluster:
         if self.has_manager:
             self._hand_gpus_to_engines()
             self._manager = RolloutManager(self.config, gpu_ids_from_env(), log_dir)
+            self._take_gpus_back()
 
     def _start_ray(self, log_dir):
         import ray
@@ -142,6 +143,7 @@ class Cluster:
         self._manager = ray.remote(_ManagerWorker).options(
             num_cpus=1, num_gpus=rollout_gpus, scheduling_strategy=in_bundle(world)).remote()
         ray.get(self._manager.setup.remote(self.config, colocated_gpus, log_dir))
+        self._take_gpus_back()
 
     def _start_actors(self, world: int) -> None:
         """One trainer rank per bundle of the placement group, each building its model (from --hf-checkpoint,
@@ -168,12 +170,20 @@ class Cluster:
             ray.kill(actor, no_restart=True)
         self._start_actors(len(self._actors))
         self._hand_gpus_to_engines()
+        self._take_gpus_back()
 
     def _hand_gpus_to_engines(self) -> None:
         """Colocated on GPUs: the trainer ranks release their memory before the engines start, since vLLM sizes
         its KV cache from the memory free at start-up; the driver takes turns from then on (train.py)."""
         if self.config.cluster.colocate and self._actors and self.layouts[0].get("device") == "cuda":
             self.actors("release_memory")
+
+    def _take_gpus_back(self) -> None:
+        """Colocated with --async-training: engines and trainer ranks stay resident side by side, so the ranks
+        take their memory back once the engines have taken their share (--vllm-gpu-memory-utilization)."""
+        if self.config.cluster.colocate and self.config.rollout.async_training and self._actors and \
+                self.layouts[0].get("device") == "cuda":
+            self.actors("restore_memory")
 
     def actors(self, method: str, per_rank_args: list[tuple] | None = None) -> list[Any]:
         """Call ``method`` on every trainer rank (rank i gets ``per_rank_args[i]``) and wait for all."""

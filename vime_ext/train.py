@@ -84,8 +84,11 @@ class Trainer:
         self.reporters = [i for i, l in enumerate(layouts) if l.get("last_stage") and l["tp_rank"] == 0]
         # Colocated on GPUs, the trainer ranks and the engines take turns with the accelerator memory: the
         # cluster handed the ranks' memory over before the engines started (cluster.py).
-        self.handover = config.cluster.colocate and self.cluster.has_engines and self.cluster.has_actors and \
-            layouts[0].get("device") == "cuda"
+        # Colocated engines sleep while the trainer trains, except with --async-training, where both stay resident
+        # on the GPU, each in its share of the memory, and only the weights move.
+        self.engines_sleep = config.cluster.colocate and self.cluster.has_engines and \
+            not config.rollout.async_training
+        self.handover = self.engines_sleep and self.cluster.has_actors and layouts[0].get("device") == "cuda"
         self.start_rollout = 0
         self.restarts = 0  # trainer-rank restarts so far (--max-restarts)
         self.initial_data: dict | None = None  # the data position the run started from, for a restart without save
@@ -122,7 +125,7 @@ class Trainer:
     def to_trainer(self, times: dict[str, float], memory: dict[str, float]) -> None:
         """Colocated: the engines sleep and the trainer ranks take their memory back (``memory/rollout_*`` is
         the device as the rollout left it, ``memory/reload_*`` after the reload)."""
-        if not self.config.cluster.colocate or not self.cluster.has_engines:
+        if not self.engines_sleep:
             return
         if self.handover:
             memory.update(_max_over_ranks(self.cluster.actors("memory"), "rollout"))
@@ -139,8 +142,7 @@ class Trainer:
         the trainer ranks release everything but the weights, the engines wake their weights, the push runs,
         the ranks release the weights, and the engines wake their KV cache (the order that never holds two
         full sets of memory at once)."""
-        colocated = self.config.cluster.colocate and self.cluster.has_engines
-        if not colocated:
+        if not self.engines_sleep:
             times["weight_sync"] = self.push_weights(version)
             return
         if not self.handover:

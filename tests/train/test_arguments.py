@@ -69,7 +69,7 @@ def test_typed_sections_and_vllm_pass_through(base):
     (["--rollout-batch-size", "4", "--dynamic-sampling-filter-path", "a.b", "--over-sampling-batch-size", "2"],
      "--over-sampling-batch-size 2 is below --rollout-batch-size 4"),
     (["--overlap-param-gather"], "need --use-distributed-optimizer"),
-    (["--async-training", "--colocate"], "cannot be combined with --colocate"),
+    (["--async-training", "--debug-rollout-only"], "cannot be combined with --loss-type sft_loss"),
     (["--max-staleness", "2"], "--max-staleness bounds --async-training"),
     (["--async-training", "--max-staleness", "-1"], "--max-staleness must be 0 or more"),
     (["--optimizer-cpu-offload", "--bf16"], "need --use-distributed-optimizer"),
