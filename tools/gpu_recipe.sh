@@ -15,6 +15,8 @@
 #   ... gpu_recipe.sh replay       # rollout 1's requests on the loop's engine flags, the engine alone
 #   ... gpu_recipe.sh weight_sync  # tools/bench_weight_sync.py, CUDA IPC as colocated
 #   ... gpu_recipe.sh table
+# and synchronous against asynchronous training, engine and trainer resident on one GPU (tools/async_table.py):
+#   ... gpu_recipe.sh async_bench       # ENGINE_MEMORY (default 0.3) is the engine's share of the GPU
 # Logs and metrics go to VIME_EXT_OUT (default WORK/out). The layout is the script's default for the GPU count
 # (one GPU: colocated, optimizer offload); any of the script's variables may be set around this.
 set -euo pipefail
@@ -112,5 +114,15 @@ case "${STAGE}" in
     python tools/loop_efficiency.py --loop "${OUT_DIR}/${EXAMPLE}_metrics.jsonl" \
       --replay "${OUT_DIR}/${EXAMPLE}_replay.json" --train-only "${OUT_DIR}/${EXAMPLE}_train_only_metrics.jsonl" \
       --weight-sync "${OUT_DIR}/weight_sync_ipc.json" | tee "${OUT_DIR}/${EXAMPLE}_loop_efficiency.md" ;;
-  *) echo "usage: gpu_recipe.sh prepare|train|eval|train_only|replay|weight_sync|table" >&2; exit 2 ;;
+  async_bench)
+    # The same flags twice, colocated and resident (--async-training keeps both on the GPU): K = 0 (the
+    # synchronous steps in the same memory split) and K = 1; no save.
+    for k in 0 1; do
+      SAVE_PATH=${WORK}/${EXAMPLE}_async_k${k} SAVE_INTERVAL=1000000 COLOCATE=1 ENGINE_MEMORY=${ENGINE_MEMORY:-0.3} \
+        bash "examples/${EXAMPLE}/run-qwen3-4b-train.sh" --async-training --max-staleness "${k}" "$@" 2>&1 \
+        | tee "${OUT_DIR}/${EXAMPLE}_async_k${k}.log" | grep --line-buffered -v "it/s\]\|s/it\]"
+    done
+    python tools/async_table.py --sync "${WORK}/${EXAMPLE}_async_k0/tensorboard/metrics.jsonl" \
+      --async "${WORK}/${EXAMPLE}_async_k1/tensorboard/metrics.jsonl" | tee "${OUT_DIR}/${EXAMPLE}_async_table.md" ;;
+  *) echo "usage: gpu_recipe.sh prepare|train|eval|train_only|replay|weight_sync|table|both|async_bench" >&2; exit 2 ;;
 esac

@@ -7,6 +7,8 @@ resident side by side: nothing sleeps."""
 import pytest
 
 from tests.train.test_train_loop import common_flags, metrics, tiny_model, train  # noqa: F401 (fixture)
+from tools.async_table import summary, table
+from tools.loop_efficiency import read_metrics
 from vime_ext.data.synthetic import write_jsonl
 
 COMPARED = ["rollout/reward_mean", "train/loss", "train/pg_loss", "train/kl", "train/grad_norm", "train/entropy"]
@@ -50,3 +52,7 @@ def test_async_training_bounds_staleness_and_resumes_without_losing_prompts(tiny
     resumed = metrics(runs["resumed"] / "tensorboard")
     assert sorted(resumed) == [1] and resumed[1]["prompts"] == k1[1]["prompts"]
     assert resumed[1]["rollout/weight_version"] == 1  # the loaded weights, pushed before the rollout
+
+    # The benchmark's table (tools/async_table.py) reads such runs: equal samples, seconds per sample.
+    report = table(*(summary(read_metrics(runs[name] / "tensorboard/metrics.jsonl"), 0) for name in ("k0", "k1")))
+    assert "| synchronous (K=0) | 2 | 16 |" in report and "| asynchronous | 2 | 16 |" in report and "speed-up" in report
