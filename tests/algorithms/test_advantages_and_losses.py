@@ -12,7 +12,7 @@ from vime_ext.algorithms.losses import (
     clipped_value_loss,
     entropy_from_logits,
     kl_penalty,
-    truncated_importance_weights,
+    rollout_correction_weights,
 )
 
 
@@ -63,7 +63,8 @@ def test_aggregation_modes_honour_masks():
 
 
 def test_truncated_is_and_entropy():
-    w = truncated_importance_weights(torch.log(torch.tensor([0.5, 0.9])), torch.log(torch.tensor([0.25, 0.9])), 1.5)
+    w = rollout_correction_weights(torch.log(torch.tensor([0.5, 0.9])), torch.log(torch.tensor([0.25, 0.9])),
+                                   torch.ones(2), 1.5)
     assert torch.allclose(w, torch.tensor([1.5, 1.0]))  # ratio 2 capped at 1.5; equal -> 1
     uniform = entropy_from_logits(torch.zeros(1, 4))
     assert torch.allclose(uniform, torch.tensor([math.log(4)]))
@@ -111,3 +112,24 @@ def test_clipped_value_loss():
     assert clipped.tolist() == [1.0, 1.0, 0.0]
     unclipped, none = clipped_value_loss(values, old, returns, value_clip=None)
     assert torch.allclose(unclipped, torch.tensor([0.5, 0.0, 0.98])) and none.sum() == 0
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+@pytest.mark.parametrize("floor", [None, 0.5])
+def test_rollout_correction_matches_verl(level, floor):
+    """Token and sequence truncated importance weights, and the IcePop band ([floor, cap], zero outside), against
+    verl's rollout correction on random log-probs with a padded mask (verl: a test-only dependency)."""
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_weights
+
+    generator = torch.Generator().manual_seed(0)
+    old = -torch.rand(6, 9, generator=generator) * 3
+    rollout = old + torch.randn(6, 9, generator=generator) * (0.2 if level == "sequence" else 0.5)
+    mask = (torch.rand(6, 9, generator=generator) > 0.2).float()
+    mask[5] = 0.0  # a row without trained tokens
+    cap = 2.0 if floor is None else 1.5
+    ours = rollout_correction_weights(old, rollout, mask, cap, level, floor)
+    theirs, _ = compute_rollout_correction_weights(old - rollout, mask, rollout_is=level,
+                                                   rollout_is_threshold=cap if floor is None else f"{floor}_{cap}")
+    assert torch.allclose(ours, theirs, atol=1e-6, rtol=1e-6)
+    if floor is not None:  # the band masked some tokens and kept others
+        assert 0 < int(((ours == 0) & (mask > 0)).sum()) < int(mask.sum())

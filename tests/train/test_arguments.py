@@ -69,6 +69,8 @@ def test_typed_sections_and_vllm_pass_through(base):
     (["--rollout-batch-size", "4", "--dynamic-sampling-filter-path", "a.b", "--over-sampling-batch-size", "2"],
      "--over-sampling-batch-size 2 is below --rollout-batch-size 4"),
     (["--overlap-param-gather"], "need --use-distributed-optimizer"),
+    (["--tis-floor", "0.5"], "add --use-tis"),
+    (["--use-tis", "--tis-floor", "3"], r"--tis-floor 3.0 must lie in \[0, --tis-cap 2.0\)"),
     (["--async-training", "--debug-rollout-only"], "cannot be combined with --loss-type sft_loss"),
     (["--max-staleness", "2"], "--max-staleness bounds --async-training"),
     (["--async-training", "--max-staleness", "-1"], "--max-staleness must be 0 or more"),

@@ -36,11 +36,28 @@ def clipped_policy_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, ad
     return torch.maximum(unclipped, clipped), (clipped > unclipped).float()
 
 
-def truncated_importance_weights(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor,
-                                 cap: float) -> torch.Tensor:
-    """min(p_trainer / p_engine, cap) per token: corrects for the engine sampling from a slightly different
-    distribution than the trainer computes (kernels, precision), without letting one token dominate."""
-    return torch.exp(old_log_probs.float() - rollout_log_probs.float()).clamp(max=cap).detach()
+TISLevel = Literal["token", "sequence"]
+_LOG_RATIO_BOUND = 20.0  # exp(20) is far above any cap and exp(-20) below any floor: the weights stay finite
+
+
+def rollout_correction_weights(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor,
+                               loss_mask: torch.Tensor, cap: float, level: TISLevel = "token",
+                               floor: float | None = None) -> torch.Tensor:
+    """Importance weights p_trainer / p_engine for tokens the engine sampled from another distribution than the
+    trainer's (other kernels and precision; with --async-training, older weights). ``level`` token: one weight
+    per token; sequence: the product over the row's trained tokens, on each of them. Without ``floor`` a weight
+    above ``cap`` is cut to it (truncated IS); with it, a weight outside [floor, cap] is set to 0, so the token
+    (or the sequence) trains nothing (IcePop-style masking). Zero off the mask; no gradient."""
+    mask = loss_mask.float()
+    log_ratio = (old_log_probs.float() - rollout_log_probs.float()) * mask
+    if level == "sequence":
+        log_ratio = log_ratio.sum(dim=-1, keepdim=True).expand_as(log_ratio)
+    elif level != "token":
+        raise ValueError(f"unknown importance-weight level {level!r}; choose token or sequence")
+    raw = torch.exp(log_ratio.clamp(-_LOG_RATIO_BOUND, _LOG_RATIO_BOUND)) * mask
+    if floor is None:
+        return raw.clamp(max=cap).detach()
+    return torch.where((raw >= floor) & (raw <= cap), raw, torch.zeros_like(raw)).detach()
 
 
 def token_weights(loss_mask: torch.Tensor, mode: Aggregation, total_tokens: float,

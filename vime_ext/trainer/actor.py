@@ -102,9 +102,11 @@ class TrainActor:
             critic_lr = o.critic_lr if o.critic_lr is not None else o.lr
             self.critic = Critic(build_optimizer(critic_model, o, critic_lr, total_steps), a.loss_aggregation,
                                  a.value_clip)
-        self.loss_settings = LossSettings(a.eps_clip, a.eps_clip_high, a.use_kl_loss, a.kl_loss_coef,
-                                          a.kl_loss_type, a.entropy_coef, a.loss_aggregation, a.use_tis,
-                                          a.tis_cap, config.rollout.rollout_temperature or 1.0)
+        self.loss_settings = LossSettings(
+            eps_clip=a.eps_clip, eps_clip_high=a.eps_clip_high, use_kl_loss=a.use_kl_loss,
+            kl_loss_coef=a.kl_loss_coef, kl_loss_type=a.kl_loss_type, entropy_coef=a.entropy_coef,
+            aggregation=a.loss_aggregation, use_tis=a.use_tis, tis_cap=a.tis_cap, tis_level=a.tis_level,
+            tis_floor=a.tis_floor, temperature=config.rollout.rollout_temperature or 1.0)
         self.ps = parallel_state
         self._handover = MemoryHandover(self._device().type)
         self._weight_sync = None  # the sender's (target, WeightSync), kept between pushes

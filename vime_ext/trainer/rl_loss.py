@@ -17,7 +17,7 @@ from vime_ext.algorithms.losses import (
     clipped_value_loss,
     kl_penalty,
     token_weights,
-    truncated_importance_weights,
+    rollout_correction_weights,
 )
 from vime_ext.trainer.batching import MicroBatch
 from vime_ext.trainer.forward import position_log_probs, vocab_shard
@@ -36,6 +36,8 @@ class LossSettings:
     aggregation: str = "token_mean"
     use_tis: bool = False
     tis_cap: float = 2.0
+    tis_level: str = "token"
+    tis_floor: float | None = None
     temperature: float = 1.0
 
 
@@ -82,9 +84,12 @@ def micro_batch_loss(logits: torch.Tensor, batch: MicroBatch, shape: ModelShape,
     pg_loss, clipped = clipped_policy_loss(log_probs, batch.old_log_probs, batch.advantages, settings.eps_clip,
                                            settings.eps_clip_high)
     if settings.use_tis:
-        tis = truncated_importance_weights(batch.old_log_probs, batch.rollout_log_probs, settings.tis_cap)
+        tis = rollout_correction_weights(batch.old_log_probs, batch.rollout_log_probs, mask, settings.tis_cap,
+                                         settings.tis_level, settings.tis_floor)
         pg_loss = pg_loss * tis
         stats["tis_weight"] = (tis * weights).sum()
+        if settings.tis_floor is not None:  # the share of trained tokens the band masked out
+            stats["tis_masked"] = ((tis == 0).float() * weights).sum()
     per_token = pg_loss
     if settings.use_kl_loss:
         kl = kl_penalty(log_probs, torch.where(valid, batch.ref_log_probs, log_probs.detach()), settings.kl_loss_type)
