@@ -133,3 +133,34 @@ def test_rollout_correction_matches_verl(level, floor):
     assert torch.allclose(ours, theirs, atol=1e-6, rtol=1e-6)
     if floor is not None:  # the band masked some tokens and kept others
         assert 0 < int(((ours == 0) & (mask > 0)).sum()) < int(mask.sum())
+
+
+class _VerlActorConfig(dict):
+    """The fields of verl's actor config that its vanilla policy loss reads."""
+
+    def __init__(self, **fields):
+        super().__init__(**fields)
+        self.__dict__.update(fields)
+
+
+@pytest.mark.parametrize("eps_clip_c", [None, 3.0])
+@pytest.mark.parametrize("mode", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"])
+def test_ppo_clip_higher_and_dual_clip_match_verl(eps_clip_c, mode):
+    """PPO's clipped loss with clip-higher and, with --eps-clip-c, dual-clip, aggregated each way, against verl's
+    vanilla policy loss on random log-probs and advantages of both signs (ratios far from 1, so every branch
+    is taken)."""
+    from verl.trainer.ppo.core_algos import compute_policy_loss_vanilla
+
+    generator = torch.Generator().manual_seed(1)
+    old = -torch.rand(5, 7, generator=generator) * 2
+    new = old + torch.randn(5, 7, generator=generator) * 1.5
+    advantages = torch.randn(5, 7, generator=generator)
+    mask = (torch.rand(5, 7, generator=generator) > 0.25).float()
+    per_token, _ = clipped_policy_loss(new, old, advantages, 0.2, 0.28, eps_clip_c)
+    config = _VerlActorConfig(clip_ratio=0.2, clip_ratio_low=0.2, clip_ratio_high=0.28,
+                              clip_ratio_c=eps_clip_c if eps_clip_c is not None else 1e9, global_batch_info={})
+    theirs, _ = compute_policy_loss_vanilla(old, new, advantages, mask, mode.replace("_", "-"), config)
+    assert aggregate(per_token, mask, mode).item() == pytest.approx(theirs.item(), rel=1e-6, abs=1e-7)
+    if eps_clip_c is not None:  # dual-clip bit somewhere
+        plain, _ = clipped_policy_loss(new, old, advantages, 0.2, 0.28)
+        assert (per_token < plain).any()

@@ -26,14 +26,20 @@ def kl_penalty(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kind: KLTyp
 
 
 def clipped_policy_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor,
-                        eps_clip: float, eps_clip_high: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                        eps_clip: float, eps_clip_high: float | None = None,
+                        eps_clip_c: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO's clipped surrogate per token, with clip-higher (``eps_clip_high`` > ``eps_clip`` lets rare tokens
-    grow more). Returns (loss per token, 1.0 where the clipped branch was taken)."""
+    grow more) and dual-clip (``eps_clip_c`` = C > 1: where the advantage is negative, the loss is at most
+    -C x advantage, so a token whose ratio has run far up cannot push it further). Returns (loss per token, 1.0
+    where the clipped branch was taken)."""
     high = eps_clip if eps_clip_high is None else eps_clip_high
     ratio = torch.exp(log_probs.float() - old_log_probs.float())
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1.0 - eps_clip, 1.0 + high)
-    return torch.maximum(unclipped, clipped), (clipped > unclipped).float()
+    loss = torch.maximum(unclipped, clipped)
+    if eps_clip_c is not None:
+        loss = torch.where(advantages < 0, torch.minimum(loss, -advantages * eps_clip_c), loss)
+    return loss, (clipped > unclipped).float()
 
 
 TISLevel = Literal["token", "sequence"]

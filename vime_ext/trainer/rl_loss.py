@@ -29,6 +29,7 @@ from vime_ext.trainer.packing import to_rows
 class LossSettings:
     eps_clip: float = 0.2
     eps_clip_high: float | None = None
+    eps_clip_c: float | None = None
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.0
     kl_loss_type: str = "low_var_kl"
@@ -82,7 +83,7 @@ def micro_batch_loss(logits: torch.Tensor, batch: MicroBatch, shape: ModelShape,
     valid = mask > 0
     log_probs = torch.where(valid, log_probs, batch.old_log_probs)
     pg_loss, clipped = clipped_policy_loss(log_probs, batch.old_log_probs, batch.advantages, settings.eps_clip,
-                                           settings.eps_clip_high)
+                                           settings.eps_clip_high, settings.eps_clip_c)
     if settings.use_tis:
         tis = rollout_correction_weights(batch.old_log_probs, batch.rollout_log_probs, mask, settings.tis_cap,
                                          settings.tis_level, settings.tis_floor)
