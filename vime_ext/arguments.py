@@ -128,6 +128,10 @@ class AlgorithmConfig:
         "KL estimator: low_var_kl (k3, clipped), k1, k2, k3", "low_var_kl")
     eps_clip: float = _help("PPO ratio clip range (lower side, and upper without --eps-clip-high)", 0.2)
     eps_clip_high: float | None = _help("upper clip range (clip-higher); default --eps-clip")
+    policy_loss: Literal["ppo", "gspo", "cispo"] = _help(
+        "the policy-gradient loss: ppo (token ratios, clipped), gspo (one ratio per sequence, the geometric mean "
+        "of its token ratios, clipped; use clip ranges of its scale, e.g. --eps-clip 3e-4 --eps-clip-high 4e-4) "
+        "or cispo (the clipped ratio, without gradient, weighs advantage x log-prob)", "ppo")
     eps_clip_c: float | None = _help("dual-clip PPO: where the advantage is negative, the loss is at most C x "
                                      "|advantage| (C > 1; slime's flag, verl's clip_ratio_c); default off")
     entropy_coef: float = _help("weight of an entropy bonus in the loss", 0.0)
@@ -409,6 +413,8 @@ def _check(config: TrainConfig) -> None:
                      for k, v in (("critic_load", c.critic_load), ("critic_lr", o.critic_lr)) if v is not None]
     if config.sft:
         problems += _sft_problems(config)
+    if a.eps_clip_c is not None and a.policy_loss != "ppo":
+        problems.append(f"--eps-clip-c is dual-clip PPO; --policy-loss {a.policy_loss} has no such bound")
     if a.eps_clip_c is not None and a.eps_clip_c <= 1.0:
         problems.append(f"--eps-clip-c {a.eps_clip_c} must be above 1 (it bounds the ratio's effect from above)")
     if not a.use_tis and (a.tis_level != "token" or a.tis_floor is not None):

@@ -8,7 +8,9 @@ import torch
 from vime_ext.algorithms.advantages import gae_advantages, grpo_advantages, terminal_rewards, whiten
 from vime_ext.algorithms.losses import (
     aggregate,
+    cispo_policy_loss,
     clipped_policy_loss,
+    gspo_policy_loss,
     clipped_value_loss,
     entropy_from_logits,
     kl_penalty,
@@ -164,3 +166,34 @@ def test_ppo_clip_higher_and_dual_clip_match_verl(eps_clip_c, mode):
     if eps_clip_c is not None:  # dual-clip bit somewhere
         plain, _ = clipped_policy_loss(new, old, advantages, 0.2, 0.28)
         assert (per_token < plain).any()
+
+
+@pytest.mark.parametrize("loss", ["gspo", "cispo"])
+@pytest.mark.parametrize("mode", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"])
+def test_gspo_and_cispo_match_verl_in_value_and_gradient(loss, mode):
+    """GSPO (sequence ratios, the paper's clip scale) and CISPO (clipped ratio without gradient), aggregated each
+    way: the loss and its gradient with respect to the log-probs equal verl's."""
+    from verl.trainer.ppo.core_algos import compute_policy_loss_cispo, compute_policy_loss_gspo
+    from verl.workers.config.actor import ActorConfig
+
+    generator = torch.Generator().manual_seed(2)
+    old = -torch.rand(5, 7, generator=generator) * 2
+    start = old + torch.randn(5, 7, generator=generator) * (0.001 if loss == "gspo" else 0.5)
+    advantages = torch.randn(5, 1, generator=generator).expand(5, 7)
+    mask = (torch.rand(5, 7, generator=generator) > 0.25).float()
+    low, high = (3e-4, 4e-4) if loss == "gspo" else (0.2, 0.28)
+    ours_new, theirs_new = start.clone().requires_grad_(True), start.clone().requires_grad_(True)
+    if loss == "gspo":
+        per_token, clipped = gspo_policy_loss(ours_new, old, advantages, mask, low, high)
+    else:
+        per_token, clipped = cispo_policy_loss(ours_new, old, advantages, low, high)
+    ours = aggregate(per_token, mask, mode)
+    config = ActorConfig(strategy="fsdp", clip_ratio=low, clip_ratio_low=low, clip_ratio_high=high,
+                         ppo_mini_batch_size=1, ppo_micro_batch_size_per_gpu=1, rollout_n=1)
+    reference = compute_policy_loss_gspo if loss == "gspo" else compute_policy_loss_cispo
+    theirs, _ = reference(old, theirs_new, advantages, mask, mode.replace("_", "-"), config)
+    assert ours.item() == pytest.approx(theirs.item(), rel=1e-6, abs=1e-7)
+    ours.backward()
+    theirs.backward()
+    assert torch.allclose(ours_new.grad, theirs_new.grad, rtol=1e-5, atol=1e-7)
+    assert 0 < float((clipped * mask).sum()) < float(mask.sum())  # both branches taken

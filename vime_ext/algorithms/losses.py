@@ -42,6 +42,35 @@ def clipped_policy_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, ad
     return loss, (clipped > unclipped).float()
 
 
+def gspo_policy_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor,
+                     loss_mask: torch.Tensor, eps_clip: float,
+                     eps_clip_high: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """GSPO: PPO's clipped surrogate on each row's sequence-level ratio, the geometric mean of its token ratios
+    over the trained tokens; every token carries it, with the token's own log-prob for the gradient
+    (sg[s] x p / sg[p]). Its clip range is of another scale than PPO's (the paper's 3e-4 / 4e-4). Returns (loss
+    per token, 1.0 where the clipped branch was taken)."""
+    high = eps_clip if eps_clip_high is None else eps_clip_high
+    mask = loss_mask.float()
+    log_ratio = (log_probs.float() - old_log_probs.float()) * mask
+    sequence = log_ratio.sum(dim=-1, keepdim=True) / mask.sum(dim=-1, keepdim=True).clamp(min=1.0)
+    log_s = log_probs.float() - log_probs.float().detach() + sequence.detach()
+    ratio = torch.exp(log_s.clamp(max=10.0))
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - eps_clip, 1.0 + high)
+    return torch.maximum(unclipped, clipped), (clipped > unclipped).float()
+
+
+def cispo_policy_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor,
+                      eps_clip: float, eps_clip_high: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """CISPO: the importance ratio, clipped to [1 - eps_clip, 1 + eps_clip_high] and without gradient, weighs
+    the advantage times the token's log-prob: every token keeps a gradient, however far its ratio ran. Returns
+    (loss per token, 1.0 where the ratio was clipped)."""
+    high = eps_clip if eps_clip_high is None else eps_clip_high
+    ratio = torch.exp((log_probs.float() - old_log_probs.float()).clamp(-20.0, 20.0))
+    weight = ratio.clamp(1.0 - eps_clip, 1.0 + high).detach()
+    return -weight * advantages * log_probs.float(), (weight != ratio).float()
+
+
 TISLevel = Literal["token", "sequence"]
 _LOG_RATIO_BOUND = 20.0  # exp(20) is far above any cap and exp(-20) below any floor: the weights stay finite
 

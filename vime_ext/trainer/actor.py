@@ -103,8 +103,9 @@ class TrainActor:
             self.critic = Critic(build_optimizer(critic_model, o, critic_lr, total_steps), a.loss_aggregation,
                                  a.value_clip)
         self.loss_settings = LossSettings(
-            eps_clip=a.eps_clip, eps_clip_high=a.eps_clip_high, eps_clip_c=a.eps_clip_c, use_kl_loss=a.use_kl_loss,
-            kl_loss_coef=a.kl_loss_coef, kl_loss_type=a.kl_loss_type, entropy_coef=a.entropy_coef,
+            policy_loss=a.policy_loss, eps_clip=a.eps_clip, eps_clip_high=a.eps_clip_high, eps_clip_c=a.eps_clip_c,
+            use_kl_loss=a.use_kl_loss, kl_loss_coef=a.kl_loss_coef, kl_loss_type=a.kl_loss_type,
+            entropy_coef=a.entropy_coef,
             aggregation=a.loss_aggregation, use_tis=a.use_tis, tis_cap=a.tis_cap, tis_level=a.tis_level,
             tis_floor=a.tis_floor, temperature=config.rollout.rollout_temperature or 1.0)
         self.ps = parallel_state

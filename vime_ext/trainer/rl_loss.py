@@ -13,7 +13,9 @@ from dataclasses import dataclass
 import torch
 
 from vime_ext.algorithms.losses import (
+    cispo_policy_loss,
     clipped_policy_loss,
+    gspo_policy_loss,
     clipped_value_loss,
     kl_penalty,
     token_weights,
@@ -30,6 +32,7 @@ class LossSettings:
     eps_clip: float = 0.2
     eps_clip_high: float | None = None
     eps_clip_c: float | None = None
+    policy_loss: str = "ppo"
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.0
     kl_loss_type: str = "low_var_kl"
@@ -82,8 +85,15 @@ def micro_batch_loss(logits: torch.Tensor, batch: MicroBatch, shape: ModelShape,
     # Padding positions get ratio 1 and zero KL, so nothing non-finite meets a zero weight there.
     valid = mask > 0
     log_probs = torch.where(valid, log_probs, batch.old_log_probs)
-    pg_loss, clipped = clipped_policy_loss(log_probs, batch.old_log_probs, batch.advantages, settings.eps_clip,
-                                           settings.eps_clip_high, settings.eps_clip_c)
+    if settings.policy_loss == "gspo":
+        pg_loss, clipped = gspo_policy_loss(log_probs, batch.old_log_probs, batch.advantages, mask, settings.eps_clip,
+                                            settings.eps_clip_high)
+    elif settings.policy_loss == "cispo":
+        pg_loss, clipped = cispo_policy_loss(log_probs, batch.old_log_probs, batch.advantages, settings.eps_clip,
+                                             settings.eps_clip_high)
+    else:
+        pg_loss, clipped = clipped_policy_loss(log_probs, batch.old_log_probs, batch.advantages, settings.eps_clip,
+                                               settings.eps_clip_high, settings.eps_clip_c)
     if settings.use_tis:
         tis = rollout_correction_weights(batch.old_log_probs, batch.rollout_log_probs, mask, settings.tis_cap,
                                          settings.tis_level, settings.tis_floor)
