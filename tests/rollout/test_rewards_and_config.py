@@ -4,7 +4,8 @@ import pytest
 
 from vime_ext.rollout.config import RolloutConfig, sampling_params
 from vime_ext.rollout.plugins import load_function
-from vime_ext.rollout.rewards import boxed_exact_match, last_boxed
+from vime_ext.rollout.rewards import boxed_exact_match, last_boxed, overlong_penalty
+from vime_ext.rollout.rollout import penalize_overlong
 from vime_ext.rollout.sample import Sample
 
 
@@ -64,3 +65,16 @@ def test_console_scripts_are_found_beside_the_running_python(monkeypatch):
     assert installed_program("vllm-router") == str(Path(sys.executable).parent / "vllm-router")
     with pytest.raises(FileNotFoundError, match="no-such-program: not in .* nor on PATH"):
         installed_program("no-such-program")
+
+
+def test_overlong_penalty_is_dapos_linear_ramp():
+    """--overlong-buffer-len 4 with 16-token responses: no penalty up to 12 tokens, then -1/4 per token x the
+    factor, -factor at the limit; added to the reward and logged per sample."""
+    assert [overlong_penalty(n, 16, 4, 0.5) for n in (3, 12, 13, 14, 16)] == [0.0, 0.0, -0.125, -0.25, -0.5]
+    args = argparse.Namespace(overlong_buffer_len=4, overlong_penalty_factor=1.0, rollout_max_response_len=16)
+    long, short = Sample(prompt="q", response_length=15, reward=1.0), Sample(prompt="q", response_length=5, reward=1.0)
+    for sample in (long, short):
+        penalize_overlong(args, sample)
+    assert (long.reward, long.metrics["overlong_penalty"]) == (0.25, -0.75) and short.reward == 1.0
+    with pytest.raises(ValueError, match=r"--overlong-buffer-len 20 must lie in \[1, --rollout-max-response-len 16\]"):
+        RolloutConfig(rollout_max_response_len=16, overlong_buffer_len=20)

@@ -41,6 +41,10 @@ class RolloutConfig:
         "regenerate")
     max_failed_fraction: float = _help("stop the run when more than this share of a rollout's samples FAILED "
                                        "(plug-in errors, timeouts, refused requests; engine aborts do not count)", 0.5)
+    overlong_buffer_len: int | None = _help(
+        "DAPO's overlong penalty: a response longer than --rollout-max-response-len minus this many tokens loses "
+        "reward linearly, down to --overlong-penalty-factor at the limit")
+    overlong_penalty_factor: float = _help("with --overlong-buffer-len: the penalty at the length limit", 1.0)
     async_training: bool = _help(
         "generate the next rollouts while the trainer trains on earlier ones (engines on GPUs of their own, not "
         "--colocate; train_async.py sets it); weights reach the engines between rollouts", False)
@@ -66,6 +70,9 @@ class RolloutConfig:
         if self.rollout_sample_timeout < 0:
             raise ValueError(f"--rollout-sample-timeout must be 0 (no limit) or positive, got "
                              f"{self.rollout_sample_timeout}")
+        if self.overlong_buffer_len is not None and not 0 < self.overlong_buffer_len <= self.rollout_max_response_len:
+            raise ValueError(f"--overlong-buffer-len {self.overlong_buffer_len} must lie in [1, "
+                             f"--rollout-max-response-len {self.rollout_max_response_len}]")
         if self.max_staleness is not None:
             if not self.async_training:
                 raise ValueError("--max-staleness bounds --async-training; add it, or drop --max-staleness")

@@ -8,6 +8,12 @@ from collections import Counter
 from vime_ext.rollout.sample import Sample
 
 
+def overlong_penalty(response_length: int, max_len: int, buffer_len: int, factor: float) -> float:
+    """DAPO's soft overlong punishment: 0 up to ``max_len - buffer_len`` generated tokens, then falling linearly
+    to ``-factor`` at ``max_len``."""
+    return min(-(response_length - (max_len - buffer_len)) / buffer_len * factor, 0.0)
+
+
 def last_boxed(text: str) -> str | None:
     """Content of the last ``\\boxed{...}``, braces balanced; None when there is none or it never closes."""
     start = text.rfind("\\boxed{")

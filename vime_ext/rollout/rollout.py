@@ -22,6 +22,7 @@ from vime_ext.rollout.config import sampling_params
 from vime_ext.rollout.data_source import DataSource
 from vime_ext.rollout.failures import FailurePolicy, check_failed_fraction, drop_group, needs_retry, plugin_failure
 from vime_ext.rollout.plugins import PluginArgs, call_plugin, load_function
+from vime_ext.rollout.rewards import overlong_penalty
 from vime_ext.rollout.sample import TRAINABLE, Sample, Status
 from vime_ext.rollout.validate import RolloutError, check_groups, check_number, check_sample, fold_trajectory, where
 
@@ -39,6 +40,17 @@ def sample_seed(base: int, rollout_id: int, index: int) -> int:
     """A distinct, reproducible sampling seed per (rollout, sample): a resumed run samples what the
     uninterrupted one would have (with a deterministic engine)."""
     return (base * 1_000_003 + rollout_id * 10_007 + index) % 2**31
+
+
+def penalize_overlong(args, sample: Sample) -> None:
+    """``--overlong-buffer-len``: DAPO's length penalty on the sample's reward (its response, the last generate
+    call's), logged per sample as ``overlong_penalty``."""
+    if args.overlong_buffer_len is None or sample.reward is None:
+        return
+    penalty = overlong_penalty(sample.response_length, args.rollout_max_response_len, args.overlong_buffer_len,
+                               args.overlong_penalty_factor)
+    sample.reward += penalty  # a number once apply_reward has run
+    sample.metrics["overlong_penalty"] = penalty
 
 
 def apply_reward(sample: Sample, value) -> None:
@@ -77,6 +89,7 @@ async def generate_rollout(args: PluginArgs, rollout_id: int, data_source: DataS
         done.weight_version = args.weight_version
         if done.status in TRAINABLE and not args.group_rm:
             apply_reward(done, await call_plugin(reward, args, done))
+            penalize_overlong(args, done)
             check_sample(done)
         return done
 
@@ -100,6 +113,7 @@ async def generate_rollout(args: PluginArgs, rollout_id: int, data_source: DataS
             for sample, value in zip(group, values):
                 if sample.status in TRAINABLE:
                     apply_reward(sample, value)
+                    penalize_overlong(args, sample)
                     check_sample(sample)
         except Exception as err:  # noqa: BLE001 (the group reward's failure fails every sample it scored)
             for sample in group:
