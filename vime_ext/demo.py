@@ -31,6 +31,8 @@ def main(argv=None) -> None:
     parser.add_argument("--no-ray", action="store_true", help="run the trainer in this process (no Ray)")
     parser.add_argument("--algorithm", choices=["grpo", "ppo"], default="grpo")
     parser.add_argument("--sft", action="store_true", help="supervised fine-tuning on generated chats instead")
+    parser.add_argument("--policy-loss", choices=["ppo", "gspo", "cispo"], default="ppo",
+                        help="the policy loss (GSPO with its paper's clip range, 3e-4 / 4e-4)")
     parser.add_argument("--async-training", action="store_true",
                         help="generate each next rollout while the trainer trains (--max-staleness 1)")
     args = parser.parse_args(argv)
@@ -68,6 +70,9 @@ def main(argv=None) -> None:
         flags += ["--no-ray"]
     if args.async_training:
         flags += ["--async-training"]
+    flags += ["--policy-loss", args.policy_loss]
+    if args.policy_loss == "gspo":
+        flags += ["--eps-clip", "3e-4", "--eps-clip-high", "4e-4"]
     if args.algorithm == "ppo":
         flags += ["--advantage-estimator", "ppo", "--critic-lr", "1e-4", "--normalize-advantages"]
     history = train(flags)

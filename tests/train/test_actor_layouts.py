@@ -12,6 +12,7 @@ Adam's eps is set large, so an update is close to lr x gradient and a gradient e
 """
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -43,6 +44,14 @@ CUDA_LAYOUTS = ("distributed", "dp2_distributed")  # CPU offload needs --bf16: t
 PPO = ["--advantage-estimator", "ppo", "--gamma", "0.9", "--lambd", "0.8", "--value-clip", "0.05",
        "--kl-coef", "0.05", "--normalize-advantages", "--critic-lr", "0.5", "--num-rollout", "2"]
 PPO_KEYS = ("value_loss", "value_clip_fraction", "values", "returns", "advantage_abs")
+# The other policy losses and the rollout correction, by hand (VIME_EXT_ALL_LAYOUTS=1; their per-token maths is
+# checked against verl in tests/algorithms): GSPO's sequence ratio needs whole rows on the last stage, CISPO's
+# gradient flows through the log-probs alone; dual-clip bounds negative advantages' losses.
+LOSSES = {"gspo": ["--policy-loss", "gspo", "--eps-clip", "3e-4", "--eps-clip-high", "4e-4"],
+          "cispo": ["--policy-loss", "cispo", "--eps-clip-high", "0.28"],
+          "dual_clip": ["--eps-clip-c", "1.5"]}
+BY_HAND = pytest.mark.skipif(os.environ.get("VIME_EXT_ALL_LAYOUTS") != "1",
+                             reason="run by hand: VIME_EXT_ALL_LAYOUTS=1")
 
 
 def run_layout(family_dir: Path, data: Path, out: Path, layout: str, extra: tuple[str, ...] = ()) -> tuple[list, dict]:
@@ -71,7 +80,7 @@ class Reference:
     _runs: dict = {}
 
     def __init__(self, family: str, algorithm: str, hf_dir: Path, root: Path):
-        self.extra = tuple(PPO) if algorithm == "ppo" else ()
+        self.extra = tuple(PPO) if algorithm == "ppo" else tuple(LOSSES.get(algorithm, ()))
         self.data = root / "p.jsonl"
         self.data.write_text(json.dumps({"prompt": "x", "label": "y"}) + "\n")
         self.hf_dir = hf_dir
@@ -96,7 +105,7 @@ class Reference:
 
 # Llama with PPO runs the whole policy loss of the GRPO case (same flags) plus the critic, so Llama needs no GRPO
 # case of its own; Qwen3 brings the q/k layernorms (their gradients are TP partial sums).
-CASES = [("qwen3", "grpo"), ("llama", "ppo")]
+CASES = [("qwen3", "grpo"), ("llama", "ppo")] + [pytest.param("qwen3", loss, marks=BY_HAND) for loss in LOSSES]
 
 
 @pytest.mark.parametrize("family, algorithm", CASES)
