@@ -239,10 +239,14 @@ def one_word_run(smollm2_dir: Path, tmp_path: Path, num_rollout: int, extra: lis
 
 @pytest.mark.slow
 def test_reward_rises_on_a_toy_task(smollm2_dir, tmp_path):
-    """10 GRPO steps: mean reward of the last three rollouts clearly above the first three. SmolLM2 rather
-    than a tiny random model: a random model's first token is one of 49,152 nearly equally likely ids, so no
-    group ever samples the rewarded word."""
-    rewards = [m["rollout/reward_mean"] for m in one_word_run(smollm2_dir, tmp_path, 10, [])]
+    """10 GRPO steps with --async-training (each rollout sampled by the weights one step older, as the staleness
+    metric shows): mean reward of the last three rollouts clearly above the first three. Asynchronous, because
+    the synchronous loop's steps are the same computation as --max-staleness 0 (test_async_training.py), and
+    its learning is the README demo's. SmolLM2 rather than a tiny random model: a random model's first token is
+    one of 49,152 nearly equally likely ids, so no group ever samples the rewarded word."""
+    rows = one_word_run(smollm2_dir, tmp_path, 10, ["--async-training"])
+    rewards = [m["rollout/reward_mean"] for m in rows]
+    assert [m["rollout/staleness_max"] for m in rows] == [0.0] + [1.0] * 9
     assert sum(rewards[-3:]) / 3 >= sum(rewards[:3]) / 3 + 0.25, rewards
 
 
