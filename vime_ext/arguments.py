@@ -338,6 +338,12 @@ class TrainConfig:
         return plugin_args(sections, self.custom)
 
     @property
+    def engines_resident(self) -> bool:
+        """Colocated with --async-training: engines and trainer ranks share the GPUs, each in its own share of the
+        memory, and neither hands it to the other (colocated otherwise, the engines sleep while the ranks train)."""
+        return self.cluster.colocate and self.rollout.async_training
+
+    @property
     def sft(self) -> bool:
         """Supervised fine-tuning: chats in, no engines, no reference model."""
         return self.algorithm.loss_type == "sft_loss"

@@ -169,8 +169,8 @@ class Cluster:
         for actor in self._actors:
             ray.kill(actor, no_restart=True)
         self._start_actors(len(self._actors))
-        self._hand_gpus_to_engines()
-        self._take_gpus_back()
+        if not self.config.engines_resident:  # resident: the new ranks keep what they took, beside the engines
+            self._hand_gpus_to_engines()
 
     def _hand_gpus_to_engines(self) -> None:
         """Colocated on GPUs: the trainer ranks release their memory before the engines start, since vLLM sizes
@@ -181,8 +181,7 @@ class Cluster:
     def _take_gpus_back(self) -> None:
         """Colocated with --async-training: engines and trainer ranks stay resident side by side, so the ranks
         take their memory back once the engines have taken their share (--vllm-gpu-memory-utilization)."""
-        if self.config.cluster.colocate and self.config.rollout.async_training and self._actors and \
-                self.layouts[0].get("device") == "cuda":
+        if self.config.engines_resident and self._actors and self.layouts[0].get("device") == "cuda":
             self.actors("restore_memory")
 
     def actors(self, method: str, per_rank_args: list[tuple] | None = None) -> list[Any]:

@@ -84,10 +84,7 @@ class Trainer:
         self.reporters = [i for i, l in enumerate(layouts) if l.get("last_stage") and l["tp_rank"] == 0]
         # Colocated on GPUs, the trainer ranks and the engines take turns with the accelerator memory: the
         # cluster handed the ranks' memory over before the engines started (cluster.py).
-        # Colocated engines sleep while the trainer trains, except with --async-training, where both stay resident
-        # on the GPU, each in its share of the memory, and only the weights move.
-        self.engines_sleep = config.cluster.colocate and self.cluster.has_engines and \
-            not config.rollout.async_training
+        self.engines_sleep = config.cluster.colocate and self.cluster.has_engines and not config.engines_resident
         self.handover = self.engines_sleep and self.cluster.has_actors and layouts[0].get("device") == "cuda"
         self.start_rollout = 0
         self.restarts = 0  # trainer-rank restarts so far (--max-restarts)

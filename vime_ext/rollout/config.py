@@ -46,8 +46,9 @@ class RolloutConfig:
         "reward linearly, down to --overlong-penalty-factor at the limit")
     overlong_penalty_factor: float = _help("with --overlong-buffer-len: the penalty at the length limit", 1.0)
     async_training: bool = _help(
-        "generate the next rollouts while the trainer trains on earlier ones (engines on GPUs of their own, not "
-        "--colocate; train_async.py sets it); weights reach the engines between rollouts", False)
+        "generate the next rollouts while the trainer trains on earlier ones (engines on GPUs of their own, or with "
+        "--colocate on the trainer's, both resident in split memory; train_async.py sets it); weights reach the "
+        "engines between rollouts", False)
     max_staleness: int | None = _help(
         "with --async-training: how many policy versions the policy that trains on a sample may be ahead of the "
         "one that generated it (default 1: the next rollout overlaps the current step; 0: the synchronous loop)")

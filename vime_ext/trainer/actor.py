@@ -105,9 +105,8 @@ class TrainActor:
         self.loss_settings = LossSettings(
             policy_loss=a.policy_loss, eps_clip=a.eps_clip, eps_clip_high=a.eps_clip_high, eps_clip_c=a.eps_clip_c,
             use_kl_loss=a.use_kl_loss, kl_loss_coef=a.kl_loss_coef, kl_loss_type=a.kl_loss_type,
-            entropy_coef=a.entropy_coef,
-            aggregation=a.loss_aggregation, use_tis=a.use_tis, tis_cap=a.tis_cap, tis_level=a.tis_level,
-            tis_floor=a.tis_floor, temperature=config.rollout.rollout_temperature or 1.0)
+            entropy_coef=a.entropy_coef, aggregation=a.loss_aggregation, use_tis=a.use_tis, tis_cap=a.tis_cap,
+            tis_level=a.tis_level, tis_floor=a.tis_floor, temperature=config.rollout.rollout_temperature or 1.0)
         self.ps = parallel_state
         self._handover = MemoryHandover(self._device().type)
         self._weight_sync = None  # the sender's (target, WeightSync), kept between pushes

@@ -15,11 +15,11 @@ import torch
 from vime_ext.algorithms.losses import (
     cispo_policy_loss,
     clipped_policy_loss,
-    gspo_policy_loss,
     clipped_value_loss,
+    gspo_policy_loss,
     kl_penalty,
-    token_weights,
     rollout_correction_weights,
+    token_weights,
 )
 from vime_ext.trainer.batching import MicroBatch
 from vime_ext.trainer.forward import position_log_probs, vocab_shard
