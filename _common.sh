@@ -15,6 +15,10 @@ export TORCH_SYMM_MEM_DISABLE_MULTICAST="${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}"
 
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   NUM_GPUS=$(nvidia-smi -L | wc -l)
+  # CUDA_VISIBLE_DEVICES narrows what this script (and the Ray head it starts) may use; nvidia-smi ignores it.
+  if [ -n "${CUDA_VISIBLE_DEVICES+x}" ]; then
+    NUM_GPUS=$(tr ',' '\n' <<<"${CUDA_VISIBLE_DEVICES}" | grep -c '[^[:space:]]' || true)
+  fi
 else
   NUM_GPUS=0
 fi
@@ -38,7 +42,10 @@ start_ray() {
   VIME_EXT_RAY_DIR=$(mktemp -d /tmp/vime_ext_ray.XXXXXX)
   echo "starting a Ray head on 127.0.0.1:${port} (${NUM_GPUS} GPUs, ${cpus} CPUs); stopped when this script exits"
   trap stop_ray EXIT
+  # Ray's client server and dashboard agent listen on fixed default ports; moved next to RAY_PORT, so that heads
+  # on other RAY_PORTs (two scripts on one machine's GPUs, each with its CUDA_VISIBLE_DEVICES) do not collide.
   ray start --head --node-ip-address 127.0.0.1 --port "${port}" --num-cpus "${cpus}" --num-gpus "${NUM_GPUS}" \
+    --ray-client-server-port $((port + 1)) --dashboard-agent-listen-port $((port + 2)) \
     --temp-dir "${VIME_EXT_RAY_DIR}" --disable-usage-stats --include-dashboard=false >/dev/null
   export RAY_ADDRESS="127.0.0.1:${port}"
 }

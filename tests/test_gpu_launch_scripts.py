@@ -53,6 +53,8 @@ def run_with_stand_ins(tmp_path: Path, script: str, env: dict[str, str], *args: 
     record = tmp_path / "train_args.json"
     full = {**os.environ, **env, "PATH": f"{stand_ins(tmp_path, record)}{os.pathsep}{os.environ['PATH']}"}
     full.pop("PYTHONPATH", None)
+    if "CUDA_VISIBLE_DEVICES" not in env:
+        full.pop("CUDA_VISIBLE_DEVICES", None)
     done = subprocess.run(["bash", str(ROOT / script), *args], env=full, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and record.is_file(), (done.stdout + done.stderr)[-3000:]
     return json.loads(record.read_text()), done.stdout
@@ -108,7 +110,9 @@ LAYOUTS = [(1, {}, ("1", "colocated", "1", True)),
            (8, {}, ("4", "4", "2", False)),
            (8, {"COLOCATE": "1"}, ("8", "colocated", "2", False)),
            (2, {"COLOCATE": "1", "OPTIMIZER_OFFLOAD": "0"}, ("2", "colocated", "1", False)),
-           (8, {"ACTOR_NODES": "2", "ROLLOUT_GPUS": "8"}, ("4", "8", "2", False))]
+           (8, {"ACTOR_NODES": "2", "ROLLOUT_GPUS": "8"}, ("4", "8", "2", False)),
+           # CUDA_VISIBLE_DEVICES narrows the machine's 8 to the 2 named (nvidia-smi lists all 8)
+           (8, {"CUDA_VISIBLE_DEVICES": "2,3"}, ("1", "1", "1", True))]
 
 
 @pytest.mark.parametrize("gpus,variables,expected", LAYOUTS)

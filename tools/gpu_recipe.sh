@@ -12,16 +12,20 @@
 #                                        # then each one's eval; stage logs in VIME_EXT_OUT/<example>_stage.log
 # and the loop's parts alone on the same GPU, then the table (tools/loop_efficiency.py):
 #   ... gpu_recipe.sh train_only   # the saved rollouts through the same script's trainer, no engine
-#   ... gpu_recipe.sh replay       # rollout 1's requests on the loop's engine flags, the engine alone
+#   ... gpu_recipe.sh replay       # rollout 1's requests on the loop's engine flags, the engine alone, with
+#                                  # CUDA graphs (the loop's setting) and again with --enforce-eager
 #   ... gpu_recipe.sh weight_sync  # tools/bench_weight_sync.py, CUDA IPC as colocated
 #   ... gpu_recipe.sh table
 # and synchronous against asynchronous training, engine and trainer resident on one GPU (tools/async_table.py):
 #   ... gpu_recipe.sh async_bench       # ENGINE_MEMORY (default 0.3) is the engine's share of the GPU
+# or all of the above on one machine of 2 or more GPUs, as one background job (a device lease is 30 minutes):
+#   bash tools/gpu_recipe.sh all   # progress in VIME_EXT_OUT/all.log; with 4 GPUs, the two-GPU tests and the
+#                                  # loop's parts run on GPUs 2-3 while the loops and evals use GPUs 0-1
 # Logs and metrics go to VIME_EXT_OUT (default WORK/out). The layout is the script's default for the GPU count
 # (one GPU: colocated, optimizer offload); any of the script's variables may be set around this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-STAGE=${1:?usage: gpu_recipe.sh prepare|train|eval|train_only|replay|weight_sync|table [flags]}
+STAGE=${1:?usage: gpu_recipe.sh prepare|train|eval|train_only|replay|weight_sync|table|both|async_bench|all [flags]}
 shift
 EXAMPLE=${EXAMPLE:-mem_agent}
 WORK=${WORK:-/tmp/gpu_recipe}
@@ -39,6 +43,124 @@ ROLLOUTS=${WORK}/${EXAMPLE}_rollouts  # the loop's rollouts, saved for the stand
 export TRAIN_DATA=${DATA_ROOT}/$([ "${EXAMPLE}" = mem_agent ] && echo hotpotqa_train.jsonl || echo train.jsonl)
 # MemAgent: 2-hop questions over NUM_DOCS generated documents (~43 Qwen tokens each: 100 make 3 chunks of 2048).
 NUM_DOCS=${NUM_DOCS:-100} EVAL_NUM=${EVAL_NUM:-16}
+
+
+# Stages run on a Ray head of their own over the GPUs in CUDA_VISIBLE_DEVICES (RAY_ADDRESS set, so the launch
+# scripts start none and Ray gives each trainer a GPU): on_ray GPUS PORT COMMAND...
+on_ray() {
+  (
+    export CUDA_VISIBLE_DEVICES=$1 RAY_PORT=$2
+    unset RAY_ADDRESS
+    shift 2
+    source _common.sh
+    start_ray
+    "$@"
+  )
+}
+
+log() { echo "$(date +%T) $*" | tee -a "${OUT_DIR}/all.log"; }
+
+# logged NAME GPUS COMMAND...: the command on those GPUs (empty: as this script was given), its output in
+# NAME.log, its start and exit status in all.log
+logged() {
+  local name=$1 gpus=$2 status=0
+  shift 2
+  log "start ${name}${gpus:+ (GPUs ${gpus})}"
+  if [ -n "${gpus}" ]; then
+    CUDA_VISIBLE_DEVICES=${gpus} "$@" >"${OUT_DIR}/${name}.log" 2>&1 || status=$?
+  else
+    "$@" >"${OUT_DIR}/${name}.log" 2>&1 || status=$?
+  fi
+  log "end ${name}: exit ${status}"
+  return "${status}"
+}
+
+# stage EXAMPLE GPUS NAME STAGE ARGS...: one of this script's stages for one example, logged as NAME
+stage() {
+  local example=$1 gpus=$2 name=$3
+  shift 3
+  EXAMPLE=${example} VIME_EXT_LOG_DIR=${OUT_DIR}/${example}_engines logged "${name}" "${gpus}" bash "$0" "$@"
+}
+
+# Both examples' loops at once, each colocated on a GPU of its own (the first two of CUDA_VISIBLE_DEVICES), as
+# on a shared cluster: one Ray head for both.
+both_train() {
+  on_ray "${CUDA_VISIBLE_DEVICES:-0,1}" "${RAY_PORT:-6390}" side_by_side train "$@"
+}
+
+# side_by_side STAGE ARGS...: the stage for both examples at once on this Ray head, each trainer colocated on one GPU
+side_by_side() {
+  local pids=() status=0 example
+  for example in mem_agent mem_update; do
+    COLOCATE=1 ACTOR_GPUS=1 stage "${example}" "${CUDA_VISIBLE_DEVICES}" "${example}_$1" "$@" & pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "${pid}" || status=1; done
+  return "${status}"
+}
+
+# Then both evaluations at once, one per GPU (an engine each, outside Ray).
+both_eval() {
+  local gpus=(${CUDA_VISIBLE_DEVICES//,/ }) pids=() status=0
+  stage mem_agent "${gpus[0]:-0}" mem_agent_eval eval & pids+=($!)
+  stage mem_update "${gpus[1]:-1}" mem_update_eval eval & pids+=($!)
+  for pid in "${pids[@]}"; do wait "${pid}" || status=1; done
+  return "${status}"
+}
+
+async_table() {
+  python tools/async_table.py --sync "${WORK}/${EXAMPLE}_async_k0/tensorboard/metrics.jsonl" \
+    --async "${WORK}/${EXAMPLE}_async_k1/tensorboard/metrics.jsonl" | tee "${OUT_DIR}/${EXAMPLE}_async_table.md"
+}
+
+# Everything above on one machine of 2 or more GPUs, ordered to keep the GPUs busy: prepare; both loops on GPUs
+# 0-1; their evals; the loops' parts (train alone, rollout replayed, weight push) and tables; MemAgent's sync
+# and async runs side by side (K = 0 on one GPU, K = 1 on the other). With 4 GPUs the two-GPU tests and the CUDA
+# memory test run on GPUs 2-3 meanwhile, and the parts follow them there while the evals run on GPUs 0-1.
+everything() {
+  local gpus tests_pid="" eval_pid="" parts
+  gpus=$(nvidia-smi -L | wc -l)
+  : >"${OUT_DIR}/all.log"
+  log "all: ${gpus} x $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1)"
+  if (( gpus < 2 )); then log "all: needs 2 or more GPUs"; return 1; fi
+  if (( gpus >= 4 )); then
+    ( VIME_EXT_OUT=${OUT_DIR}/multi_gpu logged multi_gpu_tests 2,3 bash tools/run_multi_gpu.sh tests
+      VIME_EXT_TINY_WITHOUT_TOKENIZER=1 logged memory_handover_test 2 python -m pytest -v -rs -p no:cacheprovider tests/trainer/test_memory_handover.py
+    ) &
+    tests_pid=$!
+  fi
+  stage mem_agent "" mem_agent_prepare prepare || return 1
+  stage mem_update "" mem_update_prepare prepare || return 1
+  CUDA_VISIBLE_DEVICES=0,1 both_train "$@" || true
+  if (( gpus >= 4 )); then
+    CUDA_VISIBLE_DEVICES=0,1 both_eval & eval_pid=$!
+    wait "${tests_pid}" || true
+    parts=2,3
+  else
+    CUDA_VISIBLE_DEVICES=0,1 both_eval || true
+    parts=0,1
+  fi
+  CUDA_VISIBLE_DEVICES=${parts} on_ray "${parts}" 6391 side_by_side train_only "$@" || true
+  stage mem_agent "${parts%,*}" mem_agent_replay replay & local replay_pid=$!
+  stage mem_update "${parts#*,}" mem_update_replay replay || true
+  wait "${replay_pid}" || true
+  stage mem_agent "${parts%,*}" weight_sync weight_sync || true
+  stage mem_agent "" mem_agent_table table || true
+  stage mem_update "" mem_update_table table || true
+  if [ -n "${eval_pid}" ]; then wait "${eval_pid}" || true; fi
+  on_ray 0,1 6392 async_pair "$@" || true
+  log "all: done"
+}
+
+# MemAgent's async_bench halves at once on this Ray head, each resident on a GPU of its own, then the table.
+async_pair() {
+  local pids=() k
+  for k in 0 1; do
+    ASYNC_K=${k} ACTOR_GPUS=1 stage mem_agent "${CUDA_VISIBLE_DEVICES}" "mem_agent_async_k${k}" async_bench "$@" &
+    pids+=($!)
+  done
+  wait "${pids[@]}" || true
+  EXAMPLE=mem_agent async_table
+}
 
 case "${STAGE}" in
   prepare)
@@ -75,38 +197,22 @@ case "${STAGE}" in
           bash examples/mem_update/run-eval.sh "$@" ;;
     esac 2>&1 | tee "${OUT_DIR}/${EXAMPLE}_eval.log" | grep --line-buffered -v "it/s\]\|s/it\]" ;;
   both)
-    # As on a shared cluster: one Ray head started here, RAY_ADDRESS set, so the launch scripts start none and
-    # Ray gives each example's trainer rank a GPU of its own (its engine colocated on it).
-    ray_dir=$(mktemp -d /tmp/gpu_recipe_ray.XXXXXX)
-    ray start --head --node-ip-address 127.0.0.1 --port "${RAY_PORT:-6390}" --num-cpus "$(nproc)" \
-      --temp-dir "${ray_dir}" --disable-usage-stats --include-dashboard=false >/dev/null
-    trap 'pkill -TERM -f -- "${ray_dir}" || true' EXIT
-    export RAY_ADDRESS=127.0.0.1:${RAY_PORT:-6390}
-    pids=()
-    for example in mem_agent mem_update; do
-      EXAMPLE=${example} COLOCATE=1 ACTOR_GPUS=1 bash "$0" train "$@" >"${OUT_DIR}/${example}_stage.log" 2>&1 &
-      pids+=($!)
-    done
-    status=0
-    for pid in "${pids[@]}"; do wait "${pid}" || status=1; done
-    # Then both evaluations at once, one per GPU (an engine each, outside Ray).
-    for example in mem_agent mem_update; do
-      gpu=$([ "${example}" = mem_agent ] && echo 0 || echo 1)
-      CUDA_VISIBLE_DEVICES=${gpu} EXAMPLE=${example} bash "$0" eval >>"${OUT_DIR}/${example}_stage.log" 2>&1 &
-      pids+=($!)
-    done
-    for pid in "${pids[@]:2}"; do wait "${pid}" || status=1; done
-    exit "${status}" ;;
+    both_train "$@"
+    both_eval ;;
   train_only)
     SAVE_PATH=${WORK}/${EXAMPLE}_train_only bash "examples/${EXAMPLE}/run-qwen3-4b-train.sh" --debug-train-only \
       --load-debug-rollout-data "${ROLLOUTS}" "$@" 2>&1 | tee "${OUT_DIR}/${EXAMPLE}_train_only.log" \
       | grep --line-buffered -v "it/s\]\|s/it\]"
     cp "${WORK}/${EXAMPLE}_train_only/tensorboard/metrics.jsonl" "${OUT_DIR}/${EXAMPLE}_train_only_metrics.jsonl" ;;
   replay)
-    # The loop's engine flags on one GPU: colocated sleep mode (its allocator) and 0.7 of the memory.
-    python tools/replay_rollout.py --rollout-data "${ROLLOUTS}" --rollout-id 1 --hf-checkpoint "${HF_CKPT}" \
-      --vllm-enable-sleep-mode --vllm-gpu-memory-utilization "${ENGINE_MEMORY:-0.7}" \
-      --out "${OUT_DIR}/${EXAMPLE}_replay.json" "$@" ;;
+    # The loop's engine flags on one GPU: colocated sleep mode (its allocator) and 0.7 of the memory; CUDA graphs
+    # as in the loop, then eager for the graphs' share.
+    for mode in graphs eager; do
+      python tools/replay_rollout.py --rollout-data "${ROLLOUTS}" --rollout-id 1 --hf-checkpoint "${HF_CKPT}" \
+        --vllm-enable-sleep-mode --vllm-gpu-memory-utilization "${ENGINE_MEMORY:-0.7}" \
+        $([ "${mode}" = eager ] && echo --vllm-enforce-eager) \
+        --out "${OUT_DIR}/${EXAMPLE}_replay$([ "${mode}" = eager ] && echo _eager).json" "$@"
+    done ;;
   weight_sync)
     python tools/bench_weight_sync.py --shape qwen3-4b --transport ipc --pushes 3 \
       --out "${OUT_DIR}/weight_sync_ipc.json" ;;
@@ -116,13 +222,15 @@ case "${STAGE}" in
       --weight-sync "${OUT_DIR}/weight_sync_ipc.json" | tee "${OUT_DIR}/${EXAMPLE}_loop_efficiency.md" ;;
   async_bench)
     # The same flags twice, colocated and resident (--async-training keeps both on the GPU): K = 0 (the
-    # synchronous steps in the same memory split) and K = 1; no save.
-    for k in 0 1; do
+    # synchronous steps in the same memory split) and K = 1; no save. ASYNC_K picks one (two GPUs: one each).
+    for k in ${ASYNC_K:-0 1}; do
       SAVE_PATH=${WORK}/${EXAMPLE}_async_k${k} SAVE_INTERVAL=1000000 COLOCATE=1 ENGINE_MEMORY=${ENGINE_MEMORY:-0.3} \
         bash "examples/${EXAMPLE}/run-qwen3-4b-train.sh" --async-training --max-staleness "${k}" "$@" 2>&1 \
         | tee "${OUT_DIR}/${EXAMPLE}_async_k${k}.log" | grep --line-buffered -v "it/s\]\|s/it\]"
     done
-    python tools/async_table.py --sync "${WORK}/${EXAMPLE}_async_k0/tensorboard/metrics.jsonl" \
-      --async "${WORK}/${EXAMPLE}_async_k1/tensorboard/metrics.jsonl" | tee "${OUT_DIR}/${EXAMPLE}_async_table.md" ;;
-  *) echo "usage: gpu_recipe.sh prepare|train|eval|train_only|replay|weight_sync|table|both|async_bench" >&2; exit 2 ;;
+    if [ -z "${ASYNC_K:-}" ]; then async_table; fi ;;
+  all)
+    everything "$@" ;;
+  *) echo "usage: gpu_recipe.sh prepare|train|eval|train_only|replay|weight_sync|table|both|async_bench|all" >&2
+     exit 2 ;;
 esac

@@ -9,7 +9,9 @@ and loop efficiency = (sum of the standalone phases) / (the loop's step time).
 - ``--train-only``: ``train.py`` with the loop's flags plus ``--debug-train-only --load-debug-rollout-data``
   (the same saved rollouts through the trainer, no engine on the GPU): log-probs and training.
 - ``--weight-sync``: ``tools/bench_weight_sync.py`` with the loop's transport: the push.
-Loop figures are medians over the rollouts after ``--skip-first`` (warm-up). Prints a Markdown table.
+Loop figures are medians over the rollouts after ``--skip-first`` (warm-up). Prints two Markdown tables: the
+phases' seconds, then the GPU memory (GiB) the loop logged at each phase's end (``memory/<phase>_*``: the
+trainer's allocated, reserved and peak; the device's used memory, engines included).
 """
 
 import argparse
@@ -23,6 +25,7 @@ PHASES = [("rollout", "generation"), ("sleep", "engines to sleep"), ("reload", "
           ("offload", "trainer memory to the engines"), ("wake_up", "engines awake"),
           ("weight_sync", "weight push")]
 STANDALONE = ("rollout", "log_probs", "train", "weight_sync")
+MEMORY_FIELDS = ("allocated_gb", "reserved_gb", "peak_allocated_gb", "device_used_gb")
 
 
 def read_metrics(path: Path) -> list[dict]:
@@ -76,6 +79,19 @@ def efficiency(loop: list[dict], replay: dict, train_only: list[dict], weight_sy
     return rows, summary
 
 
+def memory_rows(loop: list[dict], where: Path) -> list[tuple[str, list[float | None]]]:
+    """(phase, median of each MEMORY_FIELDS) for every phase the loop logged memory at, in the order first seen."""
+    phases: list[str] = []
+    for row in loop:
+        for key in row:
+            if key.startswith("memory/") and key.endswith("_device_used_gb"):
+                phase = key[len("memory/"):-len("_device_used_gb")]
+                if phase not in phases:
+                    phases.append(phase)
+    return [(phase, [median_of(loop, f"memory/{phase}_{field}", where) for field in MEMORY_FIELDS])
+            for phase in phases]
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--loop", type=Path, required=True)
@@ -99,6 +115,13 @@ def main(argv: list[str] | None = None) -> dict:
           f"{'-' if ratio is None else f'{ratio:.2f}x'} its standalone time (goal <= 1.10x)"
           + (f"; not measured standalone: {', '.join(summary['standalone_missing'])}"
              if summary["standalone_missing"] else ""))
+    memory = memory_rows(loop, args.loop)
+    if memory:
+        print("\n| GPU memory at the end of | trainer allocated | trainer reserved | trainer peak | device used |\n"
+              "|---|---|---|---|---|")
+        for phase, values in memory:
+            print(f"| {phase} | " + " | ".join("-" if v is None else f"{v:.1f}" for v in values) + " |")
+    summary["memory"] = {phase: dict(zip(MEMORY_FIELDS, values)) for phase, values in memory}
     return summary
 
 
