@@ -293,6 +293,7 @@ def rl_step(out_dir: str, flags: list[str]) -> None:
     statistics and the updated weights (HF names, from every pipeline stage)."""
     config, actor, layout = _rank_actor(flags)
     result = _train_on(actor, config, layout)
+    actor.weights_ready()  # as a push or a save reads them
     weights = _hf_weights(actor.model, config.shape)
     if actor.critic is not None:  # the critic's trunk under "critic." names, its value head as "critic.value_head"
         from vime_ext.trainer.model_provider import unwrap
@@ -320,6 +321,7 @@ def resume_step(out_dir: str, flags: list[str], resume: bool) -> None:
         _train_on(actor, config, layout, seed=0)
         actor.save(str(checkpoint), 1, {})
     result = _train_on(actor, config, layout, seed=1)
+    actor.weights_ready()
     weights = _hf_weights(actor.model, config.shape)
     tag = "resumed" if resume else "whole"
     if layout["tp_rank"] == 0 and layout["dp_rank"] == 0:

@@ -19,8 +19,9 @@ def test_ratios_and_memory_per_phase_from_the_medians_after_warmup(tmp_path, cap
               "memory/train_device_used_gb": 60.0, "memory/train_allocated_gb": 40.0,
               "memory/train_reserved_gb": 44.0, "memory/train_peak_allocated_gb": 52.0}
     warmup = {k: v * 10 for k, v in phases.items()}  # step 0 is left out of the medians
+    saved = {**phases, "time/save": 30.0, "time/total": 42.5}  # the step that saved is not a step's time
     loop = write_jsonl(tmp_path / "loop.jsonl", [{"step": 0, **warmup}, {"step": 1, **phases},
-                                                 {"step": 2, **phases}])
+                                                 {"step": 2, **phases}, {"step": 3, **saved}])
     train_only = write_jsonl(tmp_path / "train_only.jsonl",
                              [{"step": 0, "time/train": 50.0}, {"step": 1, "time/train": 5.0,
                                                                 "time/log_probs": 1.0}])
@@ -37,4 +38,4 @@ def test_ratios_and_memory_per_phase_from_the_medians_after_warmup(tmp_path, cap
     assert summary["memory"]["rollout"]["reserved_gb"] is None
     out = capsys.readouterr().out
     assert "| train | 40.0 | 44.0 | 52.0 | 60.0 |" in out and "| rollout | 0.1 | - | - | 70.0 |" in out
-    assert "loop efficiency 0.84" in out
+    assert "loop efficiency 0.84" in out and "| save | checkpoint | 30.00 | - |" in out

@@ -9,7 +9,8 @@ and loop efficiency = (sum of the standalone phases) / (the loop's step time).
 - ``--train-only``: ``train.py`` with the loop's flags plus ``--debug-train-only --load-debug-rollout-data``
   (the same saved rollouts through the trainer, no engine on the GPU): log-probs and training.
 - ``--weight-sync``: ``tools/bench_weight_sync.py`` with the loop's transport: the push.
-Loop figures are medians over the rollouts after ``--skip-first`` (warm-up). Prints two Markdown tables: the
+Loop figures are medians over the rollouts after ``--skip-first`` (warm-up) that did not save a checkpoint (the
+save, every ``--save-interval`` rollouts, has its own row). Prints two Markdown tables: the
 phases' seconds, then the GPU memory (GiB) the loop logged at each phase's end (``memory/<phase>_*``: the
 trainer's allocated, reserved and peak; the device's used memory, engines included).
 """
@@ -64,17 +65,20 @@ def efficiency(loop: list[dict], replay: dict, train_only: list[dict], weight_sy
                   "log_probs": median_of(train_only, "time/log_probs", paths["train_only"]),
                   "train": median_of(train_only, "time/train", paths["train_only"]),
                   "weight_sync": None if weight_sync is None else float(weight_sync["push_s_median"])}
-    rows = [(name, meaning, median_of(loop, f"time/{name}", paths["loop"]), standalone.get(name))
-            for name, meaning in PHASES]
+    # A checkpoint comes once per --save-interval rollouts, not every step: the step and its phases are those of
+    # the rollouts without a save (the save has a row of its own), unless every rollout saved.
+    steps = [r for r in loop if "time/save" not in r] or loop
+    rows = [(name, meaning, median_of(loop if name == "save" else steps, f"time/{name}", paths["loop"]),
+             standalone.get(name)) for name, meaning in PHASES]
     rows = [r for r in rows if r[2] is not None or r[3] is not None]
-    step = median_of(loop, "time/total", paths["loop"])
+    step = median_of(steps, "time/total", paths["loop"])
     if step is None:
         raise ValueError(f"{paths['loop']}: no time/total")
     missing = [name for name in STANDALONE if standalone[name] is None]
     summary = {"loop_step_s": step, "standalone_sum_s": sum(v for v in standalone.values() if v is not None),
                "standalone_missing": missing}
     summary["efficiency"] = summary["standalone_sum_s"] / step
-    loop_rollout = median_of(loop, "time/rollout", paths["loop"])
+    loop_rollout = median_of(steps, "time/rollout", paths["loop"])
     summary["rollout_vs_standalone"] = loop_rollout / standalone["rollout"] if loop_rollout else None
     return rows, summary
 

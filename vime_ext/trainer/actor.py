@@ -296,7 +296,7 @@ class TrainActor:
         from convert.live import iter_hf_weights
         from vime_ext.rollout.weight_sync import WeightSync
 
-        self.optimizer.params_ready()
+        self.weights_ready()
         if self.ps.get_data_parallel_rank() != 0:
             return 0
         weights = iter_hf_weights(self.model, self.shape)
@@ -314,10 +314,19 @@ class TrainActor:
         with ipc_shareable_allocations(target.transport == "ipc"):
             return self._weight_sync[1].send(weights)
 
+    def weights_ready(self) -> None:
+        """Finish what the optimizers left for the next forward (``--overlap-param-gather``'s all-gather of the
+        other data-parallel ranks' updated shards) before the weights are read directly: pushed, saved (with or
+        without the optimizer's state) or compared."""
+        self.optimizer.params_ready()
+        if self.critic is not None:
+            self.critic.optimizer.params_ready()
+
     def save(self, save_dir: str, iteration: int, extra_state: dict) -> str:
         from vime_ext.trainer.checkpoint import save_model_checkpoint
         from vime_ext.trainer.critic import CRITIC_DIR
 
+        self.weights_ready()
         with_optimizer = not self.config.checkpoint.no_save_optim
         inner = {} if self.critic is None else {
             CRITIC_DIR: (self.critic.model, self.critic.optimizer if with_optimizer else None)}

@@ -58,8 +58,6 @@ def _save_model(model, directory: Path, common: dict, optimizer=None) -> None:
     if _rank() == 0:
         directory.mkdir(parents=True)
     _barrier()
-    if optimizer is not None:
-        optimizer.params_ready()  # weights an overlapped all-gather has not finished would be saved stale
     model_state = unwrap(model).sharded_state_dict()
     state = {"model": model_state, **common}
     if optimizer is not None:
@@ -71,6 +69,8 @@ def save_model_checkpoint(model, shape: ModelShape, save_dir: str | Path, iterat
                           extra_state: dict | None = None, rank_state: dict | None = None, optimizer=None,
                           inner_models: dict | None = None) -> Path:
     """Save ``model`` and its ``optimizer`` (every rank calls this) and return the final iteration directory.
+    The weights must be current: the caller finishes any overlapped parameter all-gather first
+    (``TrainActor.weights_ready``), whether or not the optimizer's state is saved.
 
     The optimizer's state (fp32 masters, Adam moments) is sharded like the weights, in the same torch_dist
     checkpoint. ``extra_state`` (rank 0's) is stored with the model; ``rank_state`` (each rank's own: RNG) goes
