@@ -114,6 +114,25 @@ def test_a_plugin_module_outside_the_package_trains_through_ray(tmp_path):
         assert replay[key] == pytest.approx(original[key], rel=1e-6, abs=1e-9), key
     assert "time/weight_sync" not in replay or replay["time/weight_sync"] == 0.0
 
+    # The other policy losses on the split rollout (three sequences per trajectory, each with a third of the
+    # trajectory's advantage). One step per rollout, so the ratio is 1 everywhere, and then: GSPO's gradient is
+    # PPO's under seq_mean_token_mean only if each training sequence gets its own sequence ratio (one ratio per
+    # trajectory would average its three sequences' tokens together); CISPO's gradient (a detached weight of 1
+    # on the log-prob) is PPO's under any aggregation.
+    losses = {"ppo": [], "gspo": ["--policy-loss", "gspo"], "cispo": ["--policy-loss", "cispo"]}
+    for name, flags in losses.items():
+        run(workdir, common[:common.index("--num-rollout")] + [
+            "--num-rollout", "1", "--no-ray", "--custom-rm-path", "my_agent.reward", "--custom-config-path",
+            "agent.yaml", "--lr", "1e-3", "--trajectory-advantage", "split", "--loss-aggregation",
+            "seq_mean_token_mean", *flags, "--load-debug-rollout-data", str(tmp_path / "split/rollouts"),
+            "--debug-train-only", "--tensorboard-dir", str(tmp_path / f"split_{name}")], tmp_path / f"{name}.log")
+    split = {name: rows(tmp_path / f"split_{name}")[0] for name in losses}
+    assert split["ppo"]["rollout/advantage_abs_mean"] == pytest.approx(expected / 3, rel=1e-5)
+    for name in ("gspo", "cispo"):
+        assert split[name]["train/grad_norm"] == pytest.approx(split["ppo"]["train/grad_norm"], rel=1e-5), name
+    assert split["gspo"]["train/pg_loss"] == pytest.approx(split["ppo"]["train/pg_loss"], rel=1e-5)
+    assert split["ppo"]["train/grad_norm"] > 0
+
 
 def test_dynamic_sampling_with_a_group_reward_in_a_rollout_only_run(tmp_path):
     """--debug-rollout-only (no trainer) with --group-rm and the all-equal filter: every kept group has rewards
