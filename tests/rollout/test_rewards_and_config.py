@@ -78,3 +78,49 @@ def test_overlong_penalty_is_dapos_linear_ramp():
     assert (long.reward, long.metrics["overlong_penalty"]) == (0.25, -0.75) and short.reward == 1.0
     with pytest.raises(ValueError, match=r"--overlong-buffer-len 20 must lie in \[1, --rollout-max-response-len 16\]"):
         RolloutConfig(rollout_max_response_len=16, overlong_buffer_len=20)
+
+
+def test_overlong_penalty_matches_verls_dapo_reward_manager():
+    """The reward after penalize_overlong equals verl's DAPO reward manager's (overlong buffer on) for random
+    response lengths, buffers, factors and base rewards (verl: a test-only dependency)."""
+    import numpy as np
+    import torch
+    from omegaconf import OmegaConf
+    from verl import DataProto
+    from verl.workers.reward_manager.dapo import DAPORewardManager
+
+    class Decoder:  # verl decodes the response for its score function; the penalty reads only the length
+        eos_token = "</s>"
+
+        def decode(self, ids, skip_special_tokens=True):
+            return " ".join(str(int(i)) for i in ids)
+
+    gen = torch.Generator().manual_seed(0)
+    for max_len, buffer, factor in ((16, 4, 1.0), (64, 20, 0.5), (32, 32, 2.0)):
+        lengths = torch.randint(1, max_len + 1, (12,), generator=gen)
+        base = torch.rand(12, generator=gen).tolist()
+        prompt_len = 3
+        mask = torch.zeros(12, prompt_len + max_len, dtype=torch.long)
+        mask[:, :prompt_len] = 1
+        for i, n in enumerate(lengths.tolist()):
+            mask[i, prompt_len:prompt_len + n] = 1
+        data = DataProto.from_dict(
+            tensors={"prompts": torch.ones(12, prompt_len, dtype=torch.long),
+                     "responses": torch.randint(5, 100, (12, max_len), generator=gen), "attention_mask": mask},
+            non_tensors={"data_source": np.array(["gen"] * 12, dtype=object),
+                         "reward_model": np.array([{"ground_truth": str(b)} for b in base], dtype=object)})
+        manager = DAPORewardManager(
+            Decoder(), num_examine=0, compute_score=lambda data_source, solution_str, ground_truth, extra_info:
+            float(ground_truth), max_resp_len=max_len,
+            overlong_buffer_cfg=OmegaConf.create({"enable": True, "len": buffer, "penalty_factor": factor,
+                                                  "log": False}))
+        verl_rewards = manager(data).sum(dim=-1)
+        args = argparse.Namespace(overlong_buffer_len=buffer, overlong_penalty_factor=factor,
+                                  rollout_max_response_len=max_len)
+        ours = []
+        for n, reward in zip(lengths.tolist(), base):
+            sample = Sample(prompt="q", response_length=n, reward=reward)
+            penalize_overlong(args, sample)
+            ours.append(sample.reward)
+        assert ours == pytest.approx(verl_rewards.tolist(), abs=1e-6), (max_len, buffer, factor)
+        assert min(ours[i] - base[i] for i in range(12)) < 0  # some lengths were penalized
