@@ -140,8 +140,9 @@ class Cluster:
         if cl.colocate and gpus:
             colocated_gpus = sorted({g for a in self._actors for g in ray.get(a.gpu_ids.remote())})
             self._hand_gpus_to_engines()
+        # Threaded: with --async-training the driver calls it (pushes, metrics) while the producer's rollout runs.
         self._manager = ray.remote(_ManagerWorker).options(
-            num_cpus=1, num_gpus=rollout_gpus, scheduling_strategy=in_bundle(world)).remote()
+            num_cpus=1, num_gpus=rollout_gpus, scheduling_strategy=in_bundle(world), max_concurrency=4).remote()
         ray.get(self._manager.setup.remote(self.config, colocated_gpus, log_dir))
         self._take_gpus_back()
 

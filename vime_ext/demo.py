@@ -35,8 +35,11 @@ def main(argv=None) -> None:
                         help="the policy loss (GSPO with its paper's clip range, 3e-4 / 4e-4)")
     parser.add_argument("--async-training", action="store_true",
                         help="generate each next rollout while the trainer trains (--max-staleness 1)")
-    args = parser.parse_args(argv)
+    # Anything else is train.py's, after the demo's own flags (so it overrides them), e.g. --eps-clip-c 3.
+    args, train_flags = parser.parse_known_args(argv)
     if args.sft:
+        if train_flags:
+            parser.error(f"--sft takes no train.py flags: {' '.join(train_flags)}")
         return sft_demo(Path(args.out if args.out != "runs/demo" else "runs/demo_sft").resolve(), args.num_rollout,
                         args.no_ray)
     out = Path(args.out).resolve()
@@ -75,7 +78,7 @@ def main(argv=None) -> None:
         flags += ["--eps-clip", "3e-4", "--eps-clip-high", "4e-4"]
     if args.algorithm == "ppo":
         flags += ["--advantage-estimator", "ppo", "--critic-lr", "1e-4", "--normalize-advantages"]
-    history = train(flags)
+    history = train(flags + train_flags)
 
     print("[4/5] last checkpoint (torch_dist) -> HF")
     subprocess.run([sys.executable, str(TOOLS / "convert_torch_dist_to_hf.py"), "--input-dir", str(out / "ckpt"),

@@ -6,6 +6,7 @@ repeated.
 Flags: ``python -m vime_ext.train --help``; their meaning and checks: ``vime_ext/arguments.py``.
 """
 
+import contextlib
 import json
 import shutil
 import sys
@@ -102,7 +103,7 @@ class Trainer:
         if not (self.cluster.has_engines and self.cluster.has_actors):  # SFT, or a debug run with one side only
             return 0.0
         start = time.perf_counter()
-        with self.engine_lock:  # between two rollouts, never inside one
+        with self.engine_lock:  # between two rollouts, or (--partial-rollout) pausing the one in flight
             for attempt in range(2):
                 try:
                     self.cluster.manager("begin_weight_update")  # restarts an engine that died since the last one
@@ -342,6 +343,9 @@ class Trainer:
         with self.engine_lock:
             if generating:
                 position = self.positions[rollout_id] = self.cluster.manager("data_state")
+        # --partial-rollout: a push may pause this rollout and continue it under the new weights; otherwise the
+        # rollout holds the engines, and a push waits for its end.
+        with contextlib.nullcontext() if config.rollout.partial_rollout else self.engine_lock:
             tick = time.perf_counter()
             output = self.rollout(rollout_id)
             times["rollout"] = time.perf_counter() - tick
@@ -390,9 +394,10 @@ class Trainer:
         return metrics
 
     def staleness(self, rollout_id: int, samples: list[Sample]) -> dict[str, float]:
-        """How many policy versions each sample's tokens lag the policy that trains on them (rollout n is trained
-        by version n). Weights change only between rollouts, so none may lag more than --max-staleness (0 in
-        the synchronous loop); one that does is a bug, and stops the run rather than train off-policy unawares."""
+        """How many policy versions each sample's oldest token lags the policy that trains on it (rollout n is
+        trained by version n). Rollout n starts only once the engines hold version n - K, and a push during it
+        (--partial-rollout) only makes later tokens newer, so none may lag more than --max-staleness K (0 in the
+        synchronous loop); one that does is a bug, and stops the run rather than train off-policy unawares."""
         lags = [rollout_id - s.weight_version for s in samples if s.weight_version is not None]
         bound = self.config.rollout.staleness_bound
         if lags and max(lags) > bound:

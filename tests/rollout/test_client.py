@@ -407,3 +407,26 @@ def test_the_readme_agent_runs(engines, tiny_hf_dirs, tmp_path, monkeypatch):
     metrics = rollout_metrics(samples, "rollout")
     assert metrics["rollout/sequences_per_sample"] == 3.0 and "rollout/no_answer" in metrics
     sys.modules.pop("readme_agent", None)
+
+
+def test_a_reply_paused_for_a_weight_update_continues_from_its_tokens(engines, tiny_hf_dirs):
+    """--partial-rollout at the client (tests/rollout/partial.py): replies paused half made continue from their
+    tokens under version 1, and the log-probs of each stitched reply are the model's for those tokens (the
+    engine recomputed the prefix)."""
+    from transformers import AutoModelForCausalLM
+
+    from .partial import check_stitched, interrupted_replies
+
+    url = engines[0][0]
+    asked = prompts(tiny_hf_dirs, 8)
+    params = SamplingParams(temperature=1.0, max_new_tokens=128 - max(len(p) for p in asked), ignore_eos=True)
+    results, segments = interrupted_replies(url, asked, params, (0.05, 0.1, 0.2, 0.02, 0.4))
+    model = AutoModelForCausalLM.from_pretrained(tiny_hf_dirs["llama"], dtype=torch.float32).eval()
+    split = 0
+    for i, (prompt, result) in enumerate(zip(asked, results)):
+        split += check_stitched(prompt, result, segments[f"r{i}"], params.max_new_tokens)
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + result.token_ids])).logits[0, len(prompt) - 1:-1].float()
+        recomputed = torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(result.token_ids)[:, None])[:, 0]
+        assert (recomputed - torch.tensor(result.log_probs)).abs().max().item() < 1e-3
+    assert split > 0  # at least one reply has tokens of both versions

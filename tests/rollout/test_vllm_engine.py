@@ -115,3 +115,20 @@ def test_weight_update_reaches_the_engine(vllm_engine, smollm2_dir, tmp_path):
     print(f"after the update, trainer/engine log-prob |diff| over {diffs.numel()} tokens: "
           f"mean {diffs.mean():.2e}, max {diffs.max():.2e} nats")
     assert diffs.mean() < 0.02
+
+
+def test_vllm_continues_a_reply_paused_for_a_weight_update(vllm_engine, smollm2_dir):
+    """--partial-rollout on vLLM (tests/rollout/partial.py): /pause?mode=abort answers each in-flight request
+    with the tokens it had (finish_reason "abort"), and after /resume each reply continues from them."""
+    from transformers import AutoTokenizer
+
+    from .partial import check_stitched, interrupted_replies
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    asked = [prompt_token_ids(tokenizer, [{"role": "user", "content": f"Tell a long story about {topic}."}])
+             for topic in ("a lighthouse", "a fox", "the desert", "a violin")]
+    params = SamplingParams(temperature=1.0, max_new_tokens=48, ignore_eos=True)
+    results, segments = interrupted_replies(vllm_engine.url, asked, params, (1.0, 0.5, 2.0))
+    split = sum(check_stitched(p, r, segments[f"r{i}"], params.max_new_tokens)
+                for i, (p, r) in enumerate(zip(asked, results)))
+    assert split > 0

@@ -3,9 +3,11 @@
 import asyncio
 import itertools
 import uuid
+from dataclasses import replace
 
 import httpx
 
+from vime_ext.rollout.generation_gate import GenerationGate
 from vime_ext.rollout.protocol import (
     GENERATE_ROUTE,
     GenerateResult,
@@ -30,7 +32,9 @@ class RolloutClient:
     """
 
     def __init__(self, base_urls: str | list[str], max_concurrency: int = 64, timeout_s: float = 300.0,
-                 max_retries: int = 4, backoff_s: float = 0.5):
+                 max_retries: int = 4, backoff_s: float = 0.5, gate: GenerationGate | None = None):
+        """``gate``: weights may be pushed mid-request (``--partial-rollout``, see ``generation_gate``); a reply the
+        push interrupts is continued after it, and each token's version is recorded."""
         urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
         if not urls:
             raise ValueError("RolloutClient needs at least one engine or router URL")
@@ -42,11 +46,36 @@ class RolloutClient:
         self.max_retries = max_retries
         self.backoff_s = backoff_s
         self.retries = 0  # how many tries failed over (read by tests and logs)
+        self.gate = gate
 
     async def generate(self, token_ids: list[int], params: SamplingParams, request_id: str | None = None,
                        session_id: str | None = None) -> GenerateResult:
-        """``session_id`` (sent as X-Session-ID) lets a consistent-hash router keep a conversation on one engine."""
+        """``session_id`` (sent as X-Session-ID) lets a consistent-hash router keep a conversation on one engine.
+        With a gate, a reply that a weight push aborts is asked for again, prompt plus the tokens so far, until
+        it stops or reaches ``max_new_tokens``; the result is the segments end to end."""
         request_id = request_id or uuid.uuid4().hex
+        if self.gate is None:
+            return await self._generate_once(token_ids, params, request_id, session_id)
+        tokens, log_probs, versions, segment = [], [], [], 0
+        while True:
+            version = await self.gate.wait_open()
+            rest = replace(params, max_new_tokens=params.max_new_tokens - len(tokens))
+            result = await self._generate_once(list(token_ids) + tokens, rest, f"{request_id}-{segment}", session_id)
+            tokens += result.token_ids
+            log_probs += result.log_probs
+            versions += [version] * len(result.token_ids)
+            if result.finish_reason != "abort":
+                break
+            if len(tokens) >= params.max_new_tokens:
+                result.finish_reason = "length"
+                break
+            self.gate.interruptions += 1
+            segment += 1
+        return GenerateResult(tokens, log_probs, result.finish_reason, prompt_length=len(token_ids),
+                              extra=result.extra, versions=versions)
+
+    async def _generate_once(self, token_ids: list[int], params: SamplingParams, request_id: str,
+                             session_id: str | None) -> GenerateResult:
         body = generate_request(token_ids, params, request_id)
         headers = {"X-Session-ID": session_id} if session_id else None
         start = next(self._next_url)

@@ -52,6 +52,10 @@ class RolloutConfig:
     max_staleness: int | None = _help(
         "with --async-training: how many policy versions the policy that trains on a sample may be ahead of the "
         "one that generated it (default 1: the next rollout overlaps the current step; 0: the synchronous loop)")
+    partial_rollout: bool = _help(
+        "with --async-training: a weight push no longer waits for the rollout in flight; its requests are aborted, "
+        "the weights pushed, and each reply continued under the new weights from the tokens it had, every token "
+        "tagged with the version that sampled it (the staleness bound holds for the oldest)", False)
     rollout_sample_timeout: float = _help("seconds one sample's generate and reward may take before it fails "
                                           "(0: no limit)", 3600.0)
 
@@ -74,6 +78,9 @@ class RolloutConfig:
         if self.overlong_buffer_len is not None and not 0 < self.overlong_buffer_len <= self.rollout_max_response_len:
             raise ValueError(f"--overlong-buffer-len {self.overlong_buffer_len} must lie in [1, "
                              f"--rollout-max-response-len {self.rollout_max_response_len}]")
+        if self.partial_rollout and not self.async_training:
+            raise ValueError("--partial-rollout continues replies across weight pushes made during a rollout, which "
+                             "only --async-training makes; add it, or drop --partial-rollout")
         if self.max_staleness is not None:
             if not self.async_training:
                 raise ValueError("--max-staleness bounds --async-training; add it, or drop --max-staleness")

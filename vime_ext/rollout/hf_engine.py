@@ -19,6 +19,7 @@ import torch
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from transformers import StoppingCriteria, StoppingCriteriaList
 
 from vime_ext.rollout.protocol import GENERATE_ROUTE, GenerateResult, InvalidRequest, SamplingParams, generate_response
 
@@ -48,6 +49,9 @@ class HFEngine:
         self.requests_served = 0
         self.paused = False
         self.sleeping = False
+        # /pause?mode=abort: the batch in flight stops at its next token and answers with what it has
+        # (finish_reason "abort"), as do requests already queued, until /resume.
+        self.aborting = threading.Event()
         self._lock = threading.Lock()  # generation and weight updates never overlap
 
     def check(self, token_ids: list[int], params: SamplingParams) -> None:
@@ -63,6 +67,8 @@ class HFEngine:
 
     @torch.no_grad()
     def generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerateResult]:
+        if self.aborting.is_set():
+            return [GenerateResult([], [], "abort", prompt_length=len(p)) for p in prompts]
         width = max(len(p) for p in prompts)
         input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         attention = torch.zeros_like(input_ids)
@@ -71,7 +77,8 @@ class HFEngine:
             attention[row, width - len(prompt):] = 1
         stop_ids = [] if params.ignore_eos else sorted(self.eos_ids | set(params.stop_token_ids))
         kwargs = dict(max_new_tokens=params.max_new_tokens, eos_token_id=stop_ids, pad_token_id=self.pad_id,
-                      output_logits=True, return_dict_in_generate=True)
+                      output_logits=True, return_dict_in_generate=True,
+                      stopping_criteria=StoppingCriteriaList([_StopOnAbort(self.aborting)]))
         if params.temperature == 0.0:
             kwargs.update(do_sample=False)
         else:
@@ -83,6 +90,7 @@ class HFEngine:
                 torch.manual_seed(params.seed)
             out = self.model.generate(input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device),
                                       **kwargs)
+        aborted = self.aborting.is_set()
         new_tokens = out.sequences[:, width:].cpu()
         scale = params.temperature if params.temperature > 0.0 else 1.0  # greedy: the raw distribution
         log_probs = torch.stack([torch.log_softmax(step.float() / scale, dim=-1) for step in out.logits], dim=1).cpu()
@@ -98,6 +106,8 @@ class HFEngine:
             if finish == "length" and params.stop:
                 text = self.tokenizer.decode(tokens)
                 finish = "stop" if any(s in text for s in params.stop) else "length"
+            if finish == "length" and aborted and len(tokens) < params.max_new_tokens:
+                finish = "abort"
             results.append(GenerateResult(tokens, lps, finish, prompt_length=len(prompts[row])))
         return results
 
@@ -131,6 +141,16 @@ class HFEngine:
         with self._lock:
             self.model.to(self.device)
             self.sleeping = False
+
+
+class _StopOnAbort(StoppingCriteria):
+    """A stopping criterion for ``generate``: every row stops once the engine is told to abort."""
+
+    def __init__(self, event: threading.Event):
+        self.event = event
+
+    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
+        return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool, device=input_ids.device)
 
 
 def _as_list(value) -> list:
@@ -185,11 +205,16 @@ def build_app(engine: HFEngine) -> FastAPI:
 
     @app.post("/pause")
     async def pause(mode: str = "abort"):
-        engine.paused = True  # new requests wait; the batch in flight finishes (generation holds the lock)
+        # New requests wait. "abort": the batch in flight stops and answers with its tokens so far; otherwise
+        # it finishes (generation holds the lock).
+        engine.paused = True
+        if mode == "abort":
+            engine.aborting.set()
         return {"status": "paused"}
 
     @app.post("/resume")
     async def resume():
+        engine.aborting.clear()
         engine.paused = False
         if not engine.sleeping:
             resumed.set()

@@ -15,6 +15,7 @@ from vime_ext.arguments import TrainConfig
 from vime_ext.rollout.data_source import DataSource
 from vime_ext.rollout.engines import (EngineConfig, ServerProcess, has_flag, launch_engine, launch_router,
                                       wait_until_serving)
+from vime_ext.rollout.generation_gate import GenerationGate
 from vime_ext.rollout.rollout import RolloutOutput, run_rollout
 from vime_ext.rollout.weight_sync import WeightSync, WeightTarget, choose_transport
 from vime_ext.trainer.launch import free_port
@@ -49,6 +50,8 @@ class RolloutManager:
         self.weight_version = 0
         self.generation = 0  # engine restarts so far that the sender must know of (a new NCCL group)
         self.sync: WeightSync | None = None
+        # --partial-rollout: a push may land mid-rollout; the training rollouts' client waits at this gate
+        self.gate = GenerationGate() if config.rollout.partial_rollout else None
         if not config.sft:  # SFT reads its chats; nothing is generated
             self._start_engines(model, gpu_ids, log_dir)
 
@@ -123,8 +126,13 @@ class RolloutManager:
             self._launch_router()
             self.router_restarts += 1
         self.args.weight_version = self.weight_version
-        return run_rollout(self.args, self.router.url if self.router else None, rollout_id, source,
-                           evaluation=evaluation)
+        gate = None if evaluation else self.gate  # an evaluation runs between pushes, on the driver's thread
+        before = gate.interruptions if gate else 0
+        output = run_rollout(self.args, self.router.url if self.router else None, rollout_id, source,
+                             evaluation=evaluation, gate=gate)
+        if gate:
+            output.metrics["interrupted_requests"] = gate.interruptions - before
+        return output
 
     def data_state(self) -> dict:
         return self.data_source.state()
@@ -165,12 +173,18 @@ class RolloutManager:
         return len(dead)
 
     def begin_weight_update(self) -> None:
+        """Pause the engines for a push; requests in flight are aborted (with --partial-rollout, held at the gate
+        first, and continued after ``finish_weight_update``)."""
+        if self.gate:
+            self.gate.close()
         self.restart_dead_engines()
         self.sync.begin()
 
     def finish_weight_update(self, version: int) -> None:
         self.sync.finish(version)
         self.weight_version = version
+        if self.gate:
+            self.gate.open(version)
 
     def restart_count(self) -> dict[str, int]:
         return {"engine_restarts": self.restarts, "router_restarts": self.router_restarts}

@@ -56,9 +56,12 @@ class SamplingParams:
 class GenerateResult:
     token_ids: list[int]
     log_probs: list[float]
-    finish_reason: str  # "stop" or "length"
+    finish_reason: str  # "stop" or "length"; "abort" from an engine paused mid-request (the tokens so far)
     prompt_length: int = 0
     extra: dict = field(default_factory=dict)
+    # The weight version that sampled each token, where the client knows it (--partial-rollout: a request
+    # interrupted by a push continues under the new weights, so one reply can span versions).
+    versions: list[int] = field(default_factory=list)
 
 
 def generate_request(token_ids: list[int], params: SamplingParams, request_id: str) -> dict:

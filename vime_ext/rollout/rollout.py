@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from vime_ext.algorithms.train_data import scalar_reward
 from vime_ext.rollout.client import RolloutClient
+from vime_ext.rollout.generation_gate import GenerationGate
 from vime_ext.rollout.config import sampling_params
 from vime_ext.rollout.data_source import DataSource
 from vime_ext.rollout.failures import FailurePolicy, check_failed_fraction, drop_group, needs_retry, plugin_failure
@@ -53,6 +54,14 @@ def penalize_overlong(args, sample: Sample) -> None:
     sample.metrics["overlong_penalty"] = penalty
 
 
+def oldest_version(sample: Sample, at_start: int | None) -> int | None:
+    """The oldest weight version among the sample's tokens (every training sequence's) where they were
+    recorded, else the version the engines held when the rollout started (which sampled every token when
+    no weight update can land mid-rollout)."""
+    recorded = [v for seq in (sample, *sample.turns) for v in seq.token_versions if v is not None]
+    return min(recorded) if recorded else at_start
+
+
 def apply_reward(sample: Sample, value) -> None:
     """A reward function's answer onto the sample: a number, or a dict whose "reward" entry is the reward and
     whose other entries are metrics."""
@@ -86,7 +95,7 @@ async def generate_rollout(args: PluginArgs, rollout_id: int, data_source: DataS
         own = params if params.seed is None else replace(params, seed=sample_seed(params.seed, rollout_id,
                                                                                    sample.index))
         done = fold_trajectory(sample, await call_plugin(generate, args, sample, own, evaluation=evaluation))
-        done.weight_version = args.weight_version
+        done.weight_version = oldest_version(done, args.weight_version)
         if done.status in TRAINABLE and not args.group_rm:
             apply_reward(done, await call_plugin(reward, args, done))
             penalize_overlong(args, done)
@@ -163,15 +172,15 @@ async def generate_rollout(args: PluginArgs, rollout_id: int, data_source: DataS
 
 
 def run_rollout(args: PluginArgs, url: str | None, rollout_id: int, data_source: DataSource,
-                evaluation: bool = False) -> RolloutOutput:
+                evaluation: bool = False, gate: GenerationGate | None = None) -> RolloutOutput:
     """Run ``--rollout-function-path`` against the engine or router at ``url`` to completion (a fresh client and
     event loop per call, reachable as ``args.rollout_client`` and ``args.loop``; no client without ``url``, as in
     SFT) and check its groups."""
     rollout = load_function(args.rollout_function_path, "--rollout-function-path")
 
     async def run():
-        client = RolloutClient(url, max_concurrency=256, timeout_s=max(300.0, args.rollout_max_response_len / 5.0)) \
-            if url else None
+        client = RolloutClient(url, max_concurrency=256, timeout_s=max(300.0, args.rollout_max_response_len / 5.0),
+                               gate=gate) if url else None
         args.rollout_client, args.loop = client, asyncio.get_running_loop()
         try:
             if inspect.iscoroutinefunction(rollout):

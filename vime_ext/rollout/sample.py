@@ -41,6 +41,7 @@ class Turn:
     tokens: list[int]
     loss_mask: list[int]
     rollout_log_probs: list[float]
+    token_versions: list[int | None] = field(default_factory=list)  # as Sample.token_versions
 
     def __post_init__(self):
         # Checked here, where a plug-in builds it, rather than when the trainer meets it.
@@ -70,7 +71,10 @@ class Sample:
     reward: float | dict[str, float] | None = None
     status: Status = Status.PENDING
     error: str | None = None
-    weight_version: int | None = None
+    weight_version: int | None = None  # the oldest weight version that sampled any of its tokens
+    # Per response token: the weight version that sampled it, None for masked tokens; empty unless recorded
+    # (--partial-rollout, where a push can land mid-reply)
+    token_versions: list[int | None] = field(default_factory=list)
     turns: list[Turn] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
     # Scalars a plug-in reports per sample (turns, tool errors, memory size, ...): averaged per rollout and

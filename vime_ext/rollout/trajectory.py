@@ -51,6 +51,9 @@ class Trajectory:
     prompt_length: int = field(init=False)
     loss_mask: list[int] = field(init=False, default_factory=list)  # over tokens[prompt_length:]
     log_probs: list[float] = field(init=False, default_factory=list)
+    # The weight version that sampled each generated token, None for masked ones (over tokens[prompt_length:];
+    # empty unless the client records versions: --partial-rollout)
+    versions: list[int | None] = field(init=False, default_factory=list)
     turns: list[TurnRecord] = field(init=False, default_factory=list)
     error: str | None = field(init=False, default=None)
 
@@ -94,13 +97,25 @@ class Trajectory:
     def finished(self) -> bool:
         return self.error is not None
 
-    def append_model(self, token_ids: list[int], log_probs: list[float], finish_reason: str) -> None:
-        """The policy's reply as sampled (trained)."""
+    def append_model(self, token_ids: list[int], log_probs: list[float], finish_reason: str,
+                     versions: list[int] = ()) -> None:
+        """The policy's reply as sampled (trained), with the weight version of each token where known. A reply
+        the engine aborted (and nothing continued) makes the trajectory aborted: not trained, may be retried."""
         if len(token_ids) != len(log_probs):
             raise ValueError(f"append_model: {len(token_ids)} tokens but {len(log_probs)} log-probs")
+        if versions and len(versions) != len(token_ids):
+            raise ValueError(f"append_model: {len(token_ids)} tokens but {len(versions)} versions")
+        if versions and not self.versions:
+            self.versions = [None] * (len(self.tokens) - self.prompt_length)
         self.tokens += list(token_ids)
         self.loss_mask += [1] * len(token_ids)
         self.log_probs += list(log_probs)
+        if self.versions or versions:
+            self.versions += list(versions) if versions else [None] * len(token_ids)
+        if finish_reason == "abort":
+            self.error = "the engine aborted the reply (paused for a weight update) and it was not continued"
+            self.turns.append(TurnRecord(len(token_ids), finish_reason, Status.ABORTED))
+            return
         status = Status.COMPLETED if finish_reason == "stop" else Status.TRUNCATED
         self.turns.append(TurnRecord(len(token_ids), finish_reason, status))
 
@@ -109,6 +124,8 @@ class Trajectory:
         self.tokens += list(token_ids)
         self.loss_mask += [0] * len(token_ids)
         self.log_probs += [0.0] * len(token_ids)
+        if self.versions:
+            self.versions += [None] * len(token_ids)
 
     def prefill(self, text: str) -> None:
         """Text the policy's next reply starts with (masked: written for the policy, not trained). It is part of
@@ -138,7 +155,7 @@ class Trajectory:
             self.turns.append(TurnRecord(0, type(err).__name__,
                                          Status.FAILED if isinstance(err, InvalidRequest) else Status.ABORTED))
             return None
-        self.append_model(result.token_ids, result.log_probs, result.finish_reason)
+        self.append_model(result.token_ids, result.log_probs, result.finish_reason, result.versions)
         return self.tokenizer.decode(result.token_ids, skip_special_tokens=True)
 
     # ---- out -------------------------------------------------------------------------------------------------
@@ -154,6 +171,7 @@ class Trajectory:
         sample.tokens = list(self.tokens)
         sample.response_length = len(self.tokens) - self.prompt_length
         sample.loss_mask, sample.rollout_log_probs = list(self.loss_mask), list(self.log_probs)
+        sample.token_versions = list(self.versions)
         sample.response = self.tokenizer.decode(self.tokens[self.prompt_length:], skip_special_tokens=True)
         sample.status = self.turns[-1].status
         sample.metrics["turns"] = float(len(self.turns))

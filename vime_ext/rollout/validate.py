@@ -104,7 +104,8 @@ def fold_trajectory(slot: Sample, returned) -> Sample:
                                            sample.rollout_log_probs)
                 if problem:
                     raise RolloutError(f"{where(slot)}, sequence {k} of {len(samples)}: {problem}")
-                turns.append(Turn(list(sample.tokens), list(sample.loss_mask), list(sample.rollout_log_probs)))
+                turns.append(Turn(list(sample.tokens), list(sample.loss_mask), list(sample.rollout_log_probs),
+                                  list(sample.token_versions)))
             turns.extend(sample.turns)
     folded = Sample(**{f.name: getattr(last, f.name) for f in fields(Sample)})
     folded.turns = turns + list(last.turns)
