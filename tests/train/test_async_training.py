@@ -56,3 +56,33 @@ def test_async_training_bounds_staleness_and_resumes_without_losing_prompts(tiny
     # The benchmark's table (tools/async_table.py) reads such runs: equal samples, seconds per sample.
     report = table(*(summary(read_metrics(runs[name] / "tensorboard/metrics.jsonl"), 0) for name in ("k0", "k1")))
     assert "| synchronous (K=0) | 2 | 16 |" in report and "| asynchronous | 2 | 16 |" in report and "speed-up" in report
+
+
+def test_partial_rollouts_continue_trajectories_across_a_push(tiny_model, tmp_path):  # noqa: F811
+    """--partial-rollout: the push after each step lands while the next rollout is being generated, and its
+    two-turn trajectories (tests/train/turns_across_a_push.py) go on under the new weights: every sample of
+    rollout n >= 1 has its first turn's tokens from version n - 1 and its second's from version n, the sample's
+    version is the oldest, and no sample lags more than the bound."""
+    import json
+
+    data = write_jsonl(tmp_path / "arith.jsonl", "arithmetic", 8)
+    flags = common_flags(tiny_model, data) + ["--no-ray", "--engine-backend", "hf", "--num-rollout", "3",
+                                              "--async-training", "--partial-rollout", "--custom-generate-function-path",
+                                              "tests.train.turns_across_a_push.generate", "--save-debug-rollout-data",
+                                              str(tmp_path / "rollouts"), "--save", str(tmp_path / "ckpt")]
+    train(flags, tmp_path / "partial.log")
+    steps = metrics(tmp_path / "ckpt/tensorboard")
+    assert sorted(steps) == [0, 1, 2]
+    assert [steps[n]["rollout/staleness_max"] for n in range(3)] == [0, 1, 1]
+    assert [steps[n]["rollout/weight_version"] for n in range(3)] == [0, 0, 1]
+    assert all("rollout/interrupted_requests" in steps[n] for n in range(3))
+    for n in range(3):
+        saved = json.loads((tmp_path / f"rollouts/rollout_{n}.json").read_text())["groups"]
+        for sample in (s for g in saved for s in g):
+            versions, mask = sample["token_versions"], sample["loss_mask"]
+            assert len(versions) == sample["response_length"] == len(mask)
+            assert all((v is None) == (m == 0) for v, m in zip(versions, mask))  # generated tokens only
+            generated = [v for v in versions if v is not None]
+            expected = {0} if n == 0 else {n - 1, n}
+            assert set(generated) == expected and generated == sorted(generated)  # older tokens first
+            assert sample["weight_version"] == min(expected)
