@@ -86,3 +86,35 @@ def test_partial_rollouts_continue_trajectories_across_a_push(tiny_model, tmp_pa
             expected = {0} if n == 0 else {n - 1, n}
             assert set(generated) == expected and generated == sorted(generated)  # older tokens first
             assert sample["weight_version"] == min(expected)
+
+
+def test_async_run_killed_after_a_save_resumes_without_losing_or_repeating_prompts(tiny_model, tmp_path):  # noqa: F811
+    """--async-training SIGKILLed mid-run (the reward plug-in kills the process group once iteration 2 is saved,
+    so the rollout drawn after that save is lost with the process) and resumed from that save: every prompt of
+    the uninterrupted run is trained exactly once across the two, in the same steps."""
+    import signal
+
+    data = write_jsonl(tmp_path / "arith.jsonl", "arithmetic", 8)
+    flags = common_flags(tiny_model, data) + ["--no-ray", "--engine-backend", "hf", "--rollout-seed", "7",
+                                              "--num-rollout", "4", "--save-interval", "1", "--async-training"]
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    train(flags + ["--save", str(whole)], tmp_path / "whole.log")
+    reward = flags.index("tests.train.toy_rewards.even_token_share")
+    killing = flags[:reward] + ["tests.train.toy_rewards.even_token_share_killed_after_checkpoint"] + \
+        flags[reward + 1:]
+    tracker = cut / "latest_checkpointed_iteration.txt"
+    process = train(killing + ["--save", str(cut)], tmp_path / "cut.log", wait=False,
+                    env={"VIME_TEST_KILL_AFTER": str(tracker), "VIME_TEST_KILL_ITERATION": "2"})
+    process.wait(timeout=1200)
+    assert process.returncode == -signal.SIGKILL, (tmp_path / "cut.log").read_text()[-4000:]
+    assert tracker.read_text() == "2"
+    before = metrics(cut / "tensorboard")  # what the killed run logged: steps 0 and 1 (the save of step 1 is iter 2)
+    train(flags + ["--save", str(cut), "--load", str(cut / "iter_0000002")], tmp_path / "resume.log")
+    expected, after = metrics(whole / "tensorboard"), metrics(cut / "tensorboard")
+    assert sorted(expected) == [0, 1, 2, 3] and sorted(after) == [0, 1, 2, 3]
+    assert [before[step]["prompts"] for step in (0, 1)] == [expected[step]["prompts"] for step in (0, 1)]
+    assert [after[step]["prompts"] for step in (2, 3)] == [expected[step]["prompts"] for step in (2, 3)]
+    # The log, both runs in turn: steps 0 and 1 saved; step 2, if the killed run got to log it, was not saved and
+    # is trained again by the resumed run, which starts at step 2.
+    steps = [row["step"] for row in read_metrics(cut / "tensorboard/metrics.jsonl")]
+    assert steps[:2] == [0, 1] and steps[-2:] == [2, 3] and len(steps) in (4, 5)
