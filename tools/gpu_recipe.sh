@@ -17,7 +17,8 @@
 #   ... gpu_recipe.sh weight_sync  # tools/bench_weight_sync.py, CUDA IPC as colocated
 #   ... gpu_recipe.sh table
 # and synchronous against asynchronous training, engine and trainer resident on one GPU (tools/async_table.py):
-#   ... gpu_recipe.sh async_bench       # ENGINE_MEMORY (default 0.3) is the engine's share of the GPU
+#   ... gpu_recipe.sh async_bench       # ENGINE_MEMORY (default 0.3) is the engine's share of the GPU;
+#                                       # PARTIAL=1: the K = 1 run with --partial-rollout
 # or all of the above on one machine of 2 or more GPUs, as one background job (a device lease is 30 minutes):
 #   bash tools/gpu_recipe.sh all   # progress in VIME_EXT_OUT/all.log; with 4 GPUs, the two-GPU tests and the
 #                                  # loop's parts run on GPUs 2-3 while the loops and evals use GPUs 0-1
@@ -225,7 +226,8 @@ case "${STAGE}" in
     # synchronous steps in the same memory split) and K = 1; no save. ASYNC_K picks one (two GPUs: one each).
     for k in ${ASYNC_K:-0 1}; do
       SAVE_PATH=${WORK}/${EXAMPLE}_async_k${k} SAVE_INTERVAL=1000000 COLOCATE=1 ENGINE_MEMORY=${ENGINE_MEMORY:-0.3} \
-        bash "examples/${EXAMPLE}/run-qwen3-4b-train.sh" --async-training --max-staleness "${k}" "$@" 2>&1 \
+        bash "examples/${EXAMPLE}/run-qwen3-4b-train.sh" --async-training --max-staleness "${k}" \
+        $([ "${k}" -gt 0 ] && [ "${PARTIAL:-0}" = 1 ] && echo --partial-rollout) "$@" 2>&1 \
         | tee "${OUT_DIR}/${EXAMPLE}_async_k${k}.log" | grep --line-buffered -v "it/s\]\|s/it\]"
     done
     if [ -z "${ASYNC_K:-}" ]; then async_table; fi ;;
