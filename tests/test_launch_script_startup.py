@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import make_tiny_hf_dir, run_launch_script
-from vime_ext.trainer.launch import free_port
+from vime_ext.net import free_port
 
 
 def ray_running(port: int) -> bool:

@@ -79,7 +79,7 @@ def search(shape_name: str, offload: bool, args) -> dict:
     import convert.hf_checkpoint
     from vime_ext.arguments import parse_train_args
     from vime_ext.trainer.actor import TrainActor
-    from vime_ext.trainer.launch import free_port
+    from vime_ext.net import free_port
     from vime_ext.trainer.model_config import ModelShape
 
     root = Path(tempfile.mkdtemp(prefix="bench_memory_"))

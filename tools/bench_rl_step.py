@@ -118,7 +118,7 @@ def main(argv=None) -> None:
     from vime_ext.arguments import parse_train_args
     from vime_ext.train import plan_steps
     from vime_ext.trainer.actor import TrainActor
-    from vime_ext.trainer.launch import free_port
+    from vime_ext.net import free_port
     from vime_ext.trainer.model_config import ModelShape
 
     # First, while this process holds no GPU memory: the rate to beat.

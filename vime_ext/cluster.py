@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from vime_ext.arguments import TrainConfig
-from vime_ext.trainer.launch import free_port
+from vime_ext.net import free_port
 
 # Passed to every Ray worker: nothing is fetched from a hub at run time, and caches stay where the driver's are.
 _WORKER_ENV = ("HF_HUB_OFFLINE", "TOKENIZERS_PARALLELISM", "VIME_EXT_CACHE", "VIME_EXT_LOG_DIR",

@@ -8,7 +8,7 @@ import torch
 from vime_ext.rollout.client import EngineUnavailable, RolloutClient
 from vime_ext.rollout.engines import EngineConfig, launch_engine, wait_until_serving
 from vime_ext.rollout.protocol import InvalidRequest, SamplingParams
-from vime_ext.trainer.launch import free_port
+from vime_ext.net import free_port
 
 from .faults import kill_once_requests_wait, pause
 

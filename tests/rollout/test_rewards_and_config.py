@@ -4,6 +4,8 @@ import pytest
 
 from vime_ext.rollout.config import RolloutConfig, sampling_params
 from vime_ext.rollout.plugins import load_function
+from vime_ext.arguments import parse_train_args
+from vime_ext.data.synthetic import write_jsonl
 from vime_ext.rollout.rewards import boxed_exact_match, last_boxed, overlong_penalty
 from vime_ext.rollout.rollout import penalize_overlong
 from vime_ext.rollout.sample import Sample
@@ -31,11 +33,11 @@ def test_missing_boxed_scores_zero_and_is_flagged():
     assert boxed_exact_match(None, sample) == 0.0 and sample.metadata["no_boxed"] is True
 
 
-def test_config_from_flags_and_refusals():
-    parser = argparse.ArgumentParser()
-    RolloutConfig.add_args(parser)
-    config = RolloutConfig.from_args(parser.parse_args(
-        ["--n-samples-per-prompt", "8", "--rollout-temperature", "0.7", "--rollout-stop", "</answer>"]))
+def test_config_from_flags_and_refusals(tiny_hf_dirs, tmp_path):
+    data = write_jsonl(tmp_path / "arith.jsonl", "arithmetic", 4)
+    config = parse_train_args(["--hf-checkpoint", str(tiny_hf_dirs["llama"]), "--prompt-data", str(data),
+                               "--n-samples-per-prompt", "8",
+                               "--rollout-temperature", "0.7", "--rollout-stop", "</answer>"]).rollout
     assert config.n_samples_per_prompt == 8 and config.rollout_stop == ("</answer>",)
     assert sampling_params(config).temperature == 0.7
     with pytest.raises(ValueError, match="--n-samples-per-prompt must be at least 1"):

@@ -71,7 +71,7 @@ def test_a_failed_call_fails_the_sample(tokenizer):
 
     from vime_ext.rollout.client import RolloutClient
     from vime_ext.rollout.protocol import SamplingParams
-    from vime_ext.trainer.launch import free_port
+    from vime_ext.net import free_port
 
     traj = Trajectory(tokenizer, [{"role": "user", "content": "hi"}])
 

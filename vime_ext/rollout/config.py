@@ -1,9 +1,7 @@
 """Rollout flags (slime/vime names) and the typed config they fill."""
 
-import argparse
 from dataclasses import dataclass
 
-from vime_ext.flags import add_dataclass_flags, dataclass_from_args
 from vime_ext.flags import help_field as _help
 from vime_ext.rollout.failures import POLICIES
 from vime_ext.rollout.protocol import SamplingParams
@@ -94,14 +92,6 @@ class RolloutConfig:
         if not self.async_training:
             return 0
         return 1 if self.max_staleness is None else self.max_staleness
-
-    @classmethod
-    def add_args(cls, parser: argparse.ArgumentParser) -> None:
-        add_dataclass_flags(parser, cls, "rollout")
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> "RolloutConfig":
-        return dataclass_from_args(cls, args)
 
 
 def sampling_params(args, evaluation: bool = False) -> SamplingParams:

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 
 from vime_ext.rollout.vllm_compat import server_flags
-from vime_ext.trainer.launch import free_port
+from vime_ext.net import free_port
 
 
 @dataclass

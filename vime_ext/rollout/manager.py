@@ -18,7 +18,7 @@ from vime_ext.rollout.engines import (EngineConfig, ServerProcess, has_flag, lau
 from vime_ext.rollout.generation_gate import GenerationGate
 from vime_ext.rollout.rollout import RolloutOutput, run_rollout
 from vime_ext.rollout.weight_sync import WeightSync, WeightTarget, choose_transport
-from vime_ext.trainer.launch import free_port
+from vime_ext.net import free_port
 
 COLOCATED_GPU_MEMORY = 0.4  # a colocated vLLM engine's default --gpu-memory-utilization
 
@@ -188,9 +188,6 @@ class RolloutManager:
 
     def restart_count(self) -> dict[str, int]:
         return {"engine_restarts": self.restarts, "router_restarts": self.router_restarts}
-
-    def engine_versions(self) -> dict[str, str | None]:
-        return self.sync.versions()
 
     def _post_all(self, route: str, skip: set[str] = frozenset(), **params) -> None:
         """``route`` to every engine but ``skip``. One that fails because its engine just died (it may die at any

@@ -17,7 +17,6 @@
 """
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,8 +146,3 @@ def tool_message(content: Any) -> dict[str, str]:
     """A tool's result as the chat message that follows the call."""
     return {"role": "tool", "content": content if isinstance(content, str) else json.dumps(content,
                                                                                           ensure_ascii=False)}
-
-
-def strip_calls(text: str) -> str:
-    """``text`` without its tool-call blocks (what the policy said besides calling)."""
-    return re.sub(rf"{re.escape(OPEN)}.*?({re.escape(CLOSE)}|$)", "", text, flags=re.DOTALL).strip()

@@ -201,7 +201,7 @@ class WeightSync:
         1 + i x ``workers_per_engine``). Each engine's ``/init_weight_transfer_engine`` returns only once the
         whole group has met, so those calls wait in threads while this process joins. Call again after engines
         restart: the old group lost its members."""
-        from vime_ext.trainer.launch import free_port
+        from vime_ext.net import free_port
 
         if self.transport != "nccl":
             raise ValueError(f"connect() forms an NCCL group; the {self.transport} transport has none")

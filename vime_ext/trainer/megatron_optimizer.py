@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from vime_ext.trainer.optimizer import LRSchedule
+from vime_ext.trainer.lr_schedule import LRSchedule
 
 # The optimizer-state layout written into checkpoints: megatron's default, each rank writing its own shard of the
 # gradient-buffer-ordered states, in parallel, with no gather (megatron 0.19 no longer saves the per-parameter

@@ -2,7 +2,7 @@
 
 import socket
 
-from vime_ext.trainer.launch import _ephemeral_range, free_port
+from vime_ext.net import _ephemeral_range, free_port
 
 
 def test_ports_lie_below_the_ephemeral_range_and_are_not_repeated():
