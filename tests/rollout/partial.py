@@ -4,6 +4,7 @@ version 1. The checks: the reply is its segments end to end, each continuation's
 before it, and the versions say which segment sampled each token."""
 
 import asyncio
+import time
 
 from vime_ext.rollout.client import RolloutClient
 from vime_ext.rollout.generation_gate import GenerationGate
@@ -35,13 +36,26 @@ async def pause_mid_generation(url: str, prompts: list[list[int]], params: Sampl
         await client.close()
 
 
-def interrupted_replies(url: str, prompts: list[list[int]], params: SamplingParams, delays: tuple[float, ...]):
-    """``pause_mid_generation`` at each delay in turn until a pause lands while replies are being generated."""
-    for delay_s in delays:
-        results, segments, interruptions = asyncio.run(pause_mid_generation(url, prompts, params, delay_s))
+def interrupted_replies(url: str, prompts: list[list[int]], params: SamplingParams,
+                        fractions: tuple[float, ...] = (0.3, 0.5, 0.15, 0.7, 0.05)):
+    """``pause_mid_generation`` until a pause lands while replies are being generated: the replies are timed
+    once without a pause, then paused at these fractions of that time in turn, whatever the machine's speed."""
+
+    async def timed() -> float:
+        client = RolloutClient(url)
+        try:
+            start = time.perf_counter()
+            await asyncio.gather(*(client.generate(p, params) for p in prompts))
+            return time.perf_counter() - start
+        finally:
+            await client.close()
+
+    seconds = asyncio.run(timed())
+    for fraction in fractions:
+        results, segments, interruptions = asyncio.run(pause_mid_generation(url, prompts, params, fraction * seconds))
         if interruptions:
             return results, segments
-    raise AssertionError(f"no pause landed mid-generation (delays {delays} s)")
+    raise AssertionError(f"no pause landed mid-generation (replies took {seconds:.2f} s unpaused)")
 
 
 def check_stitched(prompt: list[int], result: GenerateResult, parts: list, max_new_tokens: int) -> bool:

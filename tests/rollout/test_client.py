@@ -420,7 +420,7 @@ def test_a_reply_paused_for_a_weight_update_continues_from_its_tokens(engines, t
     url = next(u for u, process in zip(*engines) if process.poll() is None)  # the fail-over test killed one
     asked = prompts(tiny_hf_dirs, 8)
     params = SamplingParams(temperature=1.0, max_new_tokens=128 - max(len(p) for p in asked), ignore_eos=True)
-    results, segments = interrupted_replies(url, asked, params, (0.05, 0.1, 0.2, 0.02, 0.4))
+    results, segments = interrupted_replies(url, asked, params)
     model = AutoModelForCausalLM.from_pretrained(tiny_hf_dirs["llama"], dtype=torch.float32).eval()
     split = 0
     for i, (prompt, result) in enumerate(zip(asked, results)):
