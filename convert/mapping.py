@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vime_ext.trainer.model_config import ModelShape
+from vime_ext.models.model_config import ModelShape
 
 _TE_ALIASES = {
     "self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",

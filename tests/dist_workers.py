@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from vime_ext.trainer.model_config import ModelShape, ParallelConfig
+from vime_ext.models.model_config import ModelShape, ParallelConfig
 
 
 def _device() -> torch.device:
@@ -51,9 +51,9 @@ def logit_parity(out_dir: str, hf_dirs: dict, parallel: ParallelConfig, ckpt_dir
     from megatron.core import parallel_state
 
     from convert.hf_checkpoint import HFCheckpointReader
-    from convert.live import load_hf_weights
     from vime_ext.trainer.checkpoint import load_model_checkpoint
     from vime_ext.trainer.forward import forward_logits
+    from vime_ext.trainer.hf_weights import load_hf_weights
     from vime_ext.trainer.model_provider import build_gpt_model
     from vime_ext.trainer.parallel import destroy_distributed, init_distributed
 
@@ -88,7 +88,7 @@ def train_step(out_dir: str, hf_dir: str, parallel: ParallelConfig) -> None:
     from megatron.core import parallel_state
 
     from convert.hf_checkpoint import HFCheckpointReader
-    from convert.live import load_hf_weights
+    from vime_ext.trainer.hf_weights import load_hf_weights
     from vime_ext.trainer.model_provider import build_gpt_model
     from vime_ext.trainer.parallel import destroy_distributed, init_distributed
 
@@ -135,8 +135,8 @@ def sequence_log_probs(out_dir: str, hf_dir: str, sequences: list[tuple[list[int
     """Megatron log-probs of each (tokens, response start) at ``temperature``, weights loaded from the HF
     checkpoint."""
     from convert.hf_checkpoint import HFCheckpointReader
-    from convert.live import load_hf_weights
     from vime_ext.trainer.forward import token_log_probs
+    from vime_ext.trainer.hf_weights import load_hf_weights
     from vime_ext.trainer.model_provider import build_gpt_model
     from vime_ext.trainer.parallel import destroy_distributed, init_distributed
 
@@ -156,11 +156,11 @@ def perturb_push_and_score(out_dir: str, hf_dir: str, engine_url: str, prompts: 
     import asyncio
 
     from convert.hf_checkpoint import HFCheckpointReader
-    from convert.live import iter_hf_weights, load_hf_weights
-    from vime_ext.rollout.client import RolloutClient
-    from vime_ext.rollout.protocol import SamplingParams
-    from vime_ext.rollout.weight_sync import WeightSync
+    from vime_ext.engines.client import RolloutClient
+    from vime_ext.engines.protocol import SamplingParams
+    from vime_ext.engines.weight_sync import WeightSync
     from vime_ext.trainer.forward import token_log_probs
+    from vime_ext.trainer.hf_weights import iter_hf_weights, load_hf_weights
     from vime_ext.trainer.model_provider import build_gpt_model
     from vime_ext.trainer.parallel import destroy_distributed, init_distributed
 
@@ -203,8 +203,8 @@ def log_prob_paths_agree(out_dir: str, hf_dir: str, parallel: ParallelConfig) ->
     from megatron.core import parallel_state
 
     from convert.hf_checkpoint import HFCheckpointReader
-    from convert.live import load_hf_weights
     from vime_ext.trainer.forward import forward_log_probs, forward_logits
+    from vime_ext.trainer.hf_weights import load_hf_weights
     from vime_ext.trainer.model_provider import build_gpt_model
     from vime_ext.trainer.parallel import destroy_distributed, init_distributed
 
@@ -218,8 +218,8 @@ def log_prob_paths_agree(out_dir: str, hf_dir: str, parallel: ParallelConfig) ->
     # Vocabulary padding: a shape whose vocab does not split evenly, so the last shard ends in padding columns.
     import dataclasses
 
+    from vime_ext.models.model_config import padded_vocab_size
     from vime_ext.trainer.forward import vocab_parallel_log_probs
-    from vime_ext.trainer.model_config import padded_vocab_size
 
     tp = parallel.tensor_model_parallel_size
     odd = dataclasses.replace(shape, vocab_size=11 * tp - 1)
@@ -283,7 +283,7 @@ def _train_on(actor, config, layout: dict, seed: int = 0, nan_advantage: bool = 
 
 def _hf_weights(model, shape) -> dict[str, torch.Tensor]:
     """This rank's weights of ``model`` under HF names, fp32 on the CPU."""
-    from convert.live import iter_hf_weights
+    from vime_ext.trainer.hf_weights import iter_hf_weights
 
     return {name: tensor.float().cpu() for name, tensor in iter_hf_weights(model, shape)}
 
@@ -357,7 +357,7 @@ def attention_kernels_agree(out_dir: str) -> None:
     from megatron.core.transformer.dot_product_attention import DotProductAttention
     from megatron.core.transformer.enums import AttnMaskType
 
-    from vime_ext.trainer.model_config import transformer_config
+    from vime_ext.models.model_config import transformer_config
     from vime_ext.trainer.parallel import destroy_distributed, init_distributed
     from vime_ext.trainer.sdpa_attention import SDPAAttention
 
@@ -404,10 +404,10 @@ def packed_matches_padded(out_dir: str, hf_dir: str, dtype_name: str) -> None:
     mask) and packed (THD: varlen flash attention on CUDA in half precision, else a call per sequence), in
     ``dtype``; below fp32 both are also compared with the padded fp32 model."""
     from convert.hf_checkpoint import HFCheckpointReader
-    from convert.live import load_hf_weights
     from vime_ext.algorithms.train_data import TrainSequence
     from vime_ext.trainer.batching import collate
     from vime_ext.trainer.forward import forward_log_probs, position_log_probs
+    from vime_ext.trainer.hf_weights import load_hf_weights
     from vime_ext.trainer.model_provider import build_gpt_model
     from vime_ext.trainer.packing import model_inputs
     from vime_ext.trainer.parallel import destroy_distributed, init_distributed
@@ -502,9 +502,9 @@ def sft_loss_step(out_dir: str, flags: list[str]) -> None:
     describe; writes the step's loss (each data-parallel rank its weighted share) and the training sequences."""
     from transformers import AutoTokenizer
 
+    from vime_ext.agent.chat_mask import ChatMasker
+    from vime_ext.agent.sample import Sample
     from vime_ext.algorithms.train_data import samples_to_train_data
-    from vime_ext.rollout.chat_mask import ChatMasker
-    from vime_ext.rollout.sample import Sample
     from vime_ext.rollout.sft_rollout import chat_sample
     from vime_ext.train import plan_steps
 

@@ -78,9 +78,9 @@ def trial(actor, config, tokens: int, sequence_len: int, vocab: int) -> tuple[bo
 def search(shape_name: str, offload: bool, args) -> dict:
     import convert.hf_checkpoint
     from vime_ext.arguments import parse_train_args
-    from vime_ext.trainer.actor import TrainActor
+    from vime_ext.models.model_config import ModelShape
     from vime_ext.net import free_port
-    from vime_ext.trainer.model_config import ModelShape
+    from vime_ext.trainer.actor import TrainActor
 
     root = Path(tempfile.mkdtemp(prefix="bench_memory_"))
     config_json = {**hf_config(shape_name), "architectures": ["Qwen3ForCausalLM"], "torch_dtype": "bfloat16"}

@@ -22,11 +22,10 @@ from pathlib import Path
 import torch
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
-from bench_train import (MEGATRON_IMPLS, SHAPES, build_megatron, flops_per_token, hf_config,  # noqa: E402
-                         matmul_ceiling_tflops)
+from bench_train import MEGATRON_IMPLS, SHAPES, build_megatron, flops_per_token, hf_config, matmul_ceiling_tflops  # noqa: E402
 
 from vime_ext.algorithms.train_data import TrainSequence  # noqa: E402
-from vime_ext.trainer.model_config import ModelShape  # noqa: E402
+from vime_ext.models.model_config import ModelShape  # noqa: E402
 
 
 def rl_sequences(count: int, min_len: int, max_len: int, vocab: int, seed: int) -> list[TrainSequence]:
@@ -142,7 +141,7 @@ def main(argv=None) -> None:
     if not torch.cuda.is_available():
         raise SystemExit("bench_packing.py needs a CUDA GPU")
 
-    from vime_ext.trainer.model_config import ParallelConfig
+    from vime_ext.models.model_config import ParallelConfig
     from vime_ext.trainer.parallel import init_distributed
 
     init_distributed(ParallelConfig())

@@ -27,8 +27,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tools.bench_train import (SHAPES, flops_per_token, hf_config, matmul_ceiling_tflops,  # noqa: E402
-                               print_and_save)
+from tools.bench_train import SHAPES, flops_per_token, hf_config, matmul_ceiling_tflops, print_and_save  # noqa: E402
 
 
 def model_only_rate(shape_name: str, tokens: int, recompute: str) -> dict:
@@ -116,10 +115,10 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
 
     from vime_ext.arguments import parse_train_args
+    from vime_ext.models.model_config import ModelShape
+    from vime_ext.net import free_port
     from vime_ext.train import plan_steps
     from vime_ext.trainer.actor import TrainActor
-    from vime_ext.net import free_port
-    from vime_ext.trainer.model_config import ModelShape
 
     # First, while this process holds no GPU memory: the rate to beat.
     model_only = model_only_rate(args.shape, args.max_tokens_per_gpu, args.recompute)

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from vime_ext.trainer.model_config import ModelShape
+from vime_ext.models.model_config import ModelShape
 
 # Published Qwen3 dense shapes (hidden, layers, heads, kv heads, ffn, tied embeddings); head_dim 128.
 SHAPES = {
@@ -122,7 +122,7 @@ def build(impl: str, shape: ModelShape, config: dict):
 
 
 def build_megatron(impl: str, shape: ModelShape):
-    from vime_ext.trainer.model_config import ParallelConfig
+    from vime_ext.models.model_config import ParallelConfig
     from vime_ext.trainer.model_provider import build_gpt_model, norms_in_model_dtype
 
     base = impl.removesuffix(FP32_NORMS)
@@ -262,7 +262,7 @@ def main(argv=None) -> None:
     if not torch.cuda.is_available():
         raise SystemExit("bench_train.py needs a CUDA GPU")
 
-    from vime_ext.trainer.model_config import ParallelConfig
+    from vime_ext.models.model_config import ParallelConfig
     from vime_ext.trainer.parallel import init_distributed
 
     init_distributed(ParallelConfig())

@@ -27,8 +27,8 @@ from tools.make_random_hf import write_hf_dir  # noqa: E402
 
 
 async def _generate(url: str, prompts: list[list[int]], new_tokens: int):
-    from vime_ext.rollout.client import RolloutClient
-    from vime_ext.rollout.protocol import SamplingParams
+    from vime_ext.engines.client import RolloutClient
+    from vime_ext.engines.protocol import SamplingParams
 
     client = RolloutClient(url)
     try:
@@ -48,11 +48,11 @@ def main(argv=None) -> None:
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
 
-    from convert.live import iter_hf_weights
-    from vime_ext.rollout.engines import EngineConfig, launch_engine, wait_until_serving
-    from vime_ext.rollout.weight_sync import WeightSync
+    from vime_ext.engines.servers import EngineConfig, launch_engine, wait_until_serving
+    from vime_ext.engines.weight_sync import WeightSync
+    from vime_ext.models.model_config import ModelShape, ParallelConfig
     from vime_ext.trainer.forward import token_log_probs
-    from vime_ext.trainer.model_config import ModelShape, ParallelConfig
+    from vime_ext.trainer.hf_weights import iter_hf_weights
     from vime_ext.trainer.model_provider import build_gpt_model
     from vime_ext.trainer.parallel import destroy_distributed, init_distributed
 

@@ -8,9 +8,9 @@ import os
 os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 from vime_ext.flags import CliParser  # noqa: E402
+from vime_ext.models.model_config import ModelShape, ParallelConfig, parse_dtype  # noqa: E402
 from vime_ext.sysinfo import peak_rss_mib  # noqa: E402
 from vime_ext.trainer.launch import run_on_ranks  # noqa: E402
-from vime_ext.trainer.model_config import ModelShape, ParallelConfig, parse_dtype  # noqa: E402
 
 
 def convert(hf_dir: str, save_dir: str, parallel: ParallelConfig, dtype_name: str) -> None:
@@ -18,8 +18,8 @@ def convert(hf_dir: str, save_dir: str, parallel: ParallelConfig, dtype_name: st
 
     from convert import mapping_for
     from convert.hf_checkpoint import HFCheckpointReader
-    from convert.live import load_hf_weights
     from vime_ext.trainer.checkpoint import save_model_checkpoint
+    from vime_ext.trainer.hf_weights import load_hf_weights
     from vime_ext.trainer.model_provider import build_gpt_model
     from vime_ext.trainer.parallel import destroy_distributed, init_distributed
 

@@ -8,8 +8,8 @@ os.environ["CUDA_VISIBLE_DEVICES"] = ""  # CPU only, before torch loads: see con
 from tqdm import tqdm  # noqa: E402
 
 from vime_ext.flags import CliParser  # noqa: E402
+from vime_ext.models.model_config import ModelShape, ParallelConfig, parse_dtype  # noqa: E402
 from vime_ext.sysinfo import peak_rss_mib  # noqa: E402
-from vime_ext.trainer.model_config import ModelShape, ParallelConfig, parse_dtype  # noqa: E402
 
 
 def _check_same_shape(recorded: ModelShape | None, expected: ModelShape, ckpt: str, origin: str) -> None:
@@ -24,8 +24,8 @@ def convert(input_dir: str, output_dir: str, origin_hf_dir: str, dtype_name: str
             max_shard_bytes: int) -> None:
     from convert import mapping_for
     from convert.hf_checkpoint import HFCheckpointWriter, copy_side_files
-    from convert.live import iter_hf_weights
     from vime_ext.trainer.checkpoint import checkpoint_model_shape, load_model_checkpoint, resolve_checkpoint_dir
+    from vime_ext.trainer.hf_weights import iter_hf_weights
     from vime_ext.trainer.model_provider import build_gpt_model
     from vime_ext.trainer.parallel import destroy_distributed, init_distributed
 

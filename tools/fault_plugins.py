@@ -43,13 +43,13 @@ def _when(condition, action, what: str) -> None:
 
 def _arm(fault: str, sample) -> None:
     if fault == "engine_kill":
-        engine = _processes("vime_ext.rollout.hf_engine")[0]
+        engine = _processes("vime_ext.engines.hf_engine")[0]
         _record(f"engine {engine.pid} killed mid-rollout")
         engine.kill()
     elif fault == "engine_kill_during_push":
         shm = Path("/dev/shm")
         _when(lambda: any(shm.glob("vime_ext_weights_*.safetensors")),
-              lambda: _processes("vime_ext.rollout.hf_engine")[0].kill(), "engine killed during the weight push")
+              lambda: _processes("vime_ext.engines.hf_engine")[0].kill(), "engine killed during the weight push")
     elif fault == "router_kill":
         router = _processes("vllm::router")[0]  # the router's process title
         _record(f"router {router.pid} killed mid-rollout")

@@ -14,7 +14,7 @@ import torch
 def main() -> None:
     from tests import dist_workers
     from tests.conftest import make_tiny_hf_dir, run_workers
-    from vime_ext.trainer.model_config import ParallelConfig
+    from vime_ext.models.model_config import ParallelConfig
 
     root = Path(tempfile.mkdtemp())
     dirs = {f: make_tiny_hf_dir(f, root / f, seed=i, cache_dir=root) for i, f in enumerate(("qwen3", "qwen2"))}

@@ -29,7 +29,7 @@ esac
 python3 -m vime_ext.train --hf-checkpoint "$HF_DIR" --prompt-data "$OUT_DIR/yesno.jsonl" --colocate "${ARGS[@]}" \
   --rollout-batch-size 16 --n-samples-per-prompt 8 --rollout-max-response-len 32 --rollout-shuffle \
   --global-batch-size 64 --micro-batch-size 16 \
-  --custom-rm-path vime_ext.rollout.rewards.first_word_match --lr 1e-5 --use-kl-loss --kl-loss-coef 0.01 \
+  --custom-rm-path vime_ext.agent.rewards.first_word_match --lr 1e-5 --use-kl-loss --kl-loss-coef 0.01 \
   --num-rollout "$NUM_ROLLOUT" --save "$OUT_DIR/ckpt" --tensorboard-dir "$OUT_DIR/tb" "$@" 2>&1 \
   | grep -v "it/s\]\|sample/s\]\|tensor/s\]\|s/it\]\|s/sample\]" | tail -40
 cp "$OUT_DIR/tb/metrics.jsonl" "${VIME_EXT_OUT:-/tmp}/gpu_train_${ENGINE}_${DTYPE}_metrics.jsonl"

@@ -12,7 +12,8 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, ".")
 sys.path.insert(0, "tools")
 import bench_train as b  # noqa: E402
-from vime_ext.trainer.model_config import ModelShape, ParallelConfig  # noqa: E402
+
+from vime_ext.models.model_config import ModelShape, ParallelConfig  # noqa: E402
 from vime_ext.trainer.parallel import init_distributed  # noqa: E402
 
 if __name__ == "__main__":

@@ -19,12 +19,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from vime_ext.rollout.client import RolloutClient  # noqa: E402
+from vime_ext.agent.sample import Sample  # noqa: E402
+from vime_ext.engines.client import RolloutClient  # noqa: E402
+from vime_ext.engines.protocol import SamplingParams  # noqa: E402
+from vime_ext.engines.servers import EngineConfig, launch_engine, split_vllm_args, wait_until_serving  # noqa: E402
 from vime_ext.rollout.debug_data import load_rollout  # noqa: E402
-from vime_ext.rollout.engines import (EngineConfig, launch_engine, split_vllm_args,  # noqa: E402
-                                      wait_until_serving)
-from vime_ext.rollout.protocol import SamplingParams  # noqa: E402
-from vime_ext.rollout.sample import Sample  # noqa: E402
 
 LOOP_CONCURRENCY = 256  # vime_ext/rollout/rollout.py's client
 

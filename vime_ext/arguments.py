@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from vime_ext.engines.servers import ROUTER_POLICIES, split_vllm_args
 from vime_ext.flags import CliParser, add_dataclass_flags, dataclass_from_args, flag_name
 from vime_ext.flags import help_field as _help
+from vime_ext.models.model_config import ModelShape, ParallelConfig
 from vime_ext.rollout.config import RolloutConfig
-from vime_ext.rollout.engines import ROUTER_POLICIES, split_vllm_args
-from vime_ext.trainer.model_config import ModelShape, ParallelConfig
 
 
 class ConfigError(ValueError):
@@ -452,7 +452,7 @@ def _check(config: TrainConfig) -> None:
     if cl.no_ray and cl.actor_world_size != 1:
         problems.append("--no-ray runs one trainer rank; set --actor-num-gpus-per-node 1 --actor-num-nodes 1")
     if cl.weight_transport != "auto":
-        from vime_ext.rollout.weight_sync import choose_transport
+        from vime_ext.engines.weight_sync import choose_transport
 
         try:
             choose_transport(cl.weight_transport, cl.engine_backend, _cuda(), cl.colocate,
@@ -464,7 +464,7 @@ def _check(config: TrainConfig) -> None:
     if t.recompute_num_layers is not None and t.recompute_granularity != "full":
         problems.append("--recompute-num-layers needs --recompute-granularity full")
     if t.sequence_parallel:
-        from vime_ext.trainer.model_provider import default_attention
+        from vime_ext.models.model_config import default_attention
 
         if default_attention() != "te":
             problems.append("--sequence-parallel needs Transformer Engine layers (TE on CUDA), which this machine "

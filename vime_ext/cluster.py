@@ -71,7 +71,7 @@ class _TrainWorker:
 
 class _ManagerWorker:
     def setup(self, config: TrainConfig, gpu_ids: list[int] | None, log_dir: str | None) -> list[str]:
-        from vime_ext.rollout.manager import RolloutManager, gpu_ids_from_env
+        from vime_ext.rollout_manager import RolloutManager, gpu_ids_from_env
 
         self.manager = RolloutManager(config, gpu_ids if gpu_ids is not None else gpu_ids_from_env(), log_dir)
         return self.manager.engine_urls()
@@ -100,7 +100,7 @@ class Cluster:
             self._start_local(log_dir)
 
     def _start_local(self, log_dir):
-        from vime_ext.rollout.manager import RolloutManager, gpu_ids_from_env
+        from vime_ext.rollout_manager import RolloutManager, gpu_ids_from_env
         from vime_ext.trainer.actor import TrainActor
 
         if self.has_actors:

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 TOOLS = Path(__file__).resolve().parents[1] / "tools"
-REWARD = "vime_ext.rollout.rewards.first_word_match"
+REWARD = "vime_ext.agent.rewards.first_word_match"
 
 
 def main(argv=None) -> None:

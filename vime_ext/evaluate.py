@@ -17,17 +17,17 @@ import numpy as np
 
 from vime_ext.arguments import EvalConfig
 from vime_ext.data.prompt_dataset import read_jsonl
+from vime_ext.engines.servers import EngineConfig, launch_engine, split_vllm_args, wait_until_serving
 from vime_ext.rollout.config import RolloutConfig
 from vime_ext.rollout.data_source import DataSource
-from vime_ext.rollout.engines import EngineConfig, launch_engine, split_vllm_args, wait_until_serving
 from vime_ext.rollout.plugins import load_custom_config, plugin_args
 from vime_ext.rollout.rollout import rollout_metrics, run_rollout
 
 
-def evaluate(hf_dir: str, prompt_data: str, reward_path: str = "vime_ext.rollout.rewards.boxed_exact_match",
+def evaluate(hf_dir: str, prompt_data: str, reward_path: str = "vime_ext.agent.rewards.boxed_exact_match",
              backend: str = "hf", n_samples: int = 1, max_response_len: int = 64, temperature: float = 0.0,
              engine_args: list[str] | None = None, log_dir: str | None = None,
-             generate_path: str = "vime_ext.rollout.generate.generate",
+             generate_path: str = "vime_ext.agent.generate.generate",
              custom_config_path: str | None = None, dtype: str = "auto",
              max_model_len: int | None = None) -> dict[str, float]:
     from dataclasses import fields
@@ -60,12 +60,12 @@ def main(argv=None) -> dict[str, float]:
     parser = argparse.ArgumentParser(description="evaluate an HF checkpoint on prompt data with a reward")
     parser.add_argument("--hf-checkpoint", required=True)
     parser.add_argument("--prompt-data", required=True)
-    parser.add_argument("--custom-rm-path", default="vime_ext.rollout.rewards.boxed_exact_match")
+    parser.add_argument("--custom-rm-path", default="vime_ext.agent.rewards.boxed_exact_match")
     parser.add_argument("--engine-backend", choices=["vllm", "hf"], default="hf")
     parser.add_argument("--n-samples-per-prompt", type=int, default=1)
     parser.add_argument("--rollout-max-response-len", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--custom-generate-function-path", default="vime_ext.rollout.generate.generate")
+    parser.add_argument("--custom-generate-function-path", default="vime_ext.agent.generate.generate")
     parser.add_argument("--custom-config-path", default=None, help="YAML or JSON plug-in settings")
     parser.add_argument("--engine-dtype", default="auto", help="the engine's weights and activations")
     parser.add_argument("--engine-max-model-len", type=int, default=None, help="the engine's context length")

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from vime_ext.agent.sample import TRAINABLE, Sample
 from vime_ext.algorithms.train_data import TrainSequence
 from vime_ext.arguments import TrainConfig, parse_train_args
 from vime_ext.cluster import Cluster, TrainerDied
@@ -25,7 +26,6 @@ from vime_ext.rollout.debug_data import load_rollout, save_rollout
 from vime_ext.rollout.failures import last_line
 from vime_ext.rollout.plugins import load_function
 from vime_ext.rollout.rollout import RolloutOutput, rollout_metrics
-from vime_ext.rollout.sample import TRAINABLE, Sample
 from vime_ext.rollout.sft_rollout import check_chats
 from vime_ext.rollout.validate import RolloutError, check_groups
 from vime_ext.rollout_ahead import Generated, RolloutAhead

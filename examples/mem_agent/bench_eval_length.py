@@ -59,7 +59,7 @@ def main(argv=None) -> dict:
 def bench_backend(args, backend: str, tokenizer, work: Path) -> dict:
     from examples.mem_agent.data import write_eval_file
     from examples.mem_agent.eval_ruler_hqa import main as run_eval
-    from vime_ext.rollout.engines import EngineConfig, launch_engine, wait_until_serving
+    from vime_ext.engines.servers import EngineConfig, launch_engine, wait_until_serving
 
     vllm = backend == "vllm"
     engine = launch_engine(EngineConfig(args.model_path, backend=backend, dtype=args.engine_dtype,

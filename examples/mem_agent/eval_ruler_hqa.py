@@ -28,11 +28,11 @@ from tqdm import tqdm
 from examples.mem_agent.data import read_eval_file
 from examples.mem_agent.rollout import MemSettings, generate
 from examples.mem_agent.scoring import exact_match, extract_answer, substring_match
-from vime_ext.rollout.client import RolloutClient
+from vime_ext.agent.rewards import token_f1 as f1
+from vime_ext.agent.sample import TRAINABLE, Sample
+from vime_ext.engines.client import RolloutClient
+from vime_ext.engines.protocol import SamplingParams
 from vime_ext.rollout.plugins import load_custom_config, plugin_args
-from vime_ext.rollout.protocol import SamplingParams
-from vime_ext.rollout.rewards import token_f1 as f1
-from vime_ext.rollout.sample import TRAINABLE, Sample
 from vime_ext.rollout.validate import fold_trajectory
 
 JUDGES = ("judge_f1", "judge_em", "judge_sub_em")
@@ -167,7 +167,7 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--tp", type=int, default=1, help="tensor parallel size of the vLLM engine")
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--seed", type=int, default=None, help="sampling seed (transformers engine or GPU vLLM)")
-    from vime_ext.rollout.engines import EngineConfig, launch_engine, split_vllm_args, wait_until_serving
+    from vime_ext.engines.servers import EngineConfig, launch_engine, split_vllm_args, wait_until_serving
 
     own, vllm_args = split_vllm_args(sys.argv[1:] if argv is None else list(argv))  # --vllm-X: the engine's --X
     options = parser.parse_args(own)

@@ -13,9 +13,8 @@ Settings (``--custom-config-path``; the launch scripts fill them from ``MEM_*`` 
 import logging
 from dataclasses import dataclass, replace
 
-from vime_ext.rollout.trajectory import Trajectory
-
 from examples.mem_agent.prompts import NO_MEMORY, final_prompt, memory_prompt
+from vime_ext.agent.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ side is yes/no/noanswer and they differ).
 
 import re
 
-from vime_ext.rollout.rewards import last_boxed
-from vime_ext.rollout.rewards import normalize_text as normalize
+from vime_ext.agent.rewards import last_boxed
+from vime_ext.agent.rewards import normalize_text as normalize
 
 TAIL_CHARS = 300  # where the trained answer format is looked for
 ANSWER_FORMATS = ("boxed", "answer_is")

@@ -34,8 +34,8 @@ from examples.mem_update.rollout import episode_messages
 from examples.mem_update.settings import MemUpdateSettings
 from examples.mem_update.store import STORE
 from examples.mem_update.tools import TOOLS, ToolBox, ToolCall
-from vime_ext.rollout.sample import Sample
-from vime_ext.rollout.tool_calls import tool_message
+from vime_ext.agent.sample import Sample
+from vime_ext.agent.tool_calls import tool_message
 
 FINAL = "The store is ready: the facts this question needs are stated with their dates, and the noise is gone."
 MAX_DELETES = 2

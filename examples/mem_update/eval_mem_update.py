@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 from examples.mem_update.locomo import CATEGORIES
+from vime_ext.engines.servers import split_vllm_args
 from vime_ext.evaluate import evaluate
-from vime_ext.rollout.engines import split_vllm_args
 
 HERE = Path(__file__).resolve().parent
 

@@ -35,8 +35,8 @@ from examples.mem_update.prompts import READER
 from examples.mem_update.retrieval import make_retriever
 from examples.mem_update.settings import MemUpdateSettings
 from examples.mem_update.store import STORE, Memory
-from vime_ext.rollout.protocol import SamplingParams
-from vime_ext.rollout.rewards import token_f1
+from vime_ext.agent.rewards import token_f1
+from vime_ext.engines.protocol import SamplingParams
 
 log = logging.getLogger(__name__)
 EMPTY_ANSWER_SCORE = 0.5  # as published: an answer with no words is neither helped nor hurt by the store
@@ -73,7 +73,7 @@ def _tokenizer(path: str):
 async def reader_score(args, settings: MemUpdateSettings, question: str, answer: str,
                        retrieved: list[Memory]) -> float:
     """The reader's answer from the retrieved memories, scored by token F1."""
-    from vime_ext.rollout.client import RolloutClient
+    from vime_ext.engines.client import RolloutClient
 
     listing = "\n".join(f"- {m.content}" + (f" ({m.metadata['date']})" if m.metadata.get("date") else "")
                         for m in retrieved) or "(none)"

@@ -16,8 +16,8 @@ from examples.mem_update.retrieval import make_retriever
 from examples.mem_update.settings import MemUpdateSettings
 from examples.mem_update.store import STORE
 from examples.mem_update.tools import CHANGES_STORE, TOOLS, ToolBox
-from vime_ext.rollout.tool_calls import ToolCallError, parse_tool_calls, tool_message
-from vime_ext.rollout.trajectory import Trajectory
+from vime_ext.agent.tool_calls import ToolCallError, parse_tool_calls, tool_message
+from vime_ext.agent.trajectory import Trajectory
 
 
 def episode_messages(sample, settings: MemUpdateSettings, count: int) -> list[dict]:

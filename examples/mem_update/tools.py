@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from examples.mem_update.store import MEMORY_TYPES, Memory, Namespace
-from vime_ext.rollout.tool_calls import ToolCall, check_arguments
+from vime_ext.agent.tool_calls import ToolCall, check_arguments
 
 MEMORY_TYPE = {"type": "string", "enum": list(MEMORY_TYPES)}
 

@@ -5,7 +5,7 @@ import torch
 
 from convert import mapping_for
 from convert.mapping import canonical, global_param_name
-from vime_ext.trainer.model_config import ModelShape
+from vime_ext.models.model_config import ModelShape
 
 
 def _shape(**overrides) -> ModelShape:

@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 
 from tests import dist_workers
 from tests.conftest import require_ranks, run_workers
-from vime_ext.trainer.model_config import ParallelConfig
+from vime_ext.models.model_config import ParallelConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -11,7 +11,7 @@ import torch
 from tests import dist_workers
 from tests.conftest import run_workers
 from tests.convert.test_roundtrip import assert_bit_exact, run_tool, to_hf
-from vime_ext.trainer.model_config import ParallelConfig
+from vime_ext.models.model_config import ParallelConfig
 
 PROMPTS = [
     "What is the capital of France?",
@@ -29,7 +29,7 @@ def _peak_rss(stdout: str) -> float:
 
 def _import_rss() -> float:
     """Peak RSS of a process that only imports what the tools import: the floor under their figures."""
-    code = ("import convert.live, vime_ext.trainer.checkpoint, vime_ext.trainer.model_provider, "
+    code = ("import vime_ext.trainer.hf_weights, vime_ext.trainer.checkpoint, vime_ext.trainer.model_provider, "
             "megatron.core.models.gpt; from vime_ext.sysinfo import peak_rss_mib; print(peak_rss_mib())")
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # as in the tools
     return float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,

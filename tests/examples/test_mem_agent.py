@@ -10,8 +10,8 @@ from examples.mem_agent.data import DataError, generate_item, item_from_eval_ent
 from examples.mem_agent.reward import reward
 from examples.mem_agent.rollout import split_chunks
 from examples.mem_agent.scoring import exact_match, extract_answer, normalize, substring_match
-from vime_ext.rollout.rewards import token_f1 as f1
-from vime_ext.rollout.sample import Sample
+from vime_ext.agent.rewards import token_f1 as f1
+from vime_ext.agent.sample import Sample
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +137,7 @@ def test_generated_items_hide_the_facts_among_distractors():
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     from tests.conftest import make_tiny_hf_dir
-    from vime_ext.rollout.engines import EngineConfig, launch_engine, wait_until_serving
+    from vime_ext.engines.servers import EngineConfig, launch_engine, wait_until_serving
 
     root = tmp_path_factory.mktemp("mem_agent_model")
     model = make_tiny_hf_dir("llama", root / "tiny", seed=4, cache_dir=root, max_position_embeddings=2048)
@@ -160,12 +160,12 @@ def mem_args(model, chunk_tokens=40, **extra):
 
 def mem_rollout(engine, tmp_path, prompts: int, num_docs: int, settings: dict):
     """One rollout of the MemAgent plug-ins on generated data: (plug-in args, groups)."""
+    from examples.mem_agent.data import write_training_jsonl
     from vime_ext.data.prompt_dataset import read_jsonl
     from vime_ext.rollout.config import RolloutConfig
     from vime_ext.rollout.data_source import DataSource
     from vime_ext.rollout.plugins import plugin_args
     from vime_ext.rollout.rollout import run_rollout
-    from examples.mem_agent.data import write_training_jsonl
 
     model, url = engine
     data = write_training_jsonl(tmp_path / "train.jsonl", prompts, num_docs=num_docs, seed=0)

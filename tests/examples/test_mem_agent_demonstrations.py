@@ -13,10 +13,10 @@ from examples.mem_agent.demonstrations import NOTHING_YET, demonstration_chats, 
 from examples.mem_agent.prompts import NO_MEMORY, final_prompt, memory_prompt
 from examples.mem_agent.reward import reward
 from examples.mem_agent.rollout import split_chunks
+from vime_ext.agent.chat_mask import ChatMasker
+from vime_ext.agent.sample import Sample
 from vime_ext.data.chat_dataset import read_chats
-from vime_ext.rollout.chat_mask import ChatMasker
 from vime_ext.rollout.plugins import PluginArgs
-from vime_ext.rollout.sample import Sample
 
 
 @pytest.fixture(scope="module")

@@ -14,10 +14,10 @@ from examples.mem_update.reward import efficiency, proxy_score, qa_score, reward
 from examples.mem_update.settings import MemUpdateSettings
 from examples.mem_update.store import STORE, Memory, MemoryStore
 from examples.mem_update.tools import ToolBox, merge_text, split_groups
+from vime_ext.agent.sample import Sample
+from vime_ext.agent.tool_calls import ToolCall, ToolCallError, check_arguments, parse_tool_calls
+from vime_ext.agent.trajectory import Trajectory
 from vime_ext.rollout.plugins import plugin_args
-from vime_ext.rollout.sample import Sample
-from vime_ext.rollout.tool_calls import ToolCall, ToolCallError, check_arguments, parse_tool_calls
-from vime_ext.rollout.trajectory import Trajectory
 
 MEMORIES = [
     {"id": "a", "content": "Caroline adopted a dog named Rex.", "metadata": {"date": "8 May, 2023",
@@ -183,8 +183,8 @@ def test_an_episode_that_raises_releases_its_namespace(tmp_path):
     what drops a namespace: the episode drops its own before the error goes on."""
     from examples.mem_update.rollout import generate
     from tests.conftest import real_tokenizer
+    from vime_ext.engines.protocol import SamplingParams
     from vime_ext.rollout.plugins import PluginArgs
-    from vime_ext.rollout.protocol import SamplingParams
 
     class LostConnection:
         async def generate(self, tokens, params, session_id=None):
@@ -205,8 +205,8 @@ def test_the_episode_ends_after_max_turns_replies(tmp_path):
     run, and the episode is unfinished. The replies are scripted: the cap is what is under test, not the model."""
     from examples.mem_update.rollout import generate
     from tests.conftest import real_tokenizer
+    from vime_ext.engines.protocol import GenerateResult, SamplingParams
     from vime_ext.rollout.plugins import PluginArgs
-    from vime_ext.rollout.protocol import GenerateResult, SamplingParams
 
     tokenizer = real_tokenizer("llama", tmp_path)
     reply = ('<tool_call>\n{"name": "search_memory", "arguments": {"query": "Rex"}}\n</tool_call>\n'

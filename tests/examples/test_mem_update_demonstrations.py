@@ -17,11 +17,11 @@ from examples.mem_update.rollout import episode_messages
 from examples.mem_update.settings import MemUpdateSettings
 from examples.mem_update.store import STORE
 from examples.mem_update.tools import TOOLS
+from vime_ext.agent.chat_mask import ChatMasker
+from vime_ext.agent.sample import Sample
+from vime_ext.agent.tool_calls import parse_tool_calls
 from vime_ext.data.chat_dataset import read_chats
-from vime_ext.rollout.chat_mask import ChatMasker
 from vime_ext.rollout.plugins import PluginArgs
-from vime_ext.rollout.sample import Sample
-from vime_ext.rollout.tool_calls import parse_tool_calls
 
 SETTINGS = MemUpdateSettings(retriever="bm25")
 

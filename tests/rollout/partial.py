@@ -6,9 +6,9 @@ before it, and the versions say which segment sampled each token."""
 import asyncio
 import time
 
-from vime_ext.rollout.client import RolloutClient
-from vime_ext.rollout.generation_gate import GenerationGate
-from vime_ext.rollout.protocol import GenerateResult, SamplingParams
+from vime_ext.engines.client import RolloutClient
+from vime_ext.engines.generation_gate import GenerationGate
+from vime_ext.engines.protocol import GenerateResult, SamplingParams
 
 
 async def pause_mid_generation(url: str, prompts: list[list[int]], params: SamplingParams, delay_s: float):

@@ -7,11 +7,11 @@ Templates that rewrite earlier turns, drop content or ignore tools are checked a
 import pytest
 from transformers import AutoTokenizer
 
+from vime_ext.agent.chat_mask import ChatMasker, ChatTemplateError
+from vime_ext.agent.sample import Sample, Status
+from vime_ext.agent.tool_calls import ToolCall, parse_tool_calls
 from vime_ext.models.packaged import CHATML_TEMPLATE
-from vime_ext.rollout.chat_mask import ChatMasker, ChatTemplateError
-from vime_ext.rollout.sample import Sample, Status
 from vime_ext.rollout.sft_rollout import chat_sample
-from vime_ext.rollout.tool_calls import ToolCall, parse_tool_calls
 from vime_ext.rollout.validate import RolloutError, check_sample
 
 NL = "{{ '\\n' }}"

@@ -5,9 +5,9 @@ import asyncio
 import pytest
 import torch
 
-from vime_ext.rollout.client import EngineUnavailable, RolloutClient
-from vime_ext.rollout.engines import EngineConfig, launch_engine, wait_until_serving
-from vime_ext.rollout.protocol import InvalidRequest, SamplingParams
+from vime_ext.engines.client import EngineUnavailable, RolloutClient
+from vime_ext.engines.protocol import InvalidRequest, SamplingParams
+from vime_ext.engines.servers import EngineConfig, launch_engine, wait_until_serving
 from vime_ext.net import free_port
 
 from .faults import kill_once_requests_wait, pause
@@ -143,9 +143,9 @@ def test_killed_engine_requests_fail_over(engines, tiny_hf_dirs):
 def test_generate_fills_samples_and_records_failures(engines, tiny_hf_dirs):
     from transformers import AutoTokenizer
 
-    from vime_ext.rollout.generate import generate
+    from vime_ext.agent.generate import generate
+    from vime_ext.agent.sample import Sample, Status
     from vime_ext.rollout.plugins import PluginArgs
-    from vime_ext.rollout.sample import Sample, Status
 
     urls, procs = engines
     live = [u for u, p in zip(urls, procs) if p.poll() is None]
@@ -177,7 +177,7 @@ def test_weight_update_on_the_transformers_backend(tiny_hf_dirs, tmp_path):
     from transformers import AutoModelForCausalLM
 
     from convert.hf_checkpoint import HFCheckpointReader
-    from vime_ext.rollout.weight_sync import WeightSync
+    from vime_ext.engines.weight_sync import WeightSync
 
     engine = launch_engine(EngineConfig(str(tiny_hf_dirs["llama"]), backend="hf", log_dir=str(tmp_path)))
     reader = HFCheckpointReader(tiny_hf_dirs["llama"])
@@ -218,12 +218,12 @@ def test_group_rollout_with_plugins(engines, tiny_hf_dirs):
     every finished sample, failures kept as failures, the weight version stamped."""
     from transformers import AutoTokenizer
 
+    from vime_ext.agent.sample import Status
     from vime_ext.data.prompt_dataset import PromptRecord
     from vime_ext.rollout.config import RolloutConfig
     from vime_ext.rollout.data_source import DataSource
     from vime_ext.rollout.plugins import plugin_args
     from vime_ext.rollout.rollout import run_rollout
-    from vime_ext.rollout.sample import Status
 
     urls, procs = engines
     live = [u for u, p in zip(urls, procs) if p.poll() is None]
@@ -271,12 +271,12 @@ def test_a_plugin_that_raises_or_hangs_fails_its_sample_not_the_run(engines, tin
     stop, naming the first failure."""
     from transformers import AutoTokenizer
 
+    from vime_ext.agent.sample import TRAINABLE, Status
     from vime_ext.data.prompt_dataset import PromptRecord
     from vime_ext.rollout.config import RolloutConfig
     from vime_ext.rollout.data_source import DataSource
     from vime_ext.rollout.plugins import plugin_args
     from vime_ext.rollout.rollout import run_rollout
-    from vime_ext.rollout.sample import TRAINABLE, Status
     from vime_ext.rollout.validate import RolloutError
 
     urls, procs = engines
@@ -340,12 +340,12 @@ def test_plain_def_plugins_run_off_the_loop_and_time_out(engines, tiny_hf_dirs):
     fails its own sample at --rollout-sample-timeout while the others finish."""
     from transformers import AutoTokenizer
 
+    from vime_ext.agent.sample import TRAINABLE, Status
     from vime_ext.data.prompt_dataset import PromptRecord
     from vime_ext.rollout.config import RolloutConfig
     from vime_ext.rollout.data_source import DataSource
     from vime_ext.rollout.plugins import plugin_args
     from vime_ext.rollout.rollout import run_rollout
-    from vime_ext.rollout.sample import TRAINABLE, Status
 
     urls, procs = engines
     live = [u for u, p in zip(urls, procs) if p.poll() is None]

@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from vime_ext.rollout.weight_sync import WeightSync, WeightSyncError, WeightTarget, choose_transport
+from vime_ext.engines.weight_sync import WeightSync, WeightSyncError, WeightTarget, choose_transport
 
 
 class GlooGroup:

@@ -2,13 +2,13 @@ import argparse
 
 import pytest
 
-from vime_ext.rollout.config import RolloutConfig, sampling_params
-from vime_ext.rollout.plugins import load_function
+from vime_ext.agent.rewards import boxed_exact_match, last_boxed, overlong_penalty
+from vime_ext.agent.sample import Sample
 from vime_ext.arguments import parse_train_args
 from vime_ext.data.synthetic import write_jsonl
-from vime_ext.rollout.rewards import boxed_exact_match, last_boxed, overlong_penalty
+from vime_ext.rollout.config import RolloutConfig, sampling_params
+from vime_ext.rollout.plugins import load_function
 from vime_ext.rollout.rollout import penalize_overlong
-from vime_ext.rollout.sample import Sample
 
 
 def test_last_boxed_handles_nesting_and_absence():
@@ -47,13 +47,13 @@ def test_config_from_flags_and_refusals(tiny_hf_dirs, tmp_path):
 
 
 def test_dotted_paths_fail_with_the_flag_name():
-    assert load_function("vime_ext.rollout.rewards.boxed_exact_match", "--custom-rm-path") is boxed_exact_match
+    assert load_function("vime_ext.agent.rewards.boxed_exact_match", "--custom-rm-path") is boxed_exact_match
     with pytest.raises(ValueError, match="--custom-rm-path='nodots': expected a dotted path"):
         load_function("nodots", "--custom-rm-path")
     with pytest.raises(ValueError, match=r"cannot import module 'no_such_pkg'.*Python looked in \["):
         load_function("no_such_pkg.f", "--custom-rm-path")
     with pytest.raises(ValueError, match="has no callable 'nope'"):
-        load_function("vime_ext.rollout.rewards.nope", "--custom-rm-path")
+        load_function("vime_ext.agent.rewards.nope", "--custom-rm-path")
 
 
 def test_console_scripts_are_found_beside_the_running_python(monkeypatch):
@@ -61,7 +61,7 @@ def test_console_scripts_are_found_beside_the_running_python(monkeypatch):
     import sys
     from pathlib import Path
 
-    from vime_ext.rollout.engines import installed_program
+    from vime_ext.engines.servers import installed_program
 
     monkeypatch.setenv("PATH", "/nonexistent")
     assert installed_program("vllm-router") == str(Path(sys.executable).parent / "vllm-router")

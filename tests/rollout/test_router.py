@@ -5,9 +5,9 @@ import asyncio
 import httpx
 import pytest
 
-from vime_ext.rollout.client import RolloutClient
-from vime_ext.rollout.engines import EngineConfig, launch_engine, launch_router, split_vllm_args, wait_until_serving
-from vime_ext.rollout.protocol import SamplingParams
+from vime_ext.engines.client import RolloutClient
+from vime_ext.engines.protocol import SamplingParams
+from vime_ext.engines.servers import EngineConfig, launch_engine, launch_router, split_vllm_args, wait_until_serving
 
 from .faults import kill_once_requests_wait, pause
 

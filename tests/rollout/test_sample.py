@@ -1,7 +1,7 @@
 import pytest
 
-from vime_ext.rollout.protocol import InvalidRequest, SamplingParams, generate_request, parse_generate_response
-from vime_ext.rollout.sample import Sample, Status, Turn
+from vime_ext.agent.sample import Sample, Status, Turn
+from vime_ext.engines.protocol import InvalidRequest, SamplingParams, generate_request, parse_generate_response
 
 
 def test_fail_keeps_the_reason_and_refuses_success_states():

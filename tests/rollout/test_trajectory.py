@@ -4,8 +4,8 @@ policy's tokens are the only trained ones, and a reply cut at the length limit i
 
 import pytest
 
-from vime_ext.rollout.sample import Sample, Status
-from vime_ext.rollout.trajectory import Trajectory
+from vime_ext.agent.sample import Sample, Status
+from vime_ext.agent.trajectory import Trajectory
 from vime_ext.rollout.validate import check_sample
 
 
@@ -69,8 +69,8 @@ def test_a_cut_reply_is_closed_before_the_next_message(tokenizer):
 def test_a_failed_call_fails_the_sample(tokenizer):
     import asyncio
 
-    from vime_ext.rollout.client import RolloutClient
-    from vime_ext.rollout.protocol import SamplingParams
+    from vime_ext.engines.client import RolloutClient
+    from vime_ext.engines.protocol import SamplingParams
     from vime_ext.net import free_port
 
     traj = Trajectory(tokenizer, [{"role": "user", "content": "hi"}])

@@ -4,8 +4,8 @@ import math
 
 import pytest
 
+from vime_ext.agent.sample import Sample, Status, Turn
 from vime_ext.rollout.rollout import apply_reward
-from vime_ext.rollout.sample import Sample, Status, Turn
 from vime_ext.rollout.validate import RolloutError, check_groups, fold_trajectory
 
 

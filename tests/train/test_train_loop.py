@@ -232,7 +232,7 @@ def one_word_run(smollm2_dir: Path, tmp_path: Path, num_rollout: int, extra: lis
     train(["--hf-checkpoint", str(smollm2_dir), "--prompt-data", str(data), "--no-ray", "--engine-backend", "hf",
            "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--rollout-max-response-len", "3",
            "--num-rollout", str(num_rollout), "--lr", "1e-5", "--micro-batch-size", "8",
-           "--custom-rm-path", "vime_ext.rollout.rewards.first_word_match", "--rollout-shuffle",
+           "--custom-rm-path", "vime_ext.agent.rewards.first_word_match", "--rollout-shuffle",
            "--rollout-seed", "1", "--tensorboard-dir", str(out), *extra], tmp_path / "run.log")
     return [metrics(out)[i] for i in range(num_rollout)]
 

@@ -44,7 +44,7 @@ def even_token_share_killing_an_engine(args, sample) -> float:
             _list_listening_sockets(Path(os.environ["VIME_TEST_SOCKETS"]))
         if sample.weight_version == 1 and not marker.exists():
             engines = [p for p in psutil.Process().children(recursive=True)
-                       if in_this_run(p, "vime_ext.rollout.hf_engine")]
+                       if in_this_run(p, "vime_ext.engines.hf_engine")]
             marker.write_text(f"killed {engines[0].pid} of {[p.pid for p in engines]}")
             engines[0].kill()
     return even_token_share(args, sample)

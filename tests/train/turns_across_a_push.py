@@ -5,7 +5,7 @@ so each trajectory spans two weight versions whatever the machine's speed."""
 import asyncio
 import time
 
-from vime_ext.rollout.trajectory import Trajectory
+from vime_ext.agent.trajectory import Trajectory
 
 _CLIENTS = []  # each rollout's client, in order (one per rollout; kept so that ids are not reused)
 

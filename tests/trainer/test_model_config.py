@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tests.conftest import FAMILIES, tiny_config
-from vime_ext.trainer.model_config import ModelShape, ParallelConfig, parse_dtype, transformer_config
+from vime_ext.models.model_config import ModelShape, ParallelConfig, parse_dtype, transformer_config
 from vime_ext.trainer.model_provider import build_gpt_model
 
 

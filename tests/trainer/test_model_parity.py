@@ -8,7 +8,7 @@ import torch
 
 from tests import dist_workers
 from tests.conftest import run_workers
-from vime_ext.trainer.model_config import ParallelConfig
+from vime_ext.models.model_config import ParallelConfig
 
 LAYOUTS = {"tp1": ParallelConfig(), "tp2": ParallelConfig(tensor_model_parallel_size=2),
            "pp2": ParallelConfig(pipeline_model_parallel_size=2)}

@@ -7,7 +7,7 @@ import torch
 
 from tests import dist_workers
 from tests.conftest import make_tiny_hf_dir, run_workers
-from vime_ext.trainer.model_config import ParallelConfig
+from vime_ext.models.model_config import ParallelConfig
 
 
 @pytest.fixture(scope="module")

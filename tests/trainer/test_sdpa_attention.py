@@ -3,7 +3,7 @@ explicit masks), on the CPU; packed (THD) sequences get what each gets alone in 
 
 from tests import dist_workers
 from tests.conftest import run_workers
-from vime_ext.trainer.model_config import ParallelConfig
+from vime_ext.models.model_config import ParallelConfig
 
 
 def test_sdpa_matches_megatron_attention(tmp_path):

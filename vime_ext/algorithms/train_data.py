@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from vime_ext.agent.sample import TRAINABLE, Sample
 from vime_ext.algorithms.advantages import grpo_advantages
-from vime_ext.rollout.sample import TRAINABLE, Sample
 
 
 @dataclass

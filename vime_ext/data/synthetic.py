@@ -18,7 +18,7 @@ def arithmetic(rng: random.Random) -> dict:
 
 
 def one_word(rng: random.Random) -> dict:
-    """Questions whose reward (``vime_ext.rollout.rewards.starts_with_label``) asks for one exact word first."""
+    """Questions whose reward (``vime_ext.agent.rewards.starts_with_label``) asks for one exact word first."""
     thing = rng.choice(["the sky", "snow", "grass", "the sea", "coal", "milk", "a lemon", "an orange", "blood"])
     return {"prompt": [{"role": "user", "content": f"Is {thing} a colour? Answer with yes or no."}],
             "label": "no"}

@@ -2,9 +2,9 @@
 
 from dataclasses import dataclass
 
+from vime_ext.engines.protocol import SamplingParams
 from vime_ext.flags import help_field as _help
 from vime_ext.rollout.failures import POLICIES
-from vime_ext.rollout.protocol import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -18,9 +18,9 @@ class RolloutConfig:
     rollout_seed: int | None = _help("base sampling seed; every sample gets its own seed derived from it")
     custom_generate_function_path: str = _help(
         "generate(args, sample, sampling_params, evaluation=False) -> Sample | list[Sample]",
-        "vime_ext.rollout.generate.generate")
+        "vime_ext.agent.generate.generate")
     custom_rm_path: str = _help("rm(args, sample) -> float | dict (with --group-rm: rm(args, samples) -> list)",
-                                "vime_ext.rollout.rewards.boxed_exact_match")
+                                "vime_ext.agent.rewards.boxed_exact_match")
     group_rm: bool = _help("call the reward function once per group with all its samples", False)
     rollout_function_path: str = _help("rollout_function(args, rollout_id, data_source, evaluation=False)",
                                        "vime_ext.rollout.rollout.generate_rollout")

@@ -3,8 +3,8 @@ Samples (prompt, label, metadata, indices filled), drawn from prompt data in the
 (epochs, optional shuffle with a fixed seed). The rollout manager owns one for training, whose position is
 saved in checkpoints, and one per evaluation set."""
 
+from vime_ext.agent.sample import Sample
 from vime_ext.data.prompt_dataset import PromptDataset, PromptRecord
-from vime_ext.rollout.sample import Sample
 
 
 class DataSource:

@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from vime_ext.rollout.sample import Sample, Status, Turn
+from vime_ext.agent.sample import Sample, Status, Turn
 
 
 def debug_path(pattern: str, rollout_id: int) -> Path:

@@ -12,7 +12,7 @@ count: a restarted engine fixes those).
 import logging
 from dataclasses import dataclass
 
-from vime_ext.rollout.sample import TRAINABLE, Sample, Status
+from vime_ext.agent.sample import TRAINABLE, Sample, Status
 from vime_ext.rollout.validate import RolloutError, where
 
 log = logging.getLogger(__name__)

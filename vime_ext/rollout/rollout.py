@@ -16,15 +16,15 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from tqdm import tqdm
 
+from vime_ext.agent.rewards import overlong_penalty
+from vime_ext.agent.sample import TRAINABLE, Sample, Status
 from vime_ext.algorithms.train_data import scalar_reward
-from vime_ext.rollout.client import RolloutClient
-from vime_ext.rollout.generation_gate import GenerationGate
+from vime_ext.engines.client import RolloutClient
+from vime_ext.engines.generation_gate import GenerationGate
 from vime_ext.rollout.config import sampling_params
 from vime_ext.rollout.data_source import DataSource
 from vime_ext.rollout.failures import FailurePolicy, check_failed_fraction, drop_group, needs_retry, plugin_failure
 from vime_ext.rollout.plugins import PluginArgs, call_plugin, load_function
-from vime_ext.rollout.rewards import overlong_penalty
-from vime_ext.rollout.sample import TRAINABLE, Sample, Status
 from vime_ext.rollout.validate import RolloutError, check_groups, check_number, check_sample, fold_trajectory, where
 
 

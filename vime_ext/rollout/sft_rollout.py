@@ -11,11 +11,11 @@ tokens are the chat as the tokenizer's template renders it and whose loss mask c
 trains on nothing); each is counted in ``rollout/sft_truncated`` and ``rollout/sft_skipped``.
 """
 
-from vime_ext.rollout.chat_mask import ChatMasker, ChatTemplateError, MaskedSequence
+from vime_ext.agent.chat_mask import ChatMasker, ChatTemplateError, MaskedSequence
+from vime_ext.agent.sample import Sample, Status, Turn
 from vime_ext.rollout.data_source import DataSource
 from vime_ext.rollout.plugins import PluginArgs
 from vime_ext.rollout.rollout import RolloutOutput
-from vime_ext.rollout.sample import Sample, Status, Turn
 from vime_ext.rollout.validate import RolloutError, where
 
 _maskers: dict[int, ChatMasker] = {}  # by tokenizer: the template's tool support is probed once per process

@@ -4,7 +4,7 @@ index) and the field, so a plug-in's mistake is found where it was made, not as 
 import math
 from dataclasses import fields
 
-from vime_ext.rollout.sample import TRAINABLE, Sample, Status, sequence_problem
+from vime_ext.agent.sample import TRAINABLE, Sample, Status, sequence_problem
 
 
 class RolloutError(ValueError):
@@ -92,7 +92,7 @@ def fold_trajectory(slot: Sample, returned) -> Sample:
                                "(dataclasses.replace(sample, ...) does)")
     if len(samples) == 1:
         return samples[0]
-    from vime_ext.rollout.sample import Turn
+    from vime_ext.agent.sample import Turn
 
     last = samples[-1]
     bad = next((s for s in samples if s.status not in TRAINABLE), None)

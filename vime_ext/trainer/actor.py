@@ -21,7 +21,7 @@ from vime_ext.trainer.memory_handover import (MemoryHandover, ipc_shareable_allo
 from vime_ext.trainer.rl_loss import LossSettings, micro_batch_loss, micro_batch_sft_loss
 
 if TYPE_CHECKING:
-    from vime_ext.rollout.weight_sync import WeightTarget
+    from vime_ext.engines.weight_sync import WeightTarget
 
 
 def _rng_state() -> dict:
@@ -49,7 +49,7 @@ class TrainActor:
         from megatron.core import parallel_state
 
         from convert.hf_checkpoint import HFCheckpointReader
-        from convert.live import load_hf_weights
+        from vime_ext.trainer.hf_weights import load_hf_weights
         from vime_ext.trainer.checkpoint import load_model_checkpoint
         from vime_ext.trainer.model_provider import build_gpt_model
         from vime_ext.trainer.optimizer import build_optimizer
@@ -113,7 +113,7 @@ class TrainActor:
         self._resumed_from = None  # the iteration this run loaded: --save-keep-last never deletes it
 
     def _build(self, build_gpt_model, parallel, recompute=None, recompute_num_layers=None):
-        from vime_ext.trainer.model_provider import default_attention
+        from vime_ext.models.model_config import default_attention
 
         model = build_gpt_model(self.shape, parallel, dtype=self.dtype, init_weights=False, recompute=recompute,
                                 recompute_num_layers=recompute_num_layers,
@@ -293,8 +293,8 @@ class TrainActor:
         every TP rank of that stage joins the gathers). The driver opens and closes the update around all
         stages. The sender keeps its ``WeightSync`` between pushes (an NCCL group lives as long as its engines)
         and makes a new one when the target changes, e.g. after an engine restart."""
-        from convert.live import iter_hf_weights
-        from vime_ext.rollout.weight_sync import WeightSync
+        from vime_ext.trainer.hf_weights import iter_hf_weights
+        from vime_ext.engines.weight_sync import WeightSync
 
         self.weights_ready()
         if self.ps.get_data_parallel_rank() != 0:

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from vime_ext.trainer.model_config import ModelShape
+from vime_ext.models.model_config import ModelShape
 from vime_ext.trainer.model_provider import unwrap
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"

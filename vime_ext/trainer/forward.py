@@ -5,7 +5,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from vime_ext.trainer.model_config import ModelShape, padded_vocab_size
+from vime_ext.models.model_config import ModelShape, padded_vocab_size
 from vime_ext.trainer.packing import Packing, model_inputs, next_tokens, to_rows
 
 

@@ -1,27 +1,10 @@
 """Build a megatron-core ``GPTModel`` for a ``ModelShape`` on this rank's pipeline stage."""
 
-import importlib.util
-
 import torch
 
+from vime_ext.models.model_config import (ATTENTION_KINDS, ModelShape, ParallelConfig, default_attention,
+                                          padded_vocab_size, transformer_config)
 from vime_ext.trainer import cpu_shim
-from vime_ext.trainer.model_config import ModelShape, ParallelConfig, padded_vocab_size, transformer_config
-
-
-def transformer_engine_available() -> bool:
-    return torch.cuda.is_available() and importlib.util.find_spec("transformer_engine") is not None
-
-
-ATTENTION_KINDS = ("te", "sdpa", "local")
-
-
-def default_attention(packed: bool = False) -> str:
-    """Transformer Engine layers when TE imports on CUDA, SDPA attention on CUDA without TE, megatron-core's
-    local layers on the CPU (where the parity tests pin them) unless sequences are ``packed``, which the local
-    layers cannot attend over (SDPA then, which runs on the CPU too)."""
-    if transformer_engine_available():
-        return "te"
-    return "sdpa" if torch.cuda.is_available() or packed else "local"
 
 
 def layer_spec(shape: ModelShape, attention: str):

@@ -8,8 +8,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from vime_ext.models.model_config import ParallelConfig
 from vime_ext.trainer import cpu_shim
-from vime_ext.trainer.model_config import ParallelConfig
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,9 @@ from vime_ext.algorithms.losses import (
     rollout_correction_weights,
     token_weights,
 )
+from vime_ext.models.model_config import ModelShape
 from vime_ext.trainer.batching import MicroBatch
 from vime_ext.trainer.forward import position_log_probs, vocab_shard
-from vime_ext.trainer.model_config import ModelShape
 from vime_ext.trainer.packing import to_rows
 
 

@@ -1,5 +1,6 @@
 """The shape of a decoder-only transformer, read from an HF ``config.json``, and its Megatron config."""
 
+import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -184,3 +185,19 @@ def parse_dtype(name: str, hf_dir: str | Path | None = None) -> torch.dtype:
     if name not in _DTYPES:
         raise ValueError(f"unsupported dtype {name!r}; choose from auto, {', '.join(_DTYPES)}")
     return _DTYPES[name]
+
+
+def transformer_engine_available() -> bool:
+    return torch.cuda.is_available() and importlib.util.find_spec("transformer_engine") is not None
+
+
+ATTENTION_KINDS = ("te", "sdpa", "local")
+
+
+def default_attention(packed: bool = False) -> str:
+    """Transformer Engine layers when TE imports on CUDA, SDPA attention on CUDA without TE, megatron-core's
+    local layers on the CPU (where the parity tests pin them) unless sequences are ``packed``, which the local
+    layers cannot attend over (SDPA then, which runs on the CPU too)."""
+    if transformer_engine_available():
+        return "te"
+    return "sdpa" if torch.cuda.is_available() or packed else "local"

@@ -79,6 +79,6 @@ class SharedMemoryWeightTransferEngine(WeightTransferEngine[SharedMemoryInitInfo
         class lacks it cannot start there): ``(name, tensor)`` pairs to the engines at ``trainer_args["urls"]``,
         between the caller's ``start_weight_update`` and ``finish_weight_update``. vime_ext's own trainer sends
         through ``WeightSync`` directly; this is the same code."""
-        from vime_ext.rollout.weight_sync import WeightSync
+        from vime_ext.engines.weight_sync import WeightSync
 
         WeightSync(list(trainer_args["urls"]), transport="vime_shm").send(iterator)

@@ -3,9 +3,9 @@
 Custom generate functions (``--custom-generate-function-path``) have the same signature (see ``plugins``).
 """
 
-from vime_ext.rollout.client import EngineUnavailable
-from vime_ext.rollout.protocol import InvalidRequest, SamplingParams
-from vime_ext.rollout.sample import Sample, Status
+from vime_ext.agent.sample import Sample, Status
+from vime_ext.engines.client import EngineUnavailable
+from vime_ext.engines.protocol import InvalidRequest, SamplingParams
 
 
 def prompt_token_ids(tokenizer, prompt: str | list[dict]) -> list[int]:

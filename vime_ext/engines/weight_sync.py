@@ -34,7 +34,6 @@ import httpx
 import torch
 from safetensors.torch import save_file
 
-
 TRANSPORTS = ("vime_shm", "ipc", "nccl")
 
 

@@ -11,5 +11,5 @@ def register() -> None:
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
     if SHM_BACKEND not in WeightTransferEngineFactory._registry:
-        WeightTransferEngineFactory.register_engine(SHM_BACKEND, "vime_ext.rollout.shm_weight_transfer",
+        WeightTransferEngineFactory.register_engine(SHM_BACKEND, "vime_ext.engines.shm_weight_transfer",
                                                     "SharedMemoryWeightTransferEngine")

@@ -12,13 +12,13 @@ import os
 import subprocess
 
 from vime_ext.arguments import TrainConfig
-from vime_ext.rollout.data_source import DataSource
-from vime_ext.rollout.engines import (EngineConfig, ServerProcess, has_flag, launch_engine, launch_router,
+from vime_ext.engines.generation_gate import GenerationGate
+from vime_ext.engines.servers import (EngineConfig, ServerProcess, has_flag, launch_engine, launch_router,
                                       wait_until_serving)
-from vime_ext.rollout.generation_gate import GenerationGate
-from vime_ext.rollout.rollout import RolloutOutput, run_rollout
-from vime_ext.rollout.weight_sync import WeightSync, WeightTarget, choose_transport
+from vime_ext.engines.weight_sync import WeightSync, WeightTarget, choose_transport
 from vime_ext.net import free_port
+from vime_ext.rollout.data_source import DataSource
+from vime_ext.rollout.rollout import RolloutOutput, run_rollout
 
 COLOCATED_GPU_MEMORY = 0.4  # a colocated vLLM engine's default --gpu-memory-utilization
 

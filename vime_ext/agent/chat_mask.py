@@ -21,9 +21,7 @@ that ignore ``tools=`` or drop ``tool_calls`` get the tool list in the system me
 from dataclasses import dataclass
 from typing import Any
 
-from vime_ext.rollout.tool_calls import calls_as_text, template_drops_tool_calls, template_ignores_tools, \
-    tools_in_system
-
+from vime_ext.agent.tool_calls import calls_as_text, template_drops_tool_calls, template_ignores_tools, tools_in_system
 
 _MARK = "\u2063vime-message\u2063"  # an invisible separator around a message number: text no chat holds
 

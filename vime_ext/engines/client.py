@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import httpx
 
-from vime_ext.rollout.generation_gate import GenerationGate
-from vime_ext.rollout.protocol import (
+from vime_ext.engines.generation_gate import GenerationGate
+from vime_ext.engines.protocol import (
     GENERATE_ROUTE,
     GenerateResult,
     InvalidRequest,

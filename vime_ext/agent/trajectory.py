@@ -23,10 +23,10 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
-from vime_ext.rollout.client import EngineUnavailable, RolloutClient
-from vime_ext.rollout.protocol import InvalidRequest, SamplingParams
-from vime_ext.rollout.sample import Sample, Status
-from vime_ext.rollout.tool_calls import template_ignores_tools, tools_in_system
+from vime_ext.agent.sample import Sample, Status
+from vime_ext.agent.tool_calls import template_ignores_tools, tools_in_system
+from vime_ext.engines.client import EngineUnavailable, RolloutClient
+from vime_ext.engines.protocol import InvalidRequest, SamplingParams
 
 _SYSTEM = {"role": "system", "content": "S"}  # a stand-in system message for reading the template
 _MARK = "\u2063vime-reply\u2063"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-from vime_ext.rollout.vllm_compat import server_flags
+from vime_ext.engines.vllm_compat import server_flags
 from vime_ext.net import free_port
 
 
@@ -101,7 +101,7 @@ def vllm_dtype(config: EngineConfig) -> str:
 def server_command(config: EngineConfig, port: int) -> list[str]:
     if config.backend == "hf":
         dtype = "float32" if config.dtype == "auto" else config.dtype
-        return [sys.executable, "-m", "vime_ext.rollout.hf_engine", "--model", config.model, "--host",
+        return [sys.executable, "-m", "vime_ext.engines.hf_engine", "--model", config.model, "--host",
                 config.host, "--port", str(port), "--dtype", dtype, *config.extra_args]
     if config.backend != "vllm":
         raise ValueError(f"unknown engine backend {config.backend!r}; choose vllm or hf")

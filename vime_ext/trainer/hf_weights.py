@@ -11,7 +11,7 @@ from tqdm import tqdm
 
 from convert import mapping_for
 from convert.mapping import canonical, global_param_name
-from vime_ext.trainer.model_config import ModelShape, padded_vocab_size
+from vime_ext.models.model_config import ModelShape, padded_vocab_size
 from vime_ext.trainer.model_provider import unwrap
 
 

@@ -6,7 +6,7 @@ from at the request's temperature (logits / T; before top-p), as the vLLM engine
 as the trainer computes them. Weight updates use vLLM's RL routes with the
 ``vime_shm`` payload (see ``weight_sync.py``), so the trainer cannot tell the two backends apart.
 
-    python -m vime_ext.rollout.hf_engine --model DIR --port 8000 [--max-batch-size 16] [--dtype float32]
+    python -m vime_ext.engines.hf_engine --model DIR --port 8000 [--max-batch-size 16] [--dtype float32]
 """
 
 import argparse
@@ -21,7 +21,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from transformers import StoppingCriteria, StoppingCriteriaList
 
-from vime_ext.rollout.protocol import GENERATE_ROUTE, GenerateResult, InvalidRequest, SamplingParams, generate_response
+from vime_ext.engines.protocol import GENERATE_ROUTE, GenerateResult, InvalidRequest, SamplingParams, generate_response
 
 
 @dataclass

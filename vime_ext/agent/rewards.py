@@ -5,7 +5,7 @@ import re
 import string
 from collections import Counter
 
-from vime_ext.rollout.sample import Sample
+from vime_ext.agent.sample import Sample
 
 
 def overlong_penalty(response_length: int, max_len: int, buffer_len: int, factor: float) -> float:
