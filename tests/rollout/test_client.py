@@ -10,7 +10,7 @@ from vime_ext.engines.protocol import InvalidRequest, SamplingParams
 from vime_ext.engines.servers import EngineConfig, launch_engine, wait_until_serving
 from vime_ext.net import free_port
 
-from .faults import kill_once_requests_wait, pause
+from tests.engines.faults import kill_once_requests_wait, pause
 
 
 @pytest.fixture(scope="module")
@@ -410,12 +410,12 @@ def test_the_readme_agent_runs(engines, tiny_hf_dirs, tmp_path, monkeypatch):
 
 
 def test_a_reply_paused_for_a_weight_update_continues_from_its_tokens(engines, tiny_hf_dirs):
-    """--partial-rollout at the client (tests/rollout/partial.py): replies paused half made continue from their
+    """--partial-rollout at the client (tests/engines/partial.py): replies paused half made continue from their
     tokens under version 1, and the log-probs of each stitched reply are the model's for those tokens (the
     engine recomputed the prefix)."""
     from transformers import AutoModelForCausalLM
 
-    from .partial import check_stitched, interrupted_replies
+    from tests.engines.partial import check_stitched, interrupted_replies
 
     url = next(u for u, process in zip(*engines) if process.poll() is None)  # the fail-over test killed one
     asked = prompts(tiny_hf_dirs, 8)

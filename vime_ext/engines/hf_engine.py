@@ -76,9 +76,10 @@ class HFEngine:
             input_ids[row, width - len(prompt):] = torch.tensor(prompt)
             attention[row, width - len(prompt):] = 1
         stop_ids = [] if params.ignore_eos else sorted(self.eos_ids | set(params.stop_token_ids))
+        stop_on_abort = _StopOnAbort(self.aborting)
         kwargs = dict(max_new_tokens=params.max_new_tokens, eos_token_id=stop_ids, pad_token_id=self.pad_id,
                       output_logits=True, return_dict_in_generate=True,
-                      stopping_criteria=StoppingCriteriaList([_StopOnAbort(self.aborting)]))
+                      stopping_criteria=StoppingCriteriaList([stop_on_abort]))
         if params.temperature == 0.0:
             kwargs.update(do_sample=False)
         else:
@@ -90,7 +91,7 @@ class HFEngine:
                 torch.manual_seed(params.seed)
             out = self.model.generate(input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device),
                                       **kwargs)
-        aborted = self.aborting.is_set()
+        aborted = stop_on_abort.fired  # not the event: a /resume may have cleared it since
         new_tokens = out.sequences[:, width:].cpu()
         scale = params.temperature if params.temperature > 0.0 else 1.0  # greedy: the raw distribution
         log_probs = torch.stack([torch.log_softmax(step.float() / scale, dim=-1) for step in out.logits], dim=1).cpu()
@@ -148,9 +149,11 @@ class _StopOnAbort(StoppingCriteria):
 
     def __init__(self, event: threading.Event):
         self.event = event
+        self.fired = False  # whether it stopped the batch
 
     def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
-        return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool, device=input_ids.device)
+        self.fired = self.fired or self.event.is_set()
+        return torch.full((input_ids.shape[0],), self.fired, dtype=torch.bool, device=input_ids.device)
 
 
 def _as_list(value) -> list:

@@ -118,7 +118,7 @@ def test_weight_update_reaches_the_engine(vllm_engine, smollm2_dir, tmp_path):
 
 
 def test_vllm_continues_a_reply_paused_for_a_weight_update(vllm_engine, smollm2_dir):
-    """--partial-rollout on vLLM (tests/rollout/partial.py): /pause?mode=abort answers each in-flight request
+    """--partial-rollout on vLLM (tests/engines/partial.py): /pause?mode=abort answers each in-flight request
     with the tokens it had (finish_reason "abort"), and after /resume each reply continues from them."""
     from transformers import AutoTokenizer
 

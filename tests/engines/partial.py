@@ -37,9 +37,10 @@ async def pause_mid_generation(url: str, prompts: list[list[int]], params: Sampl
 
 
 def interrupted_replies(url: str, prompts: list[list[int]], params: SamplingParams,
-                        fractions: tuple[float, ...] = (0.3, 0.5, 0.15, 0.7, 0.05)):
-    """``pause_mid_generation`` until a pause lands while replies are being generated: the replies are timed
-    once without a pause, then paused at these fractions of that time in turn, whatever the machine's speed."""
+                        fractions: tuple[float, ...] = (0.3, 0.5, 0.15, 0.7, 0.05, 0.4, 0.6, 0.2, 0.8, 0.1)):
+    """``pause_mid_generation`` until a pause lands while replies are being generated: before each try the
+    replies are timed without a pause (the machine's load changes), then paused at the next of these fractions
+    of that time, whatever the machine's speed."""
 
     async def timed() -> float:
         client = RolloutClient(url)
@@ -50,12 +51,14 @@ def interrupted_replies(url: str, prompts: list[list[int]], params: SamplingPara
         finally:
             await client.close()
 
-    seconds = asyncio.run(timed())
+    tried = []
     for fraction in fractions:
+        seconds = asyncio.run(timed())
         results, segments, interruptions = asyncio.run(pause_mid_generation(url, prompts, params, fraction * seconds))
         if interruptions:
             return results, segments
-    raise AssertionError(f"no pause landed mid-generation (replies took {seconds:.2f} s unpaused)")
+        tried.append(f"{fraction * seconds:.3f} of {seconds:.3f} s")
+    raise AssertionError(f"no pause landed mid-generation; paused after: {', '.join(tried)}")
 
 
 def check_stitched(prompt: list[int], result: GenerateResult, parts: list, max_new_tokens: int) -> bool:
