@@ -14,6 +14,7 @@ import logging
 from dataclasses import dataclass, replace
 
 from examples.mem_agent.prompts import NO_MEMORY, final_prompt, memory_prompt
+from vime_ext.agent.settings import settings_from_args
 from vime_ext.agent.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
@@ -31,9 +32,7 @@ class MemSettings:
 
     @classmethod
     def from_args(cls, args) -> "MemSettings":
-        values = {name: getattr(args, f"mem_{name}") for name in cls.__dataclass_fields__
-                  if f"mem_{name}" in vars(args)}
-        settings = cls(**values)
+        settings = settings_from_args(cls, args, "mem_")
         if settings.chunk_tokens < 1 or settings.max_memory < 1 or settings.max_final < 1:
             raise ValueError(f"mem_chunk_tokens, mem_max_memory and mem_max_final must be positive: {settings}")
         if settings.answer_format not in ("boxed", "answer_is"):

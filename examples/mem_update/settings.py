@@ -10,9 +10,10 @@ scripts fill it from ``MEMUP_*`` variables). The defaults, and why they differ f
   computed. ``unfinished_reward`` gives unfinished episodes a fixed reward instead (off by default).
 """
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from examples.mem_update.retrieval import RETRIEVERS
+from vime_ext.agent.settings import settings_from_args
 
 SCORERS = ("proxy", "reader")
 
@@ -41,8 +42,7 @@ class MemUpdateSettings:
 
     @classmethod
     def from_args(cls, args) -> "MemUpdateSettings":
-        values = {f.name: getattr(args, f"memup_{f.name}") for f in fields(cls) if f"memup_{f.name}" in vars(args)}
-        settings = cls(**values)
+        settings = settings_from_args(cls, args, "memup_")
         if settings.retriever not in RETRIEVERS:
             raise ValueError(f"memup_retriever {settings.retriever!r} is not one of {RETRIEVERS}")
         if settings.scorer not in SCORERS:
