@@ -119,7 +119,7 @@ async_table() {
 # memory test run on GPUs 2-3 meanwhile, and the parts follow them there while the evals run on GPUs 0-1.
 everything() {
   local gpus tests_pid="" eval_pid="" parts
-  gpus=$(nvidia-smi -L | wc -l)
+  gpus=$(source _common.sh && echo "${NUM_GPUS}")  # its count: CUDA_VISIBLE_DEVICES narrows nvidia-smi's
   : >"${OUT_DIR}/all.log"
   log "all: ${gpus} x $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1)"
   if (( gpus < 2 )); then log "all: needs 2 or more GPUs"; return 1; fi
@@ -140,7 +140,7 @@ everything() {
     CUDA_VISIBLE_DEVICES=0,1 both_eval || true
     parts=0,1
   fi
-  CUDA_VISIBLE_DEVICES=${parts} on_ray "${parts}" 6391 side_by_side train_only "$@" || true
+  on_ray "${parts}" 6391 side_by_side train_only "$@" || true
   stage mem_agent "${parts%,*}" mem_agent_replay replay & local replay_pid=$!
   stage mem_update "${parts#*,}" mem_update_replay replay || true
   wait "${replay_pid}" || true

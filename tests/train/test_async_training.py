@@ -6,7 +6,7 @@ resident side by side: nothing sleeps."""
 
 import pytest
 
-from tests.train.test_train_loop import common_flags, metrics, tiny_model, train  # noqa: F401 (fixture)
+from tests.train.test_train_loop import common_flags, metrics, tiny_model, train, with_reward  # noqa: F401 (fixture)
 from tools.async_table import summary, table
 from tools.loop_efficiency import read_metrics
 from vime_ext.data.synthetic import write_jsonl
@@ -99,9 +99,7 @@ def test_async_run_killed_after_a_save_resumes_without_losing_or_repeating_promp
                                               "--num-rollout", "4", "--save-interval", "1", "--async-training"]
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     train(flags + ["--save", str(whole)], tmp_path / "whole.log")
-    reward = flags.index("tests.train.toy_rewards.even_token_share")
-    killing = flags[:reward] + ["tests.train.toy_rewards.even_token_share_killed_after_checkpoint"] + \
-        flags[reward + 1:]
+    killing = with_reward(flags, "even_token_share_killed_after_checkpoint")
     tracker = cut / "latest_checkpointed_iteration.txt"
     process = train(killing + ["--save", str(cut)], tmp_path / "cut.log", wait=False,
                     env={"VIME_TEST_KILL_AFTER": str(tracker), "VIME_TEST_KILL_ITERATION": "2"})

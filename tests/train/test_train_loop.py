@@ -58,6 +58,12 @@ def tiny_model(tmp_path_factory):
     return tiny_model_dir(tmp_path_factory.mktemp("loop_model"))
 
 
+def with_reward(flags: list[str], reward: str) -> list[str]:
+    """``flags`` with the toy reward replaced by ``reward`` (one of toy_rewards' faulty variants)."""
+    at = flags.index("tests.train.toy_rewards.even_token_share")
+    return flags[:at] + [f"tests.train.toy_rewards.{reward}"] + flags[at + 1:]
+
+
 def common_flags(model: Path, data: Path) -> list[str]:
     return ["--hf-checkpoint", str(model), "--prompt-data", str(data), "--rollout-batch-size", "2",
             "--n-samples-per-prompt", "4", "--rollout-max-response-len", "8", "--global-batch-size", "4",
@@ -138,9 +144,7 @@ def test_resume_reproduces_the_next_step(algorithm, tiny_model, tmp_path):
     tracker = cut / "latest_checkpointed_iteration.txt"
     # The run kills itself (reward plugin) in rollout 3, after the save of rollout 2 and before its next step.
     kill = {"VIME_TEST_KILL_AFTER": str(tracker), "VIME_TEST_KILL_ITERATION": "2"}
-    reward = flags.index("tests.train.toy_rewards.even_token_share")
-    cut_flags = flags[:reward] + ["tests.train.toy_rewards.even_token_share_killed_after_checkpoint"] + \
-        flags[reward + 1:]
+    cut_flags = with_reward(flags, "even_token_share_killed_after_checkpoint")
     process = train(cut_flags + ["--save", str(cut)], tmp_path / "cut.log", wait=False, env=kill)
     process.wait(timeout=1200)
     assert process.returncode == -signal.SIGKILL, (tmp_path / "cut.log").read_text()[-4000:]
@@ -183,9 +187,7 @@ def test_a_dead_trainer_rank_is_restarted_from_the_last_checkpoint(tiny_model, t
                                               "--save-interval", "2"]
     whole = tmp_path / "whole"
     train(flags + ["--save", str(whole)], tmp_path / "whole.log")
-    reward = flags.index("tests.train.toy_rewards.even_token_share")
-    killing = flags[:reward] + ["tests.train.toy_rewards.even_token_share_killing_a_trainer_rank"] + \
-        flags[reward + 1:]
+    killing = with_reward(flags, "even_token_share_killing_a_trainer_rank")
     cut, marker = tmp_path / "cut", tmp_path / "trainer_killed"
     train(killing + ["--save", str(cut)], tmp_path / "cut.log", env={"VIME_TEST_TRAINER_KILLED": str(marker)})
     assert marker.read_text().startswith("killed")
@@ -284,9 +286,7 @@ def test_training_survives_a_crashed_engine(mode, tiny_model, tmp_path):
     data = write_jsonl(tmp_path / "arith.jsonl", "arithmetic", 8)
     out = tmp_path / "tb"
     marker = tmp_path / "engine_killed"
-    flags = common_flags(tiny_model, data)
-    flags[flags.index("tests.train.toy_rewards.even_token_share")] = \
-        "tests.train.toy_rewards.even_token_share_killing_an_engine"
+    flags = with_reward(common_flags(tiny_model, data), "even_token_share_killing_an_engine")
     flags += ["--colocate"] if mode == "colocated_one_engine" else ["--rollout-num-gpus", "2"]
     flags += ["--async-training"] if mode == "async_two_engines" else []
     env = {"VIME_TEST_ENGINE_KILLED": str(marker)}
