@@ -18,10 +18,12 @@
 #   ... gpu_recipe.sh table
 # and synchronous against asynchronous training, engine and trainer resident on one GPU (tools/async_table.py):
 #   ... gpu_recipe.sh async_bench       # ENGINE_MEMORY (default 0.3) is the engine's share of the GPU;
-#                                       # PARTIAL=1: the K = 1 run with --partial-rollout
+#                                       # PARTIAL=1: the K = 1 run with --partial-rollout; ASYNC_ROLLOUTS
+#                                       # (default 6) rollouts each; MemAgent on items of 1 to 9 chunks
 # or all of the above on one machine of 2 or more GPUs, as one background job (a device lease is 30 minutes):
 #   bash tools/gpu_recipe.sh all   # progress in VIME_EXT_OUT/all.log; with 4 GPUs, the two-GPU tests and the
-#                                  # loop's parts run on GPUs 2-3 while the loops and evals use GPUs 0-1
+#                                  # async pair run on GPUs 2-3 while the loops and evals use GPUs 0-1, then
+#                                  # MemAgent's script on all 4 (trainer and engines apart)
 # Logs and metrics go to VIME_EXT_OUT (default WORK/out). The layout is the script's default for the GPU count
 # (one GPU: colocated, optimizer offload); any of the script's variables may be set around this.
 set -euo pipefail
@@ -113,43 +115,58 @@ async_table() {
     --async "${WORK}/${EXAMPLE}_async_k1/tensorboard/metrics.jsonl" | tee "${OUT_DIR}/${EXAMPLE}_async_table.md"
 }
 
-# Everything above on one machine of 2 or more GPUs, ordered to keep the GPUs busy: prepare; both loops on GPUs
-# 0-1; their evals; the loops' parts (train alone, rollout replayed, weight push) and tables; MemAgent's sync
-# and async runs side by side (K = 0 on one GPU, K = 1 on the other). With 4 GPUs the two-GPU tests and the CUDA
-# memory test run on GPUs 2-3 meanwhile, and the parts follow them there while the evals run on GPUs 0-1.
+# Everything above on one machine of 2 or more GPUs, ordered to keep the GPUs busy: prepare; both loops colocated
+# on GPUs 0-1, then their evals; meanwhile on GPUs 2-3 (after the loops on 0-1 with 2 GPUs) the two-GPU tests
+# (PYTEST_K picks some), MemAgent's sync and async runs side by side and the weight push alone; with 4 or more
+# GPUs, MemAgent's script over all of them (trainer and engines apart, tools/bench_mem_agent_scaling.sh); last,
+# the loops' parts (train alone, rollout replayed) and the efficiency tables.
 everything() {
-  local gpus tests_pid="" eval_pid="" parts
+  local gpus side_pid=""
   gpus=$(source _common.sh && echo "${NUM_GPUS}")  # its count: CUDA_VISIBLE_DEVICES narrows nvidia-smi's
   : >"${OUT_DIR}/all.log"
   log "all: ${gpus} x $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1)"
   if (( gpus < 2 )); then log "all: needs 2 or more GPUs"; return 1; fi
-  if (( gpus >= 4 )); then
-    ( VIME_EXT_OUT=${OUT_DIR}/multi_gpu logged multi_gpu_tests 2,3 bash tools/run_multi_gpu.sh tests
-      VIME_EXT_TINY_WITHOUT_TOKENIZER=1 logged memory_handover_test 2 python -m pytest -v -rs -p no:cacheprovider tests/trainer/test_memory_handover.py
-    ) &
-    tests_pid=$!
-  fi
   stage mem_agent "" mem_agent_prepare prepare || return 1
   stage mem_update "" mem_update_prepare prepare || return 1
+  if (( gpus >= 4 )); then side_checks 2,3 "$@" & side_pid=$!; fi
   CUDA_VISIBLE_DEVICES=0,1 both_train "$@" || true
+  CUDA_VISIBLE_DEVICES=0,1 both_eval || true
+  if [ -n "${side_pid}" ]; then wait "${side_pid}" || true; else side_checks 0,1 "$@"; fi
   if (( gpus >= 4 )); then
-    CUDA_VISIBLE_DEVICES=0,1 both_eval & eval_pid=$!
-    wait "${tests_pid}" || true
-    parts=2,3
+    VIME_EXT_OUT=${OUT_DIR} MODEL_DIR=${HF_CKPT} logged "mem_agent_${gpus}gpu" "" bash tools/bench_mem_agent_scaling.sh \
+      || true
+    loop_parts 0,1 2,3 "$@"
   else
-    CUDA_VISIBLE_DEVICES=0,1 both_eval || true
-    parts=0,1
+    loop_parts 0,1 0,1 "$@"
   fi
-  on_ray "${parts}" 6391 side_by_side train_only "$@" || true
-  stage mem_agent "${parts%,*}" mem_agent_replay replay & local replay_pid=$!
-  stage mem_update "${parts#*,}" mem_update_replay replay || true
+  log "all: done"
+}
+
+# side_checks GPUS: on two GPUs, the two-GPU tests, MemAgent's sync and async runs and the weight push alone
+side_checks() {
+  local gpus=$1
+  shift
+  VIME_EXT_OUT=${OUT_DIR}/multi_gpu logged multi_gpu_tests "${gpus}" bash tools/run_multi_gpu.sh tests || true
+  on_ray "${gpus}" 6392 async_pair "$@" || true
+  stage mem_agent "${gpus%,*}" weight_sync weight_sync || true
+}
+
+# loop_parts TRAIN_GPUS REPLAY_GPUS: both examples' saved rollouts through the trainer alone and replayed on an
+# engine alone (at once when the two pairs differ), then the tables
+loop_parts() {
+  local train_gpus=$1 replay_gpus=$2 train_pid="" replay_pid
+  shift 2
+  if [ "${train_gpus}" = "${replay_gpus}" ]; then
+    on_ray "${train_gpus}" 6391 side_by_side train_only "$@" || true
+  else
+    on_ray "${train_gpus}" 6391 side_by_side train_only "$@" & train_pid=$!
+  fi
+  stage mem_agent "${replay_gpus%,*}" mem_agent_replay replay & replay_pid=$!
+  stage mem_update "${replay_gpus#*,}" mem_update_replay replay || true
   wait "${replay_pid}" || true
-  stage mem_agent "${parts%,*}" weight_sync weight_sync || true
+  if [ -n "${train_pid}" ]; then wait "${train_pid}" || true; fi
   stage mem_agent "" mem_agent_table table || true
   stage mem_update "" mem_update_table table || true
-  if [ -n "${eval_pid}" ]; then wait "${eval_pid}" || true; fi
-  on_ray 0,1 6392 async_pair "$@" || true
-  log "all: done"
 }
 
 # MemAgent's async_bench halves at once on this Ray head, each resident on a GPU of its own, then the table.
@@ -173,7 +190,10 @@ case "${STAGE}" in
       mem_agent)
         python -m examples.mem_agent.prepare_data --generate --num 256 --num-docs "${NUM_DOCS}" --hops 2 \
           --seed 0 --out "${DATA_ROOT}/hotpotqa_train.jsonl" --eval-dir "${DATA_ROOT}/ruler_hqa" \
-          --eval-lengths "${NUM_DOCS}" --eval-num "${EVAL_NUM}" ;;
+          --eval-lengths "${NUM_DOCS}" --eval-num "${EVAL_NUM}"
+        # async_bench's items: 50 to 400 documents (1 to 9 chunks), log-uniform, so a batch has a long tail
+        python -m examples.mem_agent.prepare_data --generate --num 256 --num-docs 50 --max-docs 400 --hops 2 \
+          --seed 1 --out "${DATA_ROOT}/hotpotqa_train_tail.jsonl" ;;
       mem_update)
         python -m examples.mem_update.prepare_data --generate --out-dir "${DATA_ROOT}" ;;
       *) echo "EXAMPLE=${EXAMPLE}: choose mem_agent or mem_update" >&2; exit 2 ;;
@@ -226,6 +246,8 @@ case "${STAGE}" in
     # synchronous steps in the same memory split) and K = 1; no save. ASYNC_K picks one (two GPUs: one each).
     for k in ${ASYNC_K:-0 1}; do
       SAVE_PATH=${WORK}/${EXAMPLE}_async_k${k} SAVE_INTERVAL=1000000 COLOCATE=1 ENGINE_MEMORY=${ENGINE_MEMORY:-0.3} \
+        NUM_ROLLOUT=${ASYNC_ROLLOUTS:-6} TRAIN_DATA=$([ "${EXAMPLE}" = mem_agent ] \
+          && echo "${DATA_ROOT}/hotpotqa_train_tail.jsonl" || echo "${TRAIN_DATA}") \
         bash "examples/${EXAMPLE}/run-qwen3-4b-train.sh" --async-training --max-staleness "${k}" \
         $([ "${k}" -gt 0 ] && [ "${PARTIAL:-0}" = 1 ] && echo --partial-rollout) "$@" 2>&1 \
         | tee "${OUT_DIR}/${EXAMPLE}_async_k${k}.log" | grep --line-buffered -v "it/s\]\|s/it\]"

@@ -3,6 +3,7 @@
 # under ${VIME_EXT_OUT:-/tmp/multi_gpu}. Needs the GPU wheel set (tools/gpu_wheels.py; `source /tmp/gpu_site/env.sh`).
 #   bash tools/run_multi_gpu.sh tests      the pytest cases that need 2 GPUs: TP 2, PP 2, DP 2 and DP 2 with the
 #                                          sharded optimizer against the one-GPU step, and the 2-rank resume
+#                                          (PYTEST_K: pytest's -k, to run some of them)
 #   bash tools/run_multi_gpu.sh nccl       Qwen3-4B-shaped weights pushed over NCCL to a vLLM engine on GPU 1,
 #                                          timed, then the engine's log-probs against the trainer's
 #   bash tools/run_multi_gpu.sh scaling    MemAgent's loop on every GPU (tools/bench_mem_agent_scaling.sh)
@@ -22,7 +23,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "${VIME_EXT
 case "${1:-}" in
   tests)
     VIME_EXT_TINY_WITHOUT_TOKENIZER=1 python -m pytest -v -rs --durations=0 -p no:cacheprovider \
-      tests/train/test_actor_layouts.py tests/train/test_optimizer_resume.py 2>&1 | tee "${VIME_EXT_OUT}/multi_gpu_pytest.txt"
+      ${PYTEST_K:+-k "${PYTEST_K}"} tests/train/test_actor_layouts.py tests/train/test_optimizer_resume.py 2>&1 | tee "${VIME_EXT_OUT}/multi_gpu_pytest.txt"
     ;;
   nccl)
     python tools/bench_weight_sync.py --shape qwen3-4b --transport nccl --pushes 3 --out "${VIME_EXT_OUT}/weight_sync_nccl.json"

@@ -183,13 +183,21 @@ def generate_item(rng: random.Random, num_docs: int, index: Any, hops: int = 2) 
     return QAItem(index, question, [answer], format_documents(docs), num_docs, supporting=supporting)
 
 
-def write_training_jsonl(path: str | Path, num: int, num_docs: int, seed: int = 0, hops: int = 2) -> Path:
+def write_training_jsonl(path: str | Path, num: int, num_docs: int, seed: int = 0, hops: int = 2,
+                         max_docs: int | None = None) -> Path:
+    """``num`` generated training rows of ``num_docs`` documents each, or, with ``max_docs``, of a log-uniform
+    count in [num_docs, max_docs]: many short items and a few long ones, the long tail of chunk counts that real
+    HotpotQA-based training sets have (and that makes a synchronous batch wait for its longest trajectory)."""
+    if max_docs is not None and max_docs < num_docs:
+        raise ValueError(f"max_docs {max_docs} is below num_docs {num_docs}")
     rng = random.Random(seed)
+    sizes = random.Random(seed + 7_919)  # its own stream: without max_docs the rows are as before
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as f:
         for i in range(num):
-            f.write(json.dumps(generate_item(rng, num_docs, f"gen-{seed}-{i}", hops).training_row()) + "\n")
+            n = num_docs if max_docs is None else round(num_docs * (max_docs / num_docs) ** sizes.random())
+            f.write(json.dumps(generate_item(rng, n, f"gen-{seed}-{i}", hops).training_row()) + "\n")
     return path
 
 

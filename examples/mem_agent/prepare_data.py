@@ -60,6 +60,8 @@ def main(argv=None) -> int:
     parser.add_argument("--generate", action="store_true", help="generate multi-hop data instead of converting")
     parser.add_argument("--num", type=int, default=256, help="generated training questions")
     parser.add_argument("--num-docs", type=int, default=8, help="documents per generated training question")
+    parser.add_argument("--max-docs", type=int, help="draw each question's document count log-uniformly "
+                        "from [--num-docs, --max-docs]: a long tail of chunk counts")
     parser.add_argument("--hops", type=int, choices=[1, 2], default=2, help="documents each answer needs")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--eval-dir", help="also write generated eval_{N}.json files here")
@@ -69,7 +71,7 @@ def main(argv=None) -> int:
     if args.generate == bool(args.input):
         parser.error("give either --input FILE or --generate")
     if args.generate:
-        print(write_training_jsonl(args.out, args.num, args.num_docs, args.seed, args.hops))
+        print(write_training_jsonl(args.out, args.num, args.num_docs, args.seed, args.hops, args.max_docs))
         for n in args.eval_lengths:
             print(write_eval_file(args.eval_dir or Path(args.out).parent, n, args.eval_num, args.seed + 1, args.hops))
         return 0

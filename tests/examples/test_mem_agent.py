@@ -132,6 +132,25 @@ def test_generated_items_hide_the_facts_among_distractors():
     assert sum(item.answers[0] in d for d in docs) >= 1 and "born" in item.question
 
 
+def test_a_document_count_range_gives_a_long_tail_and_the_fixed_count_is_unchanged(tmp_path):
+    import json
+
+    from examples.mem_agent.data import write_training_jsonl
+
+    def counts(**kw):
+        path = write_training_jsonl(tmp_path / "t.jsonl", 200, 4, seed=5, **kw)
+        return [json.loads(line)["metadata"]["num_docs"] for line in path.read_text().splitlines()]
+
+    fixed = counts()
+    assert set(fixed) == {4}
+    assert counts(max_docs=None) == fixed
+    tail = sorted(counts(max_docs=64))
+    assert tail[0] >= 4 and tail[-1] <= 64 and tail[-1] > 40
+    assert tail[len(tail) // 2] < 20  # log-uniform: the median item is far shorter than the longest
+    with pytest.raises(ValueError, match="max_docs 3 is below num_docs 4"):
+        counts(max_docs=3)
+
+
 # ---- on a real engine (the transformers backend serving a tiny random model) --------------------------------
 
 @pytest.fixture(scope="module")
