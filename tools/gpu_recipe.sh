@@ -133,7 +133,8 @@ everything() {
   CUDA_VISIBLE_DEVICES=0,1 both_eval || true
   if [ -n "${side_pid}" ]; then wait "${side_pid}" || true; else side_checks 0,1 "$@"; fi
   if (( gpus >= 4 )); then
-    VIME_EXT_OUT=${OUT_DIR} MODEL_DIR=${HF_CKPT} logged "mem_agent_${gpus}gpu" "" bash tools/bench_mem_agent_scaling.sh \
+    VIME_EXT_OUT=${OUT_DIR} MODEL_DIR=${HF_CKPT} NUM_DOCS=${NUM_DOCS} logged "mem_agent_${gpus}gpu" "" \
+      bash tools/bench_mem_agent_scaling.sh \
       || true
     loop_parts 0,1 2,3 "$@"
   else
