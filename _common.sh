@@ -127,7 +127,7 @@ gpu_layout() {
 # The examples' Qwen3-4B GRPO launch: the GPU layout above, the starting weights converted once, saves resumed. The
 # calling script sets TRAIN_DATA, SAVE_PATH, ROLLOUT_BATCH_SIZE and GLOBAL_BATCH_SIZE; HF_CKPT, TORCH_DIST,
 # MODEL_ARGS_SCRIPT (the checked architecture flags; empty: read config.json alone), NUM_ROLLOUT,
-# N_SAMPLES_PER_PROMPT, SAVE_INTERVAL, SAVE_OPTIM (0: weights only, --no-save-optim) and ENGINE_MEMORY (vLLM's
+# N_SAMPLES_PER_PROMPT, SAVE_INTERVAL (0: no checkpoints), SAVE_OPTIM (0: weights only, --no-save-optim) and ENGINE_MEMORY (vLLM's
 # --gpu-memory-utilization) default here. Arguments (the example's plug-ins and settings, then the user's) go to
 # train.py after the recipe, so a user's flag overrides the recipe's.
 grpo_qwen3_4b_train() {
@@ -145,7 +145,12 @@ grpo_qwen3_4b_train() {
   MODEL_ARGS=()
   if [ -n "${MODEL_ARGS_SCRIPT}" ]; then source "${MODEL_ARGS_SCRIPT}"; fi
   local extra=()
-  if [ "${SAVE_OPTIM}" = 0 ]; then extra+=(--no-save-optim); fi
+  if [ "${SAVE_INTERVAL}" = 0 ]; then  # no checkpoints (benchmarks); a checkpoint in SAVE_PATH still resumes
+    extra+=(--load "${SAVE_PATH}")
+  else
+    extra+=(--save "${SAVE_PATH}" --save-interval "${SAVE_INTERVAL}" --load "${SAVE_PATH}")
+    if [ "${SAVE_OPTIM}" = 0 ]; then extra+=(--no-save-optim); fi
+  fi
   if [ "${NUM_GPUS}" -gt 0 ]; then extra+=(--vllm-gpu-memory-utilization "${ENGINE_MEMORY}"); fi
   start_ray
   python train.py "${MODEL_ARGS[@]}" \
@@ -153,6 +158,5 @@ grpo_qwen3_4b_train() {
     "${LAYOUT_ARGS[@]}" "${GRPO_RECIPE_ARGS[@]}" \
     --num-rollout "${NUM_ROLLOUT}" --rollout-batch-size "${ROLLOUT_BATCH_SIZE}" \
     --n-samples-per-prompt "${N_SAMPLES_PER_PROMPT}" --global-batch-size "${GLOBAL_BATCH_SIZE}" \
-    --rollout-temperature 1.0 --save "${SAVE_PATH}" --save-interval "${SAVE_INTERVAL}" --load "${SAVE_PATH}" \
-    "${extra[@]}" "$@"
+    --rollout-temperature 1.0 "${extra[@]}" "$@"
 }

@@ -1,6 +1,7 @@
 """The GPU launch scripts' train.py command lines, on a machine without GPUs: ``nvidia-smi`` and ``ray`` are
-stand-ins that report four GPUs, and ``python train.py`` records its arguments instead of training; every other
-python call (data generation, the scaling table) is real."""
+stand-ins that report four GPUs, and ``python train.py`` parses and checks its arguments with train.py's own
+parser (as on a CUDA machine) and records them instead of training; every other python call (data generation,
+the scaling table) is real."""
 
 import json
 import os
@@ -24,7 +25,14 @@ RAY = """#!/bin/bash
 PYTHON = """#!/bin/bash
 if [ "$1" = train.py ]; then
   exec {python} -c 'import json, sys; from pathlib import Path
-args = sys.argv[2:]; Path(sys.argv[1]).write_text(json.dumps(args))
+args = sys.argv[2:]
+import vime_ext.arguments as flags
+flags._cuda = lambda: True  # the machine these scripts are for
+try:
+    flags.parse_train_args(args)
+except flags.ConfigError as err:
+    sys.exit(f"train.py: {{err}}")
+Path(sys.argv[1]).write_text(json.dumps(args))
 if "--tensorboard-dir" in args:
     from tools.scaling_table import COLUMNS
     tb = Path(args[len(args) - 1 - args[::-1].index("--tensorboard-dir") + 1]); tb.mkdir(parents=True, exist_ok=True)
@@ -66,9 +74,13 @@ def last(args: list[str], flag: str) -> str:
 
 
 def stand_in_checkpoints(model: Path, torch_dist: Path) -> None:
-    """A config-only HF folder and a torch_dist tracker file: the scripts skip making and converting them."""
+    """A Qwen3-4B config.json without weights and a torch_dist tracker file: the scripts skip making and
+    converting them, and train.py's parser checks the model flags against the config."""
+    from tools.bench_train import hf_config
+    from tools.make_random_hf import QWEN3_EXTRAS
+
     model.mkdir(parents=True)
-    (model / "config.json").write_text("{}")
+    (model / "config.json").write_text(json.dumps({**hf_config("qwen3-4b"), **QWEN3_EXTRAS}))
     torch_dist.mkdir()
     (torch_dist / "latest_checkpointed_iteration.txt").write_text("1")
 
@@ -81,7 +93,7 @@ def test_scaling_bench_splits_the_gpus_and_tabulates(tmp_path):
                                       "--seed", "3")
     assert [last(args, flag) for flag in ("--actor-num-gpus-per-node", "--rollout-num-gpus",
                                           "--tensor-model-parallel-size", "--num-rollout")] == ["2", "2", "2", "2"]
-    assert last(args, "--save") == "" and last(args, "--load") == ""  # no checkpoint: 14 bytes a parameter
+    assert "--save" not in args and "--save-interval" not in args  # no checkpoint: 14 bytes a parameter
     assert last(args, "--hf-checkpoint") == str(model) and args[-2:] == ["--seed", "3"]
     assert "examples.mem_agent.rollout.generate" in args and "--use-distributed-optimizer" in args
     assert json.loads((run / "run.json").read_text()) == {"gpus": 4, "actor_gpus": 2, "rollout_gpus": 2, "tp": 2,

@@ -32,6 +32,6 @@ printf '{"gpus": %d, "actor_gpus": %d, "rollout_gpus": %d, "tp": %d, "device": "
   "${NUM_GPUS}" "${ACTOR_GPUS}" "${ROLLOUT_GPUS}" "${TP}" "${DEVICE}" > "${ROOT}/run.json"
 rm -f "${ROOT}/tb/metrics.jsonl"  # the table reads this run's rollouts only
 HF_CKPT="${MODEL_DIR}" TORCH_DIST="${MODEL_DIR}_torch_dist" TRAIN_DATA="${ROOT}/train.jsonl" SAVE_PATH="${ROOT}/ckpt" \
-  NUM_ROLLOUT=${NUM_ROLLOUT:-3} ACTOR_GPUS=${ACTOR_GPUS} ROLLOUT_GPUS=${ROLLOUT_GPUS} TP=${TP} \
-  bash examples/mem_agent/run-qwen3-4b-train.sh --save "" --load "" --tensorboard-dir "${ROOT}/tb" "$@"
+  NUM_ROLLOUT=${NUM_ROLLOUT:-3} ACTOR_GPUS=${ACTOR_GPUS} ROLLOUT_GPUS=${ROLLOUT_GPUS} TP=${TP} SAVE_INTERVAL=0 \
+  bash examples/mem_agent/run-qwen3-4b-train.sh --tensorboard-dir "${ROOT}/tb" "$@"
 python tools/scaling_table.py "${ROOT}"
