@@ -268,7 +268,7 @@ def _rank_actor(flags: list[str]):
     return config, actor, actor.layout()
 
 
-def _train_on(actor, config, layout: dict, seed: int = 0, nan_advantage: bool = False) -> dict:
+def _train_on(actor, config, layout, seed: int = 0, nan_advantage: bool = False):
     """One rollout of ``rl_sequences(seed)``, this rank's data-parallel share of it; ``nan_advantage`` gives
     the first sequence a NaN advantage, which makes every gradient NaN."""
     from vime_ext.train import plan_steps
@@ -277,8 +277,8 @@ def _train_on(actor, config, layout: dict, seed: int = 0, nan_advantage: bool = 
     if nan_advantage:
         sequences[0].advantage = math.nan
     samples = [type("S", (), {"index": s.sample_index})() for s in sequences]
-    per_rank, totals = plan_steps(config, samples, sequences, layout["dp_size"])
-    return actor.train_rollout(per_rank[layout["dp_rank"]], totals)
+    per_rank, totals = plan_steps(config, samples, sequences, layout.dp_size)
+    return actor.train_rollout(per_rank[layout.dp_rank], totals)
 
 
 def _hf_weights(model, shape) -> dict[str, torch.Tensor]:
@@ -301,12 +301,12 @@ def rl_step(out_dir: str, flags: list[str]) -> None:
         critic = actor.critic.model
         weights.update({f"critic.{name}": tensor for name, tensor in _hf_weights(critic, config.shape).items()
                         if name != "lm_head.weight"})
-        if layout["last_stage"]:
+        if layout.last_stage:
             weights["critic.value_head"] = unwrap(critic).output_layer.weight.detach().float().cpu()
-    if layout["tp_rank"] == 0 and layout["dp_rank"] == 0:
-        torch.save(weights, Path(out_dir, f"weights_pp{layout['pp_rank']}.pt"))
-    if "steps" in result:
-        Path(out_dir, f"steps_dp{layout['dp_rank']}.json").write_text(json.dumps(result["steps"]))
+    if layout.tp_rank == 0 and layout.dp_rank == 0:
+        torch.save(weights, Path(out_dir, f"weights_pp{layout.pp_rank}.pt"))
+    if result.reports:
+        Path(out_dir, f"steps_dp{layout.dp_rank}.json").write_text(json.dumps(result.steps))
     actor.shutdown()
 
 
@@ -324,10 +324,10 @@ def resume_step(out_dir: str, flags: list[str], resume: bool) -> None:
     actor.weights_ready()
     weights = _hf_weights(actor.model, config.shape)
     tag = "resumed" if resume else "whole"
-    if layout["tp_rank"] == 0 and layout["dp_rank"] == 0:
-        torch.save(weights, Path(out_dir, f"{tag}_weights_pp{layout['pp_rank']}.pt"))
-    if "steps" in result:
-        Path(out_dir, f"{tag}_steps_dp{layout['dp_rank']}.json").write_text(json.dumps(result["steps"]))
+    if layout.tp_rank == 0 and layout.dp_rank == 0:
+        torch.save(weights, Path(out_dir, f"{tag}_weights_pp{layout.pp_rank}.pt"))
+    if result.reports:
+        Path(out_dir, f"{tag}_steps_dp{layout.dp_rank}.json").write_text(json.dumps(result.steps))
     actor.shutdown()
 
 
@@ -340,9 +340,9 @@ def non_finite_step(out_dir: str, flags: list[str]) -> None:
         return sum(not torch.equal(before[k], after[k]) for k in before)
 
     start = _hf_weights(actor.model, config.shape)
-    poisoned = _train_on(actor, config, layout, nan_advantage=True)["steps"]
+    poisoned = _train_on(actor, config, layout, nan_advantage=True).steps
     after_poisoned = _hf_weights(actor.model, config.shape)
-    clean = _train_on(actor, config, layout)["steps"]
+    clean = _train_on(actor, config, layout).steps
     Path(out_dir, "non_finite.json").write_text(json.dumps({
         "steps": [*poisoned, *clean], "changed_by_poisoned": changed(start, after_poisoned),
         "changed_by_clean": changed(after_poisoned, _hf_weights(actor.model, config.shape))}))
@@ -480,7 +480,7 @@ def handover_step(out_dir: str, flags: list[str], handover: bool) -> None:
     result = _train_on(actor, config, layout, seed=1)
     tag = "handover" if handover else "plain"
     torch.save(_hf_weights(actor.model, config.shape), Path(out_dir, f"{tag}_weights.pt"))
-    Path(out_dir, f"{tag}.json").write_text(json.dumps({"steps": result["steps"], **report}))
+    Path(out_dir, f"{tag}.json").write_text(json.dumps({"steps": result.steps, **report}))
     actor.shutdown()
 
 
@@ -512,9 +512,9 @@ def sft_loss_step(out_dir: str, flags: list[str]) -> None:
     masker = ChatMasker(AutoTokenizer.from_pretrained(config.checkpoint.hf_checkpoint))
     samples = [chat_sample(Sample(prompt=chat, index=i, group_index=i), masker) for i, chat in enumerate(SFT_CHATS)]
     sequences = samples_to_train_data(config.plugin_args(), samples)
-    per_rank, totals = plan_steps(config, samples, sequences, layout["dp_size"])
-    result = actor.train_rollout(per_rank[layout["dp_rank"]], totals)
-    if "steps" in result:
-        Path(out_dir, f"sft_dp{layout['dp_rank']}.json").write_text(json.dumps(
-            {"loss": result["steps"][0]["loss"], "sequences": [[s.tokens, s.loss_mask] for s in sequences]}))
+    per_rank, totals = plan_steps(config, samples, sequences, layout.dp_size)
+    result = actor.train_rollout(per_rank[layout.dp_rank], totals)
+    if result.reports:
+        Path(out_dir, f"sft_dp{layout.dp_rank}.json").write_text(json.dumps(
+            {"loss": result.steps[0]["loss"], "sequences": [[s.tokens, s.loss_mask] for s in sequences]}))
     actor.shutdown()

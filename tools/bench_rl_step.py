@@ -168,8 +168,8 @@ def main(argv=None) -> None:
         total = time.perf_counter() - begin
         if rollout >= args.warmup:
             opt = sum(optimizer_times)
-            phases.append({"log_probs_s": result["log_prob_time"], "train_s": result["train_time"],
-                           "optimizer_s": opt, "forward_backward_s": result["train_time"] - opt, "total_s": total})
+            phases.append({"log_probs_s": result.log_prob_time, "train_s": result.train_time,
+                           "optimizer_s": opt, "forward_backward_s": result.train_time - opt, "total_s": total})
     peak_gib = torch.cuda.max_memory_allocated() / 2**30
     median = {k: statistics.median(p[k] for p in phases) for k in phases[0]}
     train_tokens = sum(len(s.tokens) for s in sequences)

@@ -12,12 +12,18 @@ runtime environment, so plug-ins named by dotted path import there as they do in
 """
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from vime_ext.arguments import TrainConfig
 from vime_ext.net import free_port
+from vime_ext.trainer.results import LossSum, RankLayout, StepResult
+
+if TYPE_CHECKING:
+    from vime_ext.algorithms.train_data import TrainSequence
+    from vime_ext.engines.weight_sync import WeightTarget
+    from vime_ext.rollout.rollout import RolloutOutput
 
 # Passed to every Ray worker: nothing is fetched from a hub at run time, and caches stay where the driver's are.
 _WORKER_ENV = ("HF_HUB_OFFLINE", "TOKENIZERS_PARALLELISM", "VIME_EXT_CACHE", "VIME_EXT_LOG_DIR",
@@ -59,7 +65,7 @@ class _TrainWorker:
 
         return [int(g) for g in ray.get_gpu_ids()]
 
-    def setup(self, config: TrainConfig, rank: int, world: int, addr: str, port: int) -> dict:
+    def setup(self, config: TrainConfig, rank: int, world: int, addr: str, port: int) -> RankLayout:
         from vime_ext.trainer.actor import TrainActor
 
         self.actor = TrainActor(config, rank, world, addr, port, local_rank=0)
@@ -84,8 +90,126 @@ class TrainerDied(RuntimeError):
     """A trainer rank's process is gone (OOM-killed, node lost); the driver may restart the group."""
 
 
+class TrainerRanks:
+    """Every trainer rank, called with ``TrainActor``'s methods and signatures: each call runs on all ranks at
+    once and returns their results in rank order. Methods whose argument is a rank's data-parallel share take one
+    per rank. The ranks are ``TrainActor`` objects in this process (``--no-ray``) or Ray actors
+    (``_TrainWorker``), so the driver's code is the same either way; tests/test_cluster_proxies.py checks that
+    every method here exists on ``TrainActor`` with the same parameters."""
+
+    def __init__(self, handles: list, use_ray: bool):
+        self._handles, self._use_ray = handles, use_ray
+
+    def __len__(self) -> int:
+        return len(self._handles)
+
+    def _each(self, method: str, per_rank: list[tuple]) -> list:
+        if not self._use_ray:
+            return [getattr(h, method)(*args) for h, args in zip(self._handles, per_rank)]
+        import ray
+
+        try:
+            return ray.get([h.call.remote(method, *args) for h, args in zip(self._handles, per_rank)])
+        except ray.exceptions.RayActorError as err:
+            raise TrainerDied(f"a trainer rank died during {method}: {str(err).strip().splitlines()[0]}") from err
+
+    def _all(self, method: str, *args) -> list:
+        return self._each(method, [args] * len(self._handles))
+
+    def layout(self) -> list[RankLayout]:
+        return self._all("layout")
+
+    def release_memory(self, keep_weights: bool = False) -> list[dict[str, float]]:
+        return self._all("release_memory", keep_weights)
+
+    def restore_memory(self) -> list[dict[str, float]]:
+        return self._all("restore_memory")
+
+    def memory(self) -> list[dict[str, float]]:
+        return self._all("memory")
+
+    def train_rollout(self, steps: list[list[list["TrainSequence"]]], totals: list[tuple[float, float]],
+                      update_policy: bool = True) -> list[StepResult]:
+        """``steps[i]``: rank i's shares of the rollout's optimizer steps."""
+        return self._each("train_rollout", [(share, totals, update_policy) for share in steps])
+
+    def eval_loss(self, sequences: list[list["TrainSequence"]]) -> list[LossSum]:
+        """``sequences[i]``: rank i's share."""
+        return self._each("eval_loss", [(share,) for share in sequences])
+
+    def push_weights(self, target: "WeightTarget", bucket_bytes: int) -> list[int]:
+        return self._all("push_weights", target, bucket_bytes)
+
+    def save(self, save_dir: str, iteration: int, extra_state: dict) -> list[str]:
+        return self._all("save", save_dir, iteration, extra_state)
+
+    def load(self, path: str) -> list[dict]:
+        return self._all("load", path)
+
+    def shutdown(self) -> None:
+        self._all("shutdown")
+
+
+class RolloutManagerHandle:
+    """The rollout manager, called with ``RolloutManager``'s methods and signatures, in this process or as a Ray
+    actor (``_ManagerWorker``); tests/test_cluster_proxies.py checks the two agree."""
+
+    def __init__(self, handle, use_ray: bool):
+        self._handle, self._use_ray = handle, use_ray
+
+    def _call(self, method: str, *args):
+        if not self._use_ray:
+            return getattr(self._handle, method)(*args)
+        import ray
+
+        return ray.get(self._handle.call.remote(method, *args))
+
+    def engine_urls(self) -> list[str]:
+        return self._call("engine_urls")
+
+    def weight_target(self) -> "WeightTarget":
+        return self._call("weight_target")
+
+    def rollout(self, rollout_id: int) -> "RolloutOutput":
+        return self._call("rollout", rollout_id)
+
+    def evaluate(self, rollout_id: int) -> dict[str, "RolloutOutput"]:
+        return self._call("evaluate", rollout_id)
+
+    def data_state(self) -> dict:
+        return self._call("data_state")
+
+    def load_data_state(self, state: dict) -> None:
+        self._call("load_data_state", state)
+
+    def dead_engines(self) -> list[str]:
+        return self._call("dead_engines")
+
+    def dead_servers(self) -> list[str]:
+        return self._call("dead_servers")
+
+    def begin_weight_update(self) -> None:
+        self._call("begin_weight_update")
+
+    def finish_weight_update(self, version: int) -> None:
+        self._call("finish_weight_update", version)
+
+    def restart_count(self) -> dict[str, int]:
+        return self._call("restart_count")
+
+    def sleep(self) -> None:
+        self._call("sleep")
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        self._call("wake_up", tags)
+
+    def shutdown(self) -> None:
+        self._call("shutdown")
+
+
 class Cluster:
-    """``actors(method, per_rank_args)`` and ``manager(method, *args)`` hide whether Ray is in use."""
+    """The trainer ranks (``ranks``) and the rollout manager (``manager``), started as Ray actors or in this
+    process; their proxies hide which."""
 
     def __init__(self, config: TrainConfig, log_dir: str | None = None):
         self.config = config
@@ -93,7 +217,9 @@ class Cluster:
         self.has_manager = not config.debug.debug_train_only
         self.has_actors = not config.debug.debug_rollout_only
         self.has_engines = self.has_manager and not config.sft
-        self._actors, self._manager, self.layouts = [], None, [{"dp_size": 1, "dp_rank": 0}]
+        self.ranks = TrainerRanks([], self.use_ray)
+        self.manager: RolloutManagerHandle | None = None
+        self.layouts: list[RankLayout] = []
         if self.use_ray:
             self._start_ray(log_dir)
         else:
@@ -104,11 +230,11 @@ class Cluster:
         from vime_ext.trainer.actor import TrainActor
 
         if self.has_actors:
-            self._actors = [TrainActor(self.config, 0, 1, "127.0.0.1", free_port())]
-            self.layouts = [self._actors[0].layout()]
+            self.ranks = TrainerRanks([TrainActor(self.config, 0, 1, "127.0.0.1", free_port())], use_ray=False)
+            self.layouts = self.ranks.layout()
         if self.has_manager:
             self._hand_gpus_to_engines()
-            self._manager = RolloutManager(self.config, gpu_ids_from_env(), log_dir)
+            self.manager = RolloutManagerHandle(RolloutManager(self.config, gpu_ids_from_env(), log_dir), False)
             self._take_gpus_back()
 
     def _start_ray(self, log_dir):
@@ -138,12 +264,13 @@ class Cluster:
             return
         colocated_gpus = None
         if cl.colocate and gpus:
-            colocated_gpus = sorted({g for a in self._actors for g in ray.get(a.gpu_ids.remote())})
+            colocated_gpus = sorted({g for a in self.ranks._handles for g in ray.get(a.gpu_ids.remote())})
             self._hand_gpus_to_engines()
         # Threaded: with --async-training the driver calls it (pushes, metrics) while the producer's rollout runs.
-        self._manager = ray.remote(_ManagerWorker).options(
+        worker = ray.remote(_ManagerWorker).options(
             num_cpus=1, num_gpus=rollout_gpus, scheduling_strategy=in_bundle(world), max_concurrency=4).remote()
-        ray.get(self._manager.setup.remote(self.config, colocated_gpus, log_dir))
+        ray.get(worker.setup.remote(self.config, colocated_gpus, log_dir))
+        self.manager = RolloutManagerHandle(worker, use_ray=True)
         self._take_gpus_back()
 
     def _start_actors(self, world: int) -> None:
@@ -153,13 +280,13 @@ class Cluster:
 
         gpus = torch.cuda.is_available()
         worker_cls = ray.remote(_TrainWorker)
-        self._actors = [worker_cls.options(num_cpus=1, num_gpus=1 if gpus else 0,
-                                           scheduling_strategy=self._in_bundle(i)).remote() for i in range(world)]
+        workers = [worker_cls.options(num_cpus=1, num_gpus=1 if gpus else 0,
+                                      scheduling_strategy=self._in_bundle(i)).remote() for i in range(world)]
+        self.ranks = TrainerRanks(workers, use_ray=True)
         if world:
-            one_node = len(set(ray.get([a.node_ip.remote() for a in self._actors]))) == 1
-            addr, port = ray.get(self._actors[0].address.remote(one_node))
-            self.layouts = ray.get([a.setup.remote(self.config, r, world, addr, port)
-                                    for r, a in enumerate(self._actors)])
+            one_node = len(set(ray.get([a.node_ip.remote() for a in workers]))) == 1
+            addr, port = ray.get(workers[0].address.remote(one_node))
+            self.layouts = ray.get([a.setup.remote(self.config, r, world, addr, port) for r, a in enumerate(workers)])
 
     def restart_actors(self) -> None:
         """After a rank died: the survivors are killed too (their process group is broken) and a new group
@@ -167,52 +294,33 @@ class Cluster:
         Ray only: without Ray the trainer rank is the driver's own process."""
         import ray
 
-        for actor in self._actors:
-            ray.kill(actor, no_restart=True)
-        self._start_actors(len(self._actors))
+        for worker in self.ranks._handles:
+            ray.kill(worker, no_restart=True)
+        self._start_actors(len(self.ranks))
         if not self.config.engines_resident:  # resident: the new ranks keep what they took, beside the engines
             self._hand_gpus_to_engines()
 
     def _hand_gpus_to_engines(self) -> None:
         """Colocated on GPUs: the trainer ranks release their memory before the engines start, since vLLM sizes
         its KV cache from the memory free at start-up; the driver takes turns from then on (train.py)."""
-        if self.config.cluster.colocate and self._actors and self.layouts[0].get("device") == "cuda":
-            self.actors("release_memory")
+        if self.config.cluster.colocate and len(self.ranks) and self.layouts[0].device == "cuda":
+            self.ranks.release_memory()
 
     def _take_gpus_back(self) -> None:
         """Colocated with --async-training: engines and trainer ranks stay resident side by side, so the ranks
         take their memory back once the engines have taken their share (--vllm-gpu-memory-utilization)."""
-        if self.config.engines_resident and self._actors and self.layouts[0].get("device") == "cuda":
-            self.actors("restore_memory")
-
-    def actors(self, method: str, per_rank_args: list[tuple] | None = None) -> list[Any]:
-        """Call ``method`` on every trainer rank (rank i gets ``per_rank_args[i]``) and wait for all."""
-        args = per_rank_args or [()] * len(self._actors)
-        if not self.use_ray:
-            return [getattr(a, method)(*arg) for a, arg in zip(self._actors, args)]
-        import ray
-
-        try:
-            return ray.get([a.call.remote(method, *arg) for a, arg in zip(self._actors, args)])
-        except ray.exceptions.RayActorError as err:
-            raise TrainerDied(f"a trainer rank died during {method}: {str(err).strip().splitlines()[0]}") from err
-
-    def manager(self, method: str, *args) -> Any:
-        if not self.use_ray:
-            return getattr(self._manager, method)(*args)
-        import ray
-
-        return ray.get(self._manager.call.remote(method, *args))
+        if self.config.engines_resident and len(self.ranks) and self.layouts[0].device == "cuda":
+            self.ranks.restore_memory()
 
     def shutdown(self) -> None:
         try:
-            if self.has_manager:
-                self.manager("shutdown")
+            if self.manager is not None:
+                self.manager.shutdown()
         finally:
             if self.use_ray:
                 import ray
 
                 ray.util.remove_placement_group(self.placement_group)
                 ray.shutdown()
-            elif self._actors:
-                self._actors[0].shutdown()
+            elif len(self.ranks):
+                self.ranks.shutdown()

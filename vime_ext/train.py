@@ -80,13 +80,12 @@ class Trainer:
                                config.logging.wandb_group, config=_flat(asdict(config)))
         self.cluster = Cluster(config, log_dir)
         layouts = self.cluster.layouts
-        self.dp_size = layouts[0]["dp_size"]
-        self.dp_rank = [l["dp_rank"] for l in layouts]
-        self.reporters = [i for i, l in enumerate(layouts) if l.get("last_stage") and l["tp_rank"] == 0]
+        self.dp_size = layouts[0].dp_size if layouts else 1
+        self.dp_rank = [layout.dp_rank for layout in layouts]
         # Colocated on GPUs, the trainer ranks and the engines take turns with the accelerator memory: the
         # cluster handed the ranks' memory over before the engines started (cluster.py).
         self.engines_sleep = config.cluster.colocate and self.cluster.has_engines and not config.engines_resident
-        self.handover = self.engines_sleep and self.cluster.has_actors and layouts[0].get("device") == "cuda"
+        self.handover = self.engines_sleep and self.cluster.has_actors and layouts[0].device == "cuda"
         self.start_rollout = 0
         self.restarts = 0  # trainer-rank restarts so far (--max-restarts)
         self.initial_data: dict | None = None  # the data position the run started from, for a restart without save
@@ -102,17 +101,16 @@ class Trainer:
     def push_weights(self, version: int) -> float:
         if not (self.cluster.has_engines and self.cluster.has_actors):  # SFT, or a debug run with one side only
             return 0.0
-        start = time.perf_counter()
+        start, manager = time.perf_counter(), self.cluster.manager
         with self.engine_lock:  # between two rollouts, or (--partial-rollout) pausing the one in flight
             for attempt in range(2):
                 try:
-                    self.cluster.manager("begin_weight_update")  # restarts an engine that died since the last one
-                    target = self.cluster.manager("weight_target")
-                    self.cluster.actors("push_weights", [(target, WEIGHT_BUCKET_BYTES)] * len(self.dp_rank))
-                    self.cluster.manager("finish_weight_update", version)
+                    manager.begin_weight_update()  # restarts an engine that died since the last one
+                    self.cluster.ranks.push_weights(manager.weight_target(), WEIGHT_BUCKET_BYTES)
+                    manager.finish_weight_update(version)
                     break
                 except Exception as err:  # noqa: BLE001 (an engine that died mid-push; anything else goes on up)
-                    if attempt or not self.cluster.manager("dead_engines"):
+                    if attempt or not manager.dead_engines():
                         raise
                     tqdm.write(f"an engine died during the weight push ({type(err).__name__}); restarting it and "
                                "pushing again")
@@ -126,13 +124,13 @@ class Trainer:
         if not self.engines_sleep:
             return
         if self.handover:
-            memory.update(_max_over_ranks(self.cluster.actors("memory"), "rollout"))
+            memory.update(_max_over_ranks(self.cluster.ranks.memory(), "rollout"))
         tick = time.perf_counter()
-        self.cluster.manager("sleep")
+        self.cluster.manager.sleep()
         times["sleep"] = time.perf_counter() - tick
         if self.handover:
             tick = time.perf_counter()
-            memory.update(_max_over_ranks(self.cluster.actors("restore_memory"), "reload"))
+            memory.update(_max_over_ranks(self.cluster.ranks.restore_memory(), "reload"))
             times["reload"] = time.perf_counter() - tick
 
     def to_engines(self, version: int, times: dict[str, float], memory: dict[str, float]) -> None:
@@ -145,34 +143,34 @@ class Trainer:
             return
         if not self.handover:
             tick = time.perf_counter()
-            self.cluster.manager("wake_up")
+            self.cluster.manager.wake_up()
             times["wake_up"] = time.perf_counter() - tick
             times["weight_sync"] = self.push_weights(version)
             return
-        memory.update(_max_over_ranks(self.cluster.actors("memory"), "train"))
+        memory.update(_max_over_ranks(self.cluster.ranks.memory(), "train"))
         tick = time.perf_counter()
-        memory.update(_max_over_ranks(self.cluster.actors("release_memory", [(True,)] * len(self.dp_rank)),
+        memory.update(_max_over_ranks(self.cluster.ranks.release_memory(keep_weights=True),
                                       "offload"))
         times["offload"] = time.perf_counter() - tick
         tick = time.perf_counter()
-        self.cluster.manager("wake_up", ["weights"])
+        self.cluster.manager.wake_up(["weights"])
         times["wake_up"] = time.perf_counter() - tick
         times["weight_sync"] = self.push_weights(version)
-        memory.update(_max_over_ranks(self.cluster.actors("memory"), "push"))
+        memory.update(_max_over_ranks(self.cluster.ranks.memory(), "push"))
         tick = time.perf_counter()
-        released = _max_over_ranks(self.cluster.actors("release_memory"), "released")
+        released = _max_over_ranks(self.cluster.ranks.release_memory(), "released")
         memory.update(released)
         times["offload"] += time.perf_counter() - tick
         tick = time.perf_counter()
         try:
-            self.cluster.manager("wake_up", ["kv_cache"])
+            self.cluster.manager.wake_up(["kv_cache"])
         except Exception as error:
             left = ", ".join(f"{k} {v:.2f} GiB" for k, v in released.items() if k.endswith("_gb"))
             raise RuntimeError(f"the engines could not take their KV cache back after the weight push; the "
                                f"trainer ranks had released their memory ({left}); lower "
                                f"--vllm-gpu-memory-utilization") from error
         times["wake_up"] += time.perf_counter() - tick
-        memory.update(_max_over_ranks(self.cluster.actors("memory"), "engines"))
+        memory.update(_max_over_ranks(self.cluster.ranks.memory(), "engines"))
 
     def save_due(self, rollout_id: int) -> bool:
         c = self.config.checkpoint
@@ -186,13 +184,13 @@ class Trainer:
         data = self.positions.get(rollout_id + 1)
         if data is None and self.cluster.has_manager:
             with self.engine_lock:
-                data = self.positions.get(rollout_id + 1) or self.cluster.manager("data_state")
+                data = self.positions.get(rollout_id + 1) or self.cluster.manager.data_state()
         extra = {"next_rollout": rollout_id + 1, "data": data}
         save = self.config.checkpoint.save
         from torch.distributed.checkpoint.api import CheckpointException
 
         try:
-            self.cluster.actors("save", [(save, rollout_id + 1, extra)] * len(self.dp_rank))
+            self.cluster.ranks.save(save, rollout_id + 1, extra)
         except (OSError, CheckpointException) as err:  # a full disk, a quota, a lost mount (Ray's errors subclass
             # their cause); megatron's writer wraps the OSError of its worker in a CheckpointException
             # useless, and in the way of the room a resume needs
@@ -228,9 +226,9 @@ class Trainer:
         engines; returns the rollout to go on from."""
         times, memory = {}, {}
         self.to_trainer(times, memory)
-        state = self.cluster.actors("load", [(path,)] * len(self.dp_rank))[0]
+        state = self.cluster.ranks.load(path)[0]
         if self.cluster.has_manager and state["data"] is not None:
-            self.cluster.manager("load_data_state", state["data"])
+            self.cluster.manager.load_data_state(state["data"])
         next_rollout = int(state["next_rollout"])
         self.to_engines(next_rollout, times, memory)
         return next_rollout
@@ -249,7 +247,7 @@ class Trainer:
                 print(f"the trainer ranks restarted from {path}; going on from rollout {rollout_id}", flush=True)
                 return rollout_id
         if self.cluster.has_manager:
-            self.cluster.manager("load_data_state", self.initial_data)
+            self.cluster.manager.load_data_state(self.initial_data)
         times, memory = {}, {}
         self.to_trainer(times, memory)
         self.to_engines(self.start_rollout, times, memory)
@@ -262,7 +260,7 @@ class Trainer:
         metrics = {}
         if self.cluster.has_manager:
             with self.engine_lock:
-                outputs = self.cluster.manager("evaluate", rollout_id)
+                outputs = self.cluster.manager.evaluate(rollout_id)
             for name, output in outputs.items():
                 samples = [s for g in output.groups for s in g]
                 metrics.update(self.eval_loss(samples, f"eval/{name}") if self.config.sft
@@ -281,9 +279,8 @@ class Trainer:
             return {}
         sequences = self.convert(self.args, samples)
         shares = split_data_parallel(sequences, self.dp_size)
-        results = self.cluster.actors("eval_loss", [(shares[r],) for r in self.dp_rank])
-        total = sum(results[i][0] for i in self.reporters)
-        count = sum(results[i][1] for i in self.reporters)
+        results = self.cluster.ranks.eval_loss([shares[r] for r in self.dp_rank])
+        total, count = sum(r.nll for r in results), sum(r.tokens for r in results)
         return {f"{prefix}/loss": total / max(count, 1.0), f"{prefix}/tokens": count,
                 f"{prefix}/skipped": float(sum(s.status not in TRAINABLE for s in samples))}
 
@@ -294,7 +291,7 @@ class Trainer:
             groups, metrics = load_rollout(d.load_debug_rollout_data, rollout_id)
             check_groups(groups, self.config.rollout.rollout_batch_size, self.config.rollout.n_samples_per_prompt)
             return RolloutOutput(groups, metrics)
-        output = self.cluster.manager("rollout", rollout_id)
+        output = self.cluster.manager.rollout(rollout_id)
         if d.save_debug_rollout_data:
             save_rollout(d.save_debug_rollout_data, rollout_id, output.groups, output.metrics)
         return output
@@ -304,7 +301,7 @@ class Trainer:
         current weights before the next rollout, so that it never serves the starting weights. Colocated, the
         round trip through the trainer side puts every engine to sleep (restarting the dead one while the
         memory is the engines') and wakes them around the push."""
-        if not (self.cluster.has_engines and self.cluster.has_actors) or not self.cluster.manager("dead_engines"):
+        if not (self.cluster.has_engines and self.cluster.has_actors) or not self.cluster.manager.dead_engines():
             return
         tick = time.perf_counter()
         self.to_trainer(times, memory)
@@ -338,25 +335,25 @@ class Trainer:
         config, times, memory = self.config, {}, {}
         generating = self.cluster.has_engines and not config.debug.load_debug_rollout_data
         position = None
-        if generating and self.cluster.manager("dead_engines"):
+        if generating and self.cluster.manager.dead_engines():
             heal(times, memory)
         with self.engine_lock:
             if generating:
-                position = self.positions[rollout_id] = self.cluster.manager("data_state")
+                position = self.positions[rollout_id] = self.cluster.manager.data_state()
         # --partial-rollout: a push may pause this rollout and continue it under the new weights; otherwise the
         # rollout holds the engines, and a push waits for its end.
         with contextlib.nullcontext() if config.rollout.partial_rollout else self.engine_lock:
             tick = time.perf_counter()
             output = self.rollout(rollout_id)
             times["rollout"] = time.perf_counter() - tick
-            dead = self.cluster.manager("dead_servers") if generating and output.metrics.get("groups_dropped") \
+            dead = self.cluster.manager.dead_servers() if generating and output.metrics.get("groups_dropped") \
                 else []
         if dead:
             tqdm.write(f"rollout {rollout_id}: {', '.join(dead)} died and {output.metrics['groups_dropped']:.0f} "
                        "groups were dropped; restarting and generating the rollout again")
             heal(times, memory)
             with self.engine_lock:
-                self.cluster.manager("load_data_state", position)
+                self.cluster.manager.load_data_state(position)
                 tick = time.perf_counter()
                 output = self.rollout(rollout_id)
                 times["rollout"] = time.perf_counter() - tick
@@ -380,7 +377,7 @@ class Trainer:
         if self.cluster.has_actors:
             metrics.update(self.train_on(rollout_id, samples, times, memory))
         if self.cluster.has_engines:
-            metrics.update({f"rollout/{k}": float(v) for k, v in self.cluster.manager("restart_count").items()})
+            metrics.update({f"rollout/{k}": float(v) for k, v in self.cluster.manager.restart_count().items()})
         if self.restarts:
             metrics["train/restarts"] = float(self.restarts)
         times["total"] = time.perf_counter() - start
@@ -426,31 +423,30 @@ class Trainer:
             return {"train/sequences": 0.0, "train/steps": 0.0}
         self.to_trainer(times, memory)
         update_policy = rollout_id >= config.algorithm.num_critic_only_steps
-        results = self.cluster.actors("train_rollout", [(per_rank[r], totals, update_policy)
-                                                        for r in self.dp_rank])
+        results = self.cluster.ranks.train_rollout([per_rank[r] for r in self.dp_rank], totals, update_policy)
         if self.save_due(rollout_id):
             times["save"] = self.save(rollout_id)  # before the hand-over: the ranks hold their weights
         self.to_engines(rollout_id + 1, times, memory)
-        reported = [results[i] for i in self.reporters]
-        times["log_probs"] = max(r["log_prob_time"] for r in results)
-        times["train"] = max(r["train_time"] for r in results)
-        train_tokens = sum(r["tokens"] for r in reported)
+        reported = [r for r in results if r.reports]
+        times["log_probs"] = max(r.log_prob_time for r in results)
+        times["train"] = max(r.train_time for r in results)
+        train_tokens = sum(r.tokens for r in reported)
         metrics = {"train/sequences": float(len(sequences)), "train/steps": float(len(totals)),
                    "train/tokens_per_s": train_tokens / max(times["train"], 1e-9)}
         if config.sft:
             metrics["train/trained_tokens"] = sum(total for total, _ in totals)
         else:
-            mismatch = [r["mismatch"] for r in reported]
-            count = sum(m[2] for m in mismatch)
-            metrics.update({"train/logprob_abs_diff_mean": sum(m[0] for m in mismatch) / max(count, 1.0),
-                            "train/logprob_abs_diff_max": max(m[1] for m in mismatch)})
+            mismatch = [r.mismatch for r in reported]
+            count = sum(m.tokens for m in mismatch)
+            metrics.update({"train/logprob_abs_diff_mean": sum(m.abs_sum for m in mismatch) / max(count, 1.0),
+                            "train/logprob_abs_diff_max": max(m.abs_max for m in mismatch)})
         if config.algorithm.advantage_estimator != "ppo" and not config.sft:
             metrics["rollout/advantage_abs_mean"] = float(np.mean([abs(q.advantage) for q in sequences] or [0.0]))
-        for key in reported[0]["steps"][0]:
+        for key in reported[0].steps[0]:
             if key in _PER_STEP:
-                values = [step[key] for step in reported[0]["steps"]]
+                values = [step[key] for step in reported[0].steps]
             else:  # weighted sums over each rank's share of the step
-                values = [sum(r["steps"][i].get(key, 0.0) for r in reported) for i in range(len(totals))]
+                values = [sum(r.steps[i].get(key, 0.0) for r in reported) for i in range(len(totals))]
             metrics[f"train/{key}"] = float(np.mean(values))
         return metrics
 
@@ -459,7 +455,7 @@ class Trainer:
         try:
             self.resume()
             if self.cluster.has_manager:
-                self.initial_data = self.cluster.manager("data_state")
+                self.initial_data = self.cluster.manager.data_state()
             if config.eval.eval_prompt_data and not config.eval.skip_eval_before_train:
                 self.evaluate(self.start_rollout)
             bar = tqdm(total=config.data.num_rollout, initial=self.start_rollout, desc="train", unit="rollout")

@@ -19,6 +19,7 @@ from vime_ext.trainer.forward import forward_backward, forward_log_probs
 from vime_ext.trainer.memory_handover import (MemoryHandover, ipc_shareable_allocations, memory_snapshot,
                                               use_releasable_allocations)
 from vime_ext.trainer.rl_loss import LossSettings, micro_batch_loss, micro_batch_sft_loss
+from vime_ext.trainer.results import LogProbMismatch, LossSum, RankLayout, StepResult
 
 if TYPE_CHECKING:
     from vime_ext.engines.weight_sync import WeightTarget
@@ -123,11 +124,15 @@ class TrainActor:
         model.config.variable_seq_lengths = parallel.pipeline_model_parallel_size > 1
         return model
 
-    def layout(self) -> dict:
+    def layout(self) -> RankLayout:
         ps = self.ps
-        return {"rank": self.rank, "dp_rank": ps.get_data_parallel_rank(), "tp_rank": ps.get_tensor_model_parallel_rank(),
-                "pp_rank": ps.get_pipeline_model_parallel_rank(), "last_stage": ps.is_pipeline_last_stage(),
-                "dp_size": ps.get_data_parallel_world_size(), "device": self._device().type}
+        return RankLayout(rank=self.rank, dp_rank=ps.get_data_parallel_rank(),
+                          tp_rank=ps.get_tensor_model_parallel_rank(), pp_rank=ps.get_pipeline_model_parallel_rank(),
+                          last_stage=ps.is_pipeline_last_stage(), dp_size=ps.get_data_parallel_world_size(),
+                          device=self._device().type)
+
+    def _reports(self) -> bool:
+        return self.ps.is_pipeline_last_stage() and self.ps.get_tensor_model_parallel_rank() == 0
 
     # ---- colocated mode: the accelerator goes to the engines between training steps -----------------------
 
@@ -223,7 +228,7 @@ class TrainActor:
         return {**stats, **self.optimizer.step()}
 
     def train_rollout(self, steps: list[list[TrainSequence]], totals: list[tuple[float, float]],
-                       update_policy: bool = True) -> dict:
+                       update_policy: bool = True) -> StepResult:
         """Train on one rollout: ``steps[i]`` is this rank's data-parallel share of optimizer step i, ``totals[i]``
         that step's (loss tokens, sequences) over all ranks. With a critic (PPO) each step also updates it;
         ``update_policy=False`` updates only the critic. Returns per-step weighted statistic sums (last stage;
@@ -242,20 +247,22 @@ class TrainActor:
             if self.ps.is_pipeline_last_stage():
                 self._fill_advantages(every_batch)
         log_prob_time = time.perf_counter() - start
-        result = {"steps": [], "log_prob_time": log_prob_time, "mismatch": self._engine_mismatch(step_batches),
-                  "tokens": sum(b.num_tokens for b in every_batch)}
+        mismatch = self._engine_mismatch(step_batches)
         start = time.perf_counter()
+        steps = []
         for batches, step_totals in zip(step_batches, totals):
             stats = self._policy_step(batches, *step_totals) if update_policy else {}
             if self.critic is not None:
                 stats.update(self.critic.train_step(batches, *step_totals))
-            result["steps"].append(stats)
-        result["train_time"] = time.perf_counter() - start
-        return result if self.ps.is_pipeline_last_stage() and self.ps.get_tensor_model_parallel_rank() == 0 else {
-            "log_prob_time": log_prob_time, "train_time": result["train_time"]}
+            steps.append(stats)
+        train_time = time.perf_counter() - start
+        if not self._reports():
+            return StepResult(reports=False, log_prob_time=log_prob_time, train_time=train_time)
+        return StepResult(reports=True, log_prob_time=log_prob_time, train_time=train_time,
+                          tokens=sum(b.num_tokens for b in every_batch), mismatch=mismatch, steps=steps)
 
-    def _engine_mismatch(self, step_batches: list[list[MicroBatch]]) -> tuple[float, float, float] | None:
-        """(sum |trainer - engine| log-prob, max, tokens) over the loss tokens of this rank's share."""
+    def _engine_mismatch(self, step_batches: list[list[MicroBatch]]) -> LogProbMismatch | None:
+        """|trainer - engine| log-prob over the loss tokens of this rank's share (last stage; None for SFT)."""
         if not self.ps.is_pipeline_last_stage() or self.config.sft:
             return None
         total, worst, count = 0.0, 0.0, 0.0
@@ -264,12 +271,12 @@ class TrainActor:
             total += float(diff.sum())
             worst = max(worst, float(diff.max()))
             count += float(batch.loss_mask.sum())
-        return total, worst, count
+        return LogProbMismatch(total, worst, count)
 
     @torch.no_grad()
-    def eval_loss(self, sequences: list[TrainSequence]) -> tuple[float, float] | None:
-        """(summed negative log-likelihood, token count) of ``sequences``' trained tokens under the current
-        weights, forward only, in the training micro-batches; last pipeline stage, TP rank 0 (None elsewhere)."""
+    def eval_loss(self, sequences: list[TrainSequence]) -> LossSum:
+        """The summed negative log-likelihood and count of ``sequences``' trained tokens under the current
+        weights, forward only, in the training micro-batches; zeros from ranks that do not report."""
         t = self.config.trainer
         device = self._device()
         batches = [b.to(device) for b in micro_batches(
@@ -282,9 +289,7 @@ class TrainActor:
             if log_probs is not None:
                 total -= float((log_probs.float() * batch.loss_mask).sum())
                 count += float(batch.loss_mask.sum())
-        if not self.ps.is_pipeline_last_stage() or self.ps.get_tensor_model_parallel_rank() != 0:
-            return None
-        return total, count
+        return LossSum(total, count) if self._reports() else LossSum()
 
     # ---- weights out: engines and checkpoints --------------------------------------------------------------
 
