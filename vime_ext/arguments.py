@@ -20,7 +20,8 @@ from vime_ext.engines.servers import ROUTER_POLICIES, split_vllm_args
 from vime_ext.flags import CliParser, add_dataclass_flags, dataclass_from_args, flag_name
 from vime_ext.flags import help_field as _help
 from vime_ext.models.model_config import ModelShape, ParallelConfig
-from vime_ext.rollout.config import RolloutConfig
+from vime_ext.rollout.config import RolloutConfig, sampling_params
+from vime_ext.rollout.failures import POLICIES
 
 
 class ConfigError(ValueError):
@@ -407,10 +408,7 @@ def _check(config: TrainConfig) -> None:
     if a.advantage_estimator == "ppo" and a.trajectory_advantage == "split":
         problems.append("--trajectory-advantage split divides GRPO advantages; PPO's come from the critic per "
                         "sequence")
-    if r.dynamic_sampling_filter_path and r.over_sampling_batch_size is not None \
-            and r.over_sampling_batch_size < r.rollout_batch_size:
-        problems.append(f"--over-sampling-batch-size {r.over_sampling_batch_size} is below --rollout-batch-size "
-                        f"{r.rollout_batch_size}")
+    problems += rollout_problems(r)
     if a.advantage_estimator != "ppo":
         defaults = AlgorithmConfig()
         problems += [f"{flag_name(k)} is a PPO setting; it needs --advantage-estimator ppo"
@@ -463,6 +461,8 @@ def _check(config: TrainConfig) -> None:
         problems.append(f"--router-policy {cl.router_policy!r} is not one of {ROUTER_POLICIES}")
     if t.recompute_num_layers is not None and t.recompute_granularity != "full":
         problems.append("--recompute-num-layers needs --recompute-granularity full")
+    if t.sequence_parallel and t.tensor_model_parallel_size == 1:
+        problems.append("--sequence-parallel needs --tensor-model-parallel-size 2 or more")
     if t.sequence_parallel:
         from vime_ext.models.model_config import default_attention
 
@@ -473,7 +473,7 @@ def _check(config: TrainConfig) -> None:
         problems.append("--log-probs-max-tokens-per-gpu must be at least 1")
     if t.use_dynamic_batch_size != (t.max_tokens_per_gpu is not None):
         problems.append("--use-dynamic-batch-size and --max-tokens-per-gpu go together")
-    if config.samples_per_rollout % config.global_batch_size:
+    if config.global_batch_size >= 1 and config.samples_per_rollout % config.global_batch_size:  # < 1: said above
         problems.append(f"--rollout-batch-size x --n-samples-per-prompt = {config.samples_per_rollout} samples "
                         f"do not split into --global-batch-size {config.global_batch_size}")
     dp = max(config.data_parallel_size, 1)
@@ -531,6 +531,43 @@ def _check(config: TrainConfig) -> None:
         raise ConfigError("\n  ".join(["invalid flags:", *problems]))
 
 
+def rollout_problems(r: RolloutConfig) -> list[str]:
+    """What is wrong with the rollout flags (also for configs built in code, as evaluate.py does)."""
+    problems = [f"{flag_name(name)} must be at least 1, got {getattr(r, name)}"
+                for name in ("rollout_batch_size", "n_samples_per_prompt", "rollout_max_response_len")
+                if getattr(r, name) < 1]
+    if r.over_sampling_batch_size is not None:
+        if r.dynamic_sampling_filter_path is None:
+            problems.append("--over-sampling-batch-size needs --dynamic-sampling-filter-path")
+        if r.over_sampling_batch_size < 1:
+            problems.append(f"--over-sampling-batch-size must be at least 1, got {r.over_sampling_batch_size}")
+        elif r.over_sampling_batch_size < r.rollout_batch_size:
+            problems.append(f"--over-sampling-batch-size {r.over_sampling_batch_size} is below "
+                            f"--rollout-batch-size {r.rollout_batch_size}")
+    if r.failed_sample_policy not in POLICIES:
+        problems.append(f"--failed-sample-policy {r.failed_sample_policy!r} is not one of {POLICIES}")
+    if not 0.0 <= r.max_failed_fraction <= 1.0:
+        problems.append(f"--max-failed-fraction {r.max_failed_fraction} is not in [0, 1]")
+    if r.rollout_sample_timeout < 0:
+        problems.append(f"--rollout-sample-timeout must be 0 (no limit) or positive, got {r.rollout_sample_timeout}")
+    if r.overlong_buffer_len is not None and not 0 < r.overlong_buffer_len <= r.rollout_max_response_len:
+        problems.append(f"--overlong-buffer-len {r.overlong_buffer_len} must lie in [1, --rollout-max-response-len "
+                        f"{r.rollout_max_response_len}]")
+    if r.partial_rollout and not r.async_training:
+        problems.append("--partial-rollout continues replies across weight pushes made during a rollout, which "
+                        "only --async-training makes; add it, or drop --partial-rollout")
+    if r.max_staleness is not None:
+        if not r.async_training:
+            problems.append("--max-staleness bounds --async-training; add it, or drop --max-staleness")
+        if r.max_staleness < 0:
+            problems.append(f"--max-staleness must be 0 or more, got {r.max_staleness}")
+    try:
+        sampling_params(r).validate()
+    except ValueError as err:
+        problems.append(str(err))
+    return problems
+
+
 def _plugin_problems(r: RolloutConfig) -> list[str]:
     """Every plug-in flag imported and its signature checked here, so that a typo stops the run in a second
     rather than after the model is loaded and the engines are up."""
@@ -583,10 +620,7 @@ def parse_train_args(argv: list[str] | None = None) -> TrainConfig:
     own, vllm_args = split_vllm_args(list(sys.argv[1:] if argv is None else argv))
     parser = build_parser()
     args = parser.parse_args(own)
-    try:  # a section's own checks (RolloutConfig's) raise ValueError
-        sections = {name.replace(" ", "_"): dataclass_from_args(cls, args) for name, cls in SECTIONS.items()}
-    except ValueError as err:
-        raise ConfigError(str(err)) from err
+    sections = {name.replace(" ", "_"): dataclass_from_args(cls, args) for name, cls in SECTIONS.items()}
     shape_flags: ModelShapeFlags = sections.pop("model_shape")
     given = {a.dest for a in parser._actions if any(s in own for s in a.option_strings)}
     hf_dir = sections["checkpoint"].hf_checkpoint
@@ -604,11 +638,7 @@ def parse_train_args(argv: list[str] | None = None) -> TrainConfig:
                                                                               "weight_version"})
         except ValueError as err:
             raise ConfigError(str(err)) from err
-    try:
-        config = TrainConfig(**sections, shape=shape, vllm_args=tuple(vllm_args), custom=custom)
-        config.trainer.parallel  # ParallelConfig's own checks
-    except ValueError as err:  # a section's own check (ParallelConfig, RolloutConfig)
-        raise ConfigError(str(err)) from err
+    config = TrainConfig(**sections, shape=shape, vllm_args=tuple(vllm_args), custom=custom)
     if vllm_args and config.cluster.engine_backend != "vllm":
         raise ConfigError(f"--vllm-* flags {vllm_args} given but --engine-backend is {config.cluster.engine_backend}")
     if config.data.num_epoch is not None:
@@ -632,5 +662,5 @@ def _rollouts_from_epochs(config: TrainConfig, num_rollout_given: bool) -> Train
         records = len(config.read_data(d.prompt_data))
     except (DataError, OSError) as err:
         raise ConfigError(str(err)) from err
-    rollouts = math.ceil(d.num_epoch * records / config.rollout.rollout_batch_size)
+    rollouts = math.ceil(d.num_epoch * records / max(config.rollout.rollout_batch_size, 1))  # < 1: _check says
     return replace(config, data=replace(d, num_rollout=rollouts))

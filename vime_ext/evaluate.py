@@ -15,7 +15,7 @@ import sys
 
 import numpy as np
 
-from vime_ext.arguments import EvalConfig
+from vime_ext.arguments import EvalConfig, rollout_problems
 from vime_ext.data.prompt_dataset import read_jsonl
 from vime_ext.engines.servers import EngineConfig, launch_engine, split_vllm_args, wait_until_serving
 from vime_ext.rollout.config import RolloutConfig
@@ -38,6 +38,9 @@ def evaluate(hf_dir: str, prompt_data: str, reward_path: str = "vime_ext.agent.r
     rollout = RolloutConfig(rollout_batch_size=len(records), n_samples_per_prompt=n_samples,
                             rollout_max_response_len=max_response_len, custom_rm_path=reward_path,
                             custom_generate_function_path=generate_path, custom_config_path=custom_config_path)
+    problems = rollout_problems(rollout)
+    if problems:
+        raise ValueError("; ".join(problems))
     settings = EvalConfig(n_samples_per_eval_prompt=n_samples, eval_max_response_len=max_response_len,
                           eval_temperature=temperature)
     names = {f.name for section in (rollout, settings) for f in fields(section)}

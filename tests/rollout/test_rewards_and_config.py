@@ -4,7 +4,7 @@ import pytest
 
 from vime_ext.agent.rewards import boxed_exact_match, last_boxed, overlong_penalty
 from vime_ext.agent.sample import Sample
-from vime_ext.arguments import parse_train_args
+from vime_ext.arguments import parse_train_args, rollout_problems
 from vime_ext.data.synthetic import write_jsonl
 from vime_ext.rollout.config import RolloutConfig, sampling_params
 from vime_ext.rollout.plugins import load_function
@@ -40,10 +40,11 @@ def test_config_from_flags_and_refusals(tiny_hf_dirs, tmp_path):
                                "--rollout-temperature", "0.7", "--rollout-stop", "</answer>"]).rollout
     assert config.n_samples_per_prompt == 8 and config.rollout_stop == ("</answer>",)
     assert sampling_params(config).temperature == 0.7
+    flags = ["--hf-checkpoint", str(tiny_hf_dirs["llama"]), "--prompt-data", str(data)]
     with pytest.raises(ValueError, match="--n-samples-per-prompt must be at least 1"):
-        RolloutConfig(n_samples_per_prompt=0)
+        parse_train_args([*flags, "--n-samples-per-prompt", "0"])
     with pytest.raises(ValueError, match="top_p=1.5"):
-        RolloutConfig(rollout_top_p=1.5)
+        parse_train_args([*flags, "--rollout-top-p", "1.5"])
 
 
 def test_dotted_paths_fail_with_the_flag_name():
@@ -78,8 +79,8 @@ def test_overlong_penalty_is_dapos_linear_ramp():
     for sample in (long, short):
         penalize_overlong(args, sample)
     assert (long.reward, long.metrics["overlong_penalty"]) == (0.25, -0.75) and short.reward == 1.0
-    with pytest.raises(ValueError, match=r"--overlong-buffer-len 20 must lie in \[1, --rollout-max-response-len 16\]"):
-        RolloutConfig(rollout_max_response_len=16, overlong_buffer_len=20)
+    assert rollout_problems(RolloutConfig(rollout_max_response_len=16, overlong_buffer_len=20)) == [
+        "--overlong-buffer-len 20 must lie in [1, --rollout-max-response-len 16]"]
 
 
 def test_overlong_penalty_matches_verls_dapo_reward_manager():

@@ -55,7 +55,7 @@ def test_typed_sections_and_vllm_pass_through(base):
     (["--advantage-estimator", "ppo", "--num-critic-only-steps", "1"], "leaves no rollout"),
     (["--advantage-estimator", "ppo", "--critic-load", "/nonexistent"], "--critic-load /nonexistent: no such"),
     (["--no-ray", "--actor-num-gpus-per-node", "2"], "--no-ray runs one trainer rank"),
-    (["--sequence-parallel"], "sequence_parallel needs tensor_model_parallel_size > 1"),
+    (["--sequence-parallel"], "--sequence-parallel needs --tensor-model-parallel-size 2 or more"),
     (["--engine-backend", "hf", "--vllm-enforce-eager"], "--engine-backend is hf"),
     (["--num-layers", "5"], "--num-layers 5 but"),
     (["--recompute-num-layers", "2"], "needs --recompute-granularity full"),
@@ -92,6 +92,20 @@ def test_contradictions_fail_fast(base, flags, message):
         pytest.skip("without GPUs only: on a GPU machine the engines may have GPUs of their own")
     with pytest.raises(ConfigError, match=message.replace("+", r"\+")):
         parse_train_args(base + flags)
+
+
+def test_one_check_names_every_problem_of_every_section(base):
+    """Rollout, parallel, optimizer and checkpoint rules are checked in one place, so a run with several
+    mistakes hears of all of them at once."""
+    with pytest.raises(ConfigError) as err:
+        parse_train_args(base + ["--n-samples-per-prompt", "0", "--partial-rollout", "--sequence-parallel",
+                                 "--min-lr", "1", "--save-interval", "2"])
+    lines = str(err.value).splitlines()
+    assert lines[0] == "invalid flags:" and len(lines) >= 6, lines
+    for expected in ("--n-samples-per-prompt must be at least 1", "--partial-rollout continues",
+                     "--sequence-parallel needs --tensor-model-parallel-size 2 or more", "--min-lr 1.0 is above",
+                     "--save-interval needs --save"):
+        assert any(expected in line for line in lines), (expected, lines)
 
 
 def test_ppo_flags_parse(base):

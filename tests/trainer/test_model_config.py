@@ -57,7 +57,7 @@ def test_parallel_layouts_that_cannot_split_are_refused():
     with pytest.raises(ValueError, match="num_query_groups=2 is not divisible by tensor_model_parallel_size=4"):
         transformer_config(shape, ParallelConfig(tensor_model_parallel_size=4))
     with pytest.raises(ValueError, match="sequence_parallel needs tensor_model_parallel_size > 1"):
-        ParallelConfig(sequence_parallel=True)
+        transformer_config(shape, ParallelConfig(sequence_parallel=True))
     with pytest.raises(ValueError, match="sequence_parallel needs Transformer Engine"):
         build_gpt_model(shape, ParallelConfig(2, 1, True), attention="local")
 

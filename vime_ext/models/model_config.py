@@ -97,9 +97,6 @@ class ParallelConfig:
         """Ranks that hold one copy of the model (TP x PP)."""
         return self.tensor_model_parallel_size * self.pipeline_model_parallel_size
 
-    def __post_init__(self):
-        if self.sequence_parallel and self.tensor_model_parallel_size == 1:
-            raise ValueError("sequence_parallel needs tensor_model_parallel_size > 1")
 
 
 def padded_vocab_size(shape: ModelShape, tp: int) -> int:
@@ -122,6 +119,8 @@ def transformer_config(
     pipeline stage (megatron's "block" method: memory for speed in between)."""
     from megatron.core.transformer import TransformerConfig
 
+    if parallel.sequence_parallel and parallel.tensor_model_parallel_size == 1:
+        raise ValueError("sequence_parallel needs tensor_model_parallel_size > 1")
     if shape.num_layers % parallel.pipeline_model_parallel_size:
         raise ValueError(
             f"num_layers={shape.num_layers} is not divisible by "

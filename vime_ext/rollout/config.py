@@ -4,7 +4,6 @@ from dataclasses import dataclass
 
 from vime_ext.engines.protocol import SamplingParams
 from vime_ext.flags import help_field as _help
-from vime_ext.rollout.failures import POLICIES
 
 
 @dataclass(frozen=True)
@@ -56,35 +55,6 @@ class RolloutConfig:
         "tagged with the version that sampled it (the staleness bound holds for the oldest)", False)
     rollout_sample_timeout: float = _help("seconds one sample's generate and reward may take before it fails "
                                           "(0: no limit)", 3600.0)
-
-    def __post_init__(self):
-        for name in ("rollout_batch_size", "n_samples_per_prompt", "rollout_max_response_len"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-        if self.over_sampling_batch_size is not None:
-            if self.dynamic_sampling_filter_path is None:
-                raise ValueError("--over-sampling-batch-size needs --dynamic-sampling-filter-path")
-            if self.over_sampling_batch_size < 1:
-                raise ValueError(f"--over-sampling-batch-size must be at least 1, got {self.over_sampling_batch_size}")
-        if self.failed_sample_policy not in POLICIES:
-            raise ValueError(f"--failed-sample-policy {self.failed_sample_policy!r} is not one of {POLICIES}")
-        if not 0.0 <= self.max_failed_fraction <= 1.0:
-            raise ValueError(f"--max-failed-fraction {self.max_failed_fraction} is not in [0, 1]")
-        if self.rollout_sample_timeout < 0:
-            raise ValueError(f"--rollout-sample-timeout must be 0 (no limit) or positive, got "
-                             f"{self.rollout_sample_timeout}")
-        if self.overlong_buffer_len is not None and not 0 < self.overlong_buffer_len <= self.rollout_max_response_len:
-            raise ValueError(f"--overlong-buffer-len {self.overlong_buffer_len} must lie in [1, "
-                             f"--rollout-max-response-len {self.rollout_max_response_len}]")
-        if self.partial_rollout and not self.async_training:
-            raise ValueError("--partial-rollout continues replies across weight pushes made during a rollout, which "
-                             "only --async-training makes; add it, or drop --partial-rollout")
-        if self.max_staleness is not None:
-            if not self.async_training:
-                raise ValueError("--max-staleness bounds --async-training; add it, or drop --max-staleness")
-            if self.max_staleness < 0:
-                raise ValueError(f"--max-staleness must be 0 or more, got {self.max_staleness}")
-        sampling_params(self).validate()
 
     @property
     def staleness_bound(self) -> int:
