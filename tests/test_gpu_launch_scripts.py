@@ -166,3 +166,23 @@ def test_multi_gpu_parts_are_named_and_need_two_gpus(tmp_path):
     done = subprocess.run(["bash", str(ROOT / "tools/run_multi_gpu.sh"), "everything"], env=env,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "usage: run_multi_gpu.sh tests|nccl|scaling|colocate" in done.stderr
+
+
+@pytest.mark.parametrize("layout", ["resident", "split"])
+def test_the_async_benchmark_runs_the_script_in_either_layout(layout, tmp_path):
+    work = tmp_path / "work"
+    stand_in_checkpoints(work / "qwen3-4b-random", work / "qwen3-4b-random_torch_dist")
+    data = work / "mem_agent_data" / "hotpotqa_train_tail.jsonl"
+    data.parent.mkdir(parents=True)
+    data.write_text("")
+    args, _ = run_with_stand_ins(tmp_path, "tools/gpu_recipe.sh",
+                                 {"WORK": str(work), "ASYNC_LAYOUT": layout, "ASYNC_K": "1", "PARTIAL": "1",
+                                  "STAND_IN_GPUS": "4"}, "async_bench")
+    assert last(args, "--max-staleness") == "1" and "--async-training" in args and "--partial-rollout" in args
+    assert last(args, "--prompt-data") == str(data) and last(args, "--num-rollout") == "6"
+    assert "--save" not in args  # SAVE_INTERVAL=0: nothing saved
+    assert last(args, "--actor-num-gpus-per-node") == "1"
+    if layout == "split":
+        assert "--colocate" not in args and last(args, "--rollout-num-gpus") == "1"
+    else:
+        assert "--colocate" in args and last(args, "--vllm-gpu-memory-utilization") == "0.3"

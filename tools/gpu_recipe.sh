@@ -19,7 +19,9 @@
 # and synchronous against asynchronous training, engine and trainer resident on one GPU (tools/async_table.py):
 #   ... gpu_recipe.sh async_bench       # ENGINE_MEMORY (default 0.3) is the engine's share of the GPU;
 #                                       # PARTIAL=1: the K = 1 run with --partial-rollout; ASYNC_ROLLOUTS
-#                                       # (default 6) rollouts each; MemAgent on items of 1 to 9 chunks
+#                                       # (default 6) rollouts each; MemAgent on items of 1 to 9 chunks;
+#                                       # ASYNC_LAYOUT=split: trainer and engine on GPUs of their own
+#   ... gpu_recipe.sh async_split       # 4 GPUs: both split runs at once (2 GPUs each), then the table
 # or all of the above on one machine of 2 or more GPUs, as one background job (a device lease is 30 minutes):
 #   bash tools/gpu_recipe.sh all   # progress in VIME_EXT_OUT/all.log; with 4 GPUs, the two-GPU tests and the
 #                                  # async pair run on GPUs 2-3 while the loops and evals use GPUs 0-1, then
@@ -28,7 +30,7 @@
 # (one GPU: colocated, optimizer offload); any of the script's variables may be set around this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-STAGE=${1:?usage: gpu_recipe.sh prepare|train|eval|train_only|replay|weight_sync|table|both|async_bench|all [flags]}
+STAGE=${1:?usage: gpu_recipe.sh prepare|train|eval|train_only|replay|weight_sync|table|both|async_bench|async_split|all [flags]}
 shift
 EXAMPLE=${EXAMPLE:-mem_agent}
 WORK=${WORK:-/tmp/gpu_recipe}
@@ -110,9 +112,15 @@ both_eval() {
   return "${status}"
 }
 
+# async_dir K: where async_bench's run with bound K keeps its metrics (one folder per layout)
+async_dir() {
+  echo "${WORK}/${EXAMPLE}_async$([ "${ASYNC_LAYOUT:-resident}" = split ] && echo _split)_k$1"
+}
+
 async_table() {
-  python tools/async_table.py --sync "${WORK}/${EXAMPLE}_async_k0/tensorboard/metrics.jsonl" \
-    --async "${WORK}/${EXAMPLE}_async_k1/tensorboard/metrics.jsonl" | tee "${OUT_DIR}/${EXAMPLE}_async_table.md"
+  python tools/async_table.py --sync "$(async_dir 0)/tensorboard/metrics.jsonl" \
+    --async "$(async_dir 1)/tensorboard/metrics.jsonl" \
+    | tee "${OUT_DIR}/$(basename "$(async_dir table)").md"
 }
 
 # Everything above on one machine of 2 or more GPUs, ordered to keep the GPUs busy: prepare; both loops colocated
@@ -174,7 +182,8 @@ loop_parts() {
 async_pair() {
   local pids=() k
   for k in 0 1; do
-    ASYNC_K=${k} ACTOR_GPUS=1 stage mem_agent "${CUDA_VISIBLE_DEVICES}" "mem_agent_async_k${k}" async_bench "$@" &
+    ASYNC_K=${k} stage mem_agent "${CUDA_VISIBLE_DEVICES}" "$(EXAMPLE=mem_agent async_dir "${k}" | xargs basename)_stage" \
+      async_bench "$@" &
     pids+=($!)
   done
   wait "${pids[@]}" || true
@@ -243,19 +252,30 @@ case "${STAGE}" in
       --replay "${OUT_DIR}/${EXAMPLE}_replay.json" --train-only "${OUT_DIR}/${EXAMPLE}_train_only_metrics.jsonl" \
       --weight-sync "${OUT_DIR}/weight_sync_ipc.json" | tee "${OUT_DIR}/${EXAMPLE}_loop_efficiency.md" ;;
   async_bench)
-    # The same flags twice, colocated and resident (--async-training keeps both on the GPU): K = 0 (the
-    # synchronous steps in the same memory split) and K = 1; no save. ASYNC_K picks one (two GPUs: one each).
+    # The same flags twice, no save: K = 0 (the synchronous steps in the same layout) and K = 1. ASYNC_LAYOUT
+    # resident (default): colocated, trainer and engine side by side on one GPU (--async-training keeps both
+    # there), the engine's share ENGINE_MEMORY (default 0.3); split: the trainer on one GPU, the engine on
+    # another. ASYNC_K picks one of the two runs (to run them at once on GPUs of their own).
     for k in ${ASYNC_K:-0 1}; do
-      SAVE_PATH=${WORK}/${EXAMPLE}_async_k${k} SAVE_INTERVAL=1000000 COLOCATE=1 ENGINE_MEMORY=${ENGINE_MEMORY:-0.3} \
-        NUM_ROLLOUT=${ASYNC_ROLLOUTS:-6} TRAIN_DATA=$([ "${EXAMPLE}" = mem_agent ] \
-          && echo "${DATA_ROOT}/hotpotqa_train_tail.jsonl" || echo "${TRAIN_DATA}") \
+      if [ "${ASYNC_LAYOUT:-resident}" = split ]; then
+        layout=(COLOCATE=0 ACTOR_GPUS=1 ROLLOUT_GPUS=1)
+      else
+        layout=(COLOCATE=1 ACTOR_GPUS=1 "ENGINE_MEMORY=${ENGINE_MEMORY:-0.3}")
+      fi
+      env "${layout[@]}" SAVE_PATH="$(async_dir "${k}")" SAVE_INTERVAL=0 NUM_ROLLOUT="${ASYNC_ROLLOUTS:-6}" \
+        TRAIN_DATA="$([ "${EXAMPLE}" = mem_agent ] && echo "${DATA_ROOT}/hotpotqa_train_tail.jsonl" \
+          || echo "${TRAIN_DATA}")" \
         bash "examples/${EXAMPLE}/run-qwen3-4b-train.sh" --async-training --max-staleness "${k}" \
         $([ "${k}" -gt 0 ] && [ "${PARTIAL:-0}" = 1 ] && echo --partial-rollout) "$@" 2>&1 \
-        | tee "${OUT_DIR}/${EXAMPLE}_async_k${k}.log" | grep --line-buffered -v "it/s\]\|s/it\]"
+        | tee "${OUT_DIR}/$(basename "$(async_dir "${k}")").log" | grep --line-buffered -v "it/s\]\|s/it\]"
     done
     if [ -z "${ASYNC_K:-}" ]; then async_table; fi ;;
+  async_split)
+    # Both halves of async_bench at once with ASYNC_LAYOUT=split on 4 GPUs: K = 0 and K = 1, each on a trainer
+    # GPU and an engine GPU of its own, one Ray head over all four.
+    ASYNC_LAYOUT=split on_ray "${CUDA_VISIBLE_DEVICES:-0,1,2,3}" 6393 async_pair "$@" ;;
   all)
     everything "$@" ;;
-  *) echo "usage: gpu_recipe.sh prepare|train|eval|train_only|replay|weight_sync|table|both|async_bench|all" >&2
+  *) echo "usage: gpu_recipe.sh prepare|train|eval|train_only|replay|weight_sync|table|both|async_bench|async_split|all" >&2
      exit 2 ;;
 esac
