@@ -1,27 +1,132 @@
-"""Evaluate an HF checkpoint (e.g. a trained iteration converted back with tools/convert_torch_dist_to_hf.py) on
-prompt data with a reward function, through a real engine.
+"""Evaluation through a served engine, with the same plug-ins as training in evaluation mode. One loop,
+``evaluate_items``, runs every evaluator: this module's reward-based ``evaluate`` (``python -m vime_ext.evaluate``,
+MemUpdate's ``eval_mem_update``) and MemAgent's RULER-HQA lengths.
 
     python -m vime_ext.evaluate --hf-checkpoint DIR --prompt-data FILE.jsonl [--custom-rm-path MOD.fn]
         [--engine-backend vllm|hf] [--n-samples-per-prompt 1] [--rollout-max-response-len 64] [--temperature 0]
         [--custom-generate-function-path MOD.fn] [--custom-config-path FILE] [--engine-dtype float32]
-        [--engine-max-model-len N] [--vllm-X ...: vLLM's --X]
+        [--engine-max-model-len N] [--results FILE.jsonl] [--vllm-X ...: vLLM's --X]
 
-The same plug-ins as training run here, in evaluation mode (``evaluation=True``).
+With ``--results`` every finished sample is written there as it finishes, and a second run of the same command
+skips what is there (a line cut by a kill is dropped and its item run again).
 """
 
 import argparse
+import asyncio
+import contextlib
 import json
 import sys
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
+from vime_ext.agent.sample import TRAINABLE, Sample
 from vime_ext.arguments import EvalConfig, rollout_problems
 from vime_ext.data.prompt_dataset import read_jsonl
+from vime_ext.engines.client import RolloutClient
+from vime_ext.engines.protocol import SamplingParams
 from vime_ext.engines.servers import EngineConfig, launch_engine, split_vllm_args, wait_until_serving
-from vime_ext.rollout.config import RolloutConfig
-from vime_ext.rollout.data_source import DataSource
-from vime_ext.rollout.plugins import load_custom_config, plugin_args
-from vime_ext.rollout.rollout import rollout_metrics, run_rollout
+from vime_ext.rollout.config import RolloutConfig, sampling_params
+from vime_ext.rollout.debug_data import sample_from_dict
+from vime_ext.rollout.failures import plugin_failure
+from vime_ext.rollout.plugins import PluginArgs, call_plugin, load_custom_config, load_function, plugin_args
+from vime_ext.rollout.rollout import apply_reward, penalize_overlong, rollout_metrics
+from vime_ext.rollout.validate import check_sample, fold_trajectory
+
+
+@contextlib.contextmanager
+def served(config: EngineConfig, url: str | None = None, timeout_s: float = 1800) -> Iterator[str]:
+    """The URL of an engine serving ``config``'s model: ``url`` when one is running already, else an engine
+    started here and stopped on leaving."""
+    if url is not None:
+        yield url
+        return
+    engine = launch_engine(config)
+    try:
+        wait_until_serving([engine], timeout_s=timeout_s)
+        yield engine.url
+    finally:
+        engine.stop()
+
+
+def read_rows(path: Path) -> dict[str, dict]:
+    """The rows already in ``path``, by ``_id``; a torn last line (a kill mid-write) is dropped from the file."""
+    if not path.is_file():
+        return {}
+    done, keep = {}, []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and "_id" in row and str(row["_id"]) not in done:
+            done[str(row["_id"])] = row
+            keep.append(line)
+    path.write_text("".join(line + "\n" for line in keep), encoding="utf-8")
+    return done
+
+
+@dataclass
+class EvalPass:
+    """Every item's row (those of earlier runs included), and the samples that failed in this run."""
+
+    rows: dict[str, dict]
+    failed: list[Sample]
+
+
+Row = Callable[[str, Sample], Awaitable[dict]]
+
+
+async def evaluate_items(args: PluginArgs, url: str, items: list[tuple[str, Sample]], generate: Callable,
+                         row: Row, params: SamplingParams, out: Path, n_proc: int = 16, force: bool = False,
+                         desc: str = "eval") -> EvalPass:
+    """The evaluation loop: each ``(id, sample)`` not yet in ``out`` through ``generate`` (a generate plug-in,
+    called with ``evaluation=True``), at most ``n_proc`` at once; a finished sample's ``row(id, sample)`` (its
+    score; ``_id`` is set to the id) is appended to ``out`` as soon as it is made, so a kill loses only the items
+    in flight. A sample that the engine or a plug-in failed is listed in ``out``'s ``.failed.jsonl`` and run
+    again next time, never scored."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if force:
+        out.unlink(missing_ok=True)
+    rows = read_rows(out)
+    todo = [(item_id, slot) for item_id, slot in items if item_id not in rows]
+    failed: list[tuple[str, Sample]] = []
+    semaphore = asyncio.Semaphore(n_proc)
+    progress = tqdm(total=len(todo), desc=f"{desc} ({len(rows)} done before)", unit="item")
+    client = RolloutClient(url, max_concurrency=max(n_proc, 1) * 2, timeout_s=1800)
+    args.rollout_client, args.loop = client, asyncio.get_running_loop()
+    try:
+        with out.open("a", encoding="utf-8") as sink:
+            async def one(item_id: str, slot: Sample) -> None:
+                sample = slot
+                try:
+                    async with semaphore:
+                        sample = fold_trajectory(slot, await call_plugin(generate, args, slot, params,
+                                                                         evaluation=True))
+                    if sample.status in TRAINABLE:
+                        scored = {**await row(item_id, sample), "_id": item_id}
+                        sink.write(json.dumps(scored, default=repr) + "\n")
+                        sink.flush()  # one whole line per item
+                        rows[item_id] = scored
+                    else:
+                        failed.append((item_id, sample))
+                except Exception as err:  # noqa: BLE001 (a plug-in's error fails this item, not the pass)
+                    failed.append((item_id, plugin_failure(sample, err, None)))
+                finally:
+                    progress.update(1)
+
+            await asyncio.gather(*(one(item_id, slot) for item_id, slot in todo))
+    finally:
+        progress.close()
+        args.rollout_client = args.loop = None
+        await client.close()
+    failed_file = out.with_name(out.name.removesuffix(".jsonl") + ".failed.jsonl")
+    failed_file.write_text("".join(json.dumps({"_id": item_id, "status": s.status.value, "error": s.error}) + "\n"
+                                   for item_id, s in failed), encoding="utf-8")
+    return EvalPass(rows, [s for _, s in failed])
 
 
 def evaluate(hf_dir: str, prompt_data: str, reward_path: str = "vime_ext.agent.rewards.boxed_exact_match",
@@ -29,7 +134,12 @@ def evaluate(hf_dir: str, prompt_data: str, reward_path: str = "vime_ext.agent.r
              engine_args: list[str] | None = None, log_dir: str | None = None,
              generate_path: str = "vime_ext.agent.generate.generate",
              custom_config_path: str | None = None, dtype: str = "auto",
-             max_model_len: int | None = None) -> dict[str, float]:
+             max_model_len: int | None = None, results: str | None = None, force: bool = False,
+             n_proc: int = 64) -> dict[str, float]:
+    """``n_samples`` answers to each prompt of ``prompt_data`` from the model at ``hf_dir``, each rewarded by
+    ``reward_path``; the rollout metrics of all (``eval/...``). ``results``: a JSONL kept across runs, one
+    rewarded sample a line, so that a second run goes on where the first stopped (``force``: start it afresh)."""
+    import tempfile
     from dataclasses import fields
 
     from transformers import AutoTokenizer
@@ -47,14 +157,26 @@ def evaluate(hf_dir: str, prompt_data: str, reward_path: str = "vime_ext.agent.r
     custom = load_custom_config(custom_config_path, names) if custom_config_path else {}
     args = plugin_args([rollout, settings], custom)
     args.tokenizer = AutoTokenizer.from_pretrained(hf_dir)
-    engine = launch_engine(EngineConfig(hf_dir, backend=backend, dtype=dtype, max_model_len=max_model_len,
-                                        extra_args=list(engine_args or []), log_dir=log_dir))
-    try:
-        wait_until_serving([engine], timeout_s=900)
-        output = run_rollout(args, engine.url, 0, DataSource(records, n_samples, len(records)), evaluation=True)
-    finally:
-        engine.stop()
-    samples = [s for g in output.groups for s in g]
+    generate = load_function(generate_path, "--custom-generate-function-path")
+    reward = load_function(reward_path, "--custom-rm-path")
+    items = [(f"{r.source}#{k}", Sample(prompt=r.prompt, label=r.label, metadata={**r.metadata, "source": r.source},
+                                        group_index=g, index=g * n_samples + k))
+             for g, r in enumerate(records) for k in range(n_samples)]
+
+    async def rewarded(_: str, sample: Sample) -> dict:
+        apply_reward(sample, await call_plugin(reward, args, sample))
+        penalize_overlong(args, sample)
+        check_sample(sample)
+        return asdict(sample)
+
+    engine = EngineConfig(hf_dir, backend=backend, dtype=dtype, max_model_len=max_model_len,
+                          extra_args=list(engine_args or []), log_dir=log_dir)
+    with tempfile.TemporaryDirectory() as scratch, served(engine, timeout_s=900) as url:
+        out = Path(results) if results else Path(scratch) / "samples.jsonl"
+        done = asyncio.run(evaluate_items(args, url, items, generate, rewarded, sampling_params(args, True), out,
+                                          n_proc, force))
+    samples = [sample_from_dict({k: v for k, v in row.items() if k != "_id"}, f"{out}: {item_id}")
+               for item_id, row in done.rows.items()] + done.failed
     return {**rollout_metrics(samples, "eval"), "eval/samples": float(len(samples)),
             "eval/reward_sem": float(np.std([s.reward or 0.0 for s in samples]) / np.sqrt(len(samples)))}
 
@@ -72,13 +194,14 @@ def main(argv=None) -> dict[str, float]:
     parser.add_argument("--custom-config-path", default=None, help="YAML or JSON plug-in settings")
     parser.add_argument("--engine-dtype", default="auto", help="the engine's weights and activations")
     parser.add_argument("--engine-max-model-len", type=int, default=None, help="the engine's context length")
+    parser.add_argument("--results", default=None, help="JSONL of the rewarded samples, kept across runs")
     own, vllm_args = split_vllm_args(sys.argv[1:] if argv is None else list(argv))  # --vllm-X: the engine's --X
     args = parser.parse_args(own)
     result = evaluate(args.hf_checkpoint, args.prompt_data, args.custom_rm_path, args.engine_backend,
                       args.n_samples_per_prompt, args.rollout_max_response_len, args.temperature,
                       engine_args=vllm_args, generate_path=args.custom_generate_function_path,
                       custom_config_path=args.custom_config_path, dtype=args.engine_dtype,
-                      max_model_len=args.engine_max_model_len)
+                      max_model_len=args.engine_max_model_len, results=args.results)
     print(json.dumps(result, indent=1))
     return result
 

@@ -23,36 +23,16 @@ import json
 import sys
 from pathlib import Path
 
-from tqdm import tqdm
-
 from examples.mem_agent.data import read_eval_file
 from examples.mem_agent.rollout import MemSettings, generate
 from examples.mem_agent.scoring import exact_match, extract_answer, substring_match
 from vime_ext.agent.rewards import token_f1 as f1
-from vime_ext.agent.sample import TRAINABLE, Sample
-from vime_ext.engines.client import RolloutClient
+from vime_ext.agent.sample import Sample
 from vime_ext.engines.protocol import SamplingParams
+from vime_ext.evaluate import evaluate_items, served
 from vime_ext.rollout.plugins import load_custom_config, plugin_args
-from vime_ext.rollout.validate import fold_trajectory
 
 JUDGES = ("judge_f1", "judge_em", "judge_sub_em")
-
-
-def read_done(path: Path) -> dict[str, dict]:
-    """Items already scored in ``path`` by ``_id``; a torn last line (a kill mid-write) is dropped from the file."""
-    if not path.is_file():
-        return {}
-    done, keep = {}, []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(row, dict) and "_id" in row and str(row["_id"]) not in done:
-            done[str(row["_id"])] = row
-            keep.append(line)
-    path.write_text("".join(line + "\n" for line in keep), encoding="utf-8")
-    return done
 
 
 def score_row(item, entry: dict, response: str, answer_format: str) -> dict:
@@ -74,46 +54,26 @@ def summarize(rows: list[dict], failed: int, refused: int, num_docs: int, save_f
 
 async def evaluate_length(args, url: str, data_file: Path, out_dir: Path, save_file: str, n_proc: int,
                           params: SamplingParams, force: bool) -> dict:
+    """One length's file through the framework's evaluation loop (resumable, failures kept apart), then its
+    summary."""
     items, refused = read_eval_file(data_file)
     for message in refused:
         print(f"refused: {message}", file=sys.stderr)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    out, failed_file = out_dir / f"{save_file}.jsonl", out_dir / f"{save_file}.failed.jsonl"
-    if force:
-        out.unlink(missing_ok=True)
-    done = read_done(out)
-    todo = [(item, entry) for item, entry in items if str(item.index) not in done]
     settings = MemSettings.from_args(args)
-    failures = []
-    semaphore = asyncio.Semaphore(n_proc)
-    progress = tqdm(total=len(todo), desc=f"{data_file.name} ({len(done)} done before)", unit="item")
-    client = RolloutClient(url, max_concurrency=max(n_proc, 1) * 2, timeout_s=1800)
-    args.rollout_client = client
-    try:
-        with out.open("a", encoding="utf-8") as sink:
-            async def one(index: int, item, entry: dict) -> None:
-                async with semaphore:
-                    slot = Sample(prompt=item.question, label=item.answers, index=index,
-                                  metadata={"context": item.context, "source": f"{data_file}:{item.index}"})
-                    sample = fold_trajectory(slot, await generate(args, slot, params, evaluation=True))
-                if sample.status in TRAINABLE:
-                    row = score_row(item, entry, sample.response, settings.answer_format)
-                    row["tokens_cut"] = sample.metadata.get("tokens_cut", 0)
-                    sink.write(json.dumps(row) + "\n")
-                    sink.flush()  # one whole line per item: a kill loses at most the line being written
-                    done[row["_id"]] = row
-                else:
-                    failures.append({"_id": str(item.index), "status": sample.status.value, "error": sample.error})
-                progress.update(1)
+    entries = {str(item.index): (item, entry) for item, entry in items}
+    slots = [(str(item.index), Sample(prompt=item.question, label=item.answers, index=i,
+                                      metadata={"context": item.context, "source": f"{data_file}:{item.index}"}))
+             for i, (item, _) in enumerate(items)]
 
-            await asyncio.gather(*(one(i, item, entry) for i, (item, entry) in enumerate(todo)))
-    finally:
-        progress.close()
-        args.rollout_client = None
-        await client.close()
-    failed_file.write_text("".join(json.dumps(f) + "\n" for f in failures), encoding="utf-8")
+    async def scored(item_id: str, sample: Sample) -> dict:
+        item, entry = entries[item_id]
+        return {**score_row(item, entry, sample.response, settings.answer_format),
+                "tokens_cut": sample.metadata.get("tokens_cut", 0)}
+
+    done = await evaluate_items(args, url, slots, generate, scored, params, out_dir / f"{save_file}.jsonl",
+                                n_proc, force, desc=data_file.name)
     num_docs = items[0][0].num_docs if items else 0
-    summary = summarize(list(done.values()), len(failures), len(refused), num_docs, save_file)
+    summary = summarize(list(done.rows.values()), len(done.failed), len(refused), num_docs, save_file)
     (out_dir / f"{save_file}.summary.json").write_text(json.dumps(summary, indent=1))
     return summary
 
@@ -167,7 +127,7 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--tp", type=int, default=1, help="tensor parallel size of the vLLM engine")
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--seed", type=int, default=None, help="sampling seed (transformers engine or GPU vLLM)")
-    from vime_ext.engines.servers import EngineConfig, launch_engine, split_vllm_args, wait_until_serving
+    from vime_ext.engines.servers import EngineConfig, split_vllm_args
 
     own, vllm_args = split_vllm_args(sys.argv[1:] if argv is None else list(argv))  # --vllm-X: the engine's --X
     options = parser.parse_args(own)
@@ -184,27 +144,18 @@ def main(argv=None) -> list[dict]:
     save_file = options.save_file or Path(options.model_path).resolve().name
     params = SamplingParams(temperature=options.temperature, top_p=options.top_p, max_new_tokens=1,
                             seed=options.seed)
-    engine = None
-    url = options.model_url
-    if url is None:
-        extra = ["--tensor-parallel-size", str(options.tp)] if options.engine_backend == "vllm" and options.tp > 1 \
-            else []
-        engine = launch_engine(EngineConfig(options.model_path, backend=options.engine_backend,
-                                            dtype=options.engine_dtype, max_model_len=options.max_model_len,
-                                            extra_args=extra + vllm_args, rl_routes=False))
-        wait_until_serving([engine], timeout_s=1800)
-        url = engine.url
+    extra = ["--tensor-parallel-size", str(options.tp)] if options.engine_backend == "vllm" and options.tp > 1 \
+        else []
+    engine = EngineConfig(options.model_path, backend=options.engine_backend, dtype=options.engine_dtype,
+                          max_model_len=options.max_model_len, extra_args=extra + vllm_args, rl_routes=False)
     summaries = []
-    try:
+    with served(engine, options.model_url) as url:
         for n in options.length:
             summary = asyncio.run(evaluate_length(args, url, data_root / f"eval_{n}.json",
                                                   save_dir / f"ruler_hqa_{n}", save_file, options.n_proc, params,
                                                   options.force))
             print(json.dumps(summary))
             summaries.append(summary)
-    finally:
-        if engine is not None:
-            engine.stop()
     figure = plot(save_dir)
     if figure:
         print(f"plot: {figure}")

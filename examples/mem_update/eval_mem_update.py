@@ -1,12 +1,14 @@
 """QA on held-out conversations before and after the agent's edits.
 
     python -m examples.mem_update.eval_mem_update --model-path DIR --test-data test.jsonl --save-dir results \
-        [--save-file NAME] [--engine-backend vllm|hf] [--engine-dtype float32] [--vllm-X ...]
+        [--save-file NAME] [--engine-backend vllm|hf] [--engine-dtype float32] [--force] [--vllm-X ...]
 
 Each test prompt is one episode of the served model on its conversation's initial memories (greedy by default),
 scored by the training reward: the QA score of the store before and after, with the settings of
 ``--custom-config-path``. Writes ``SAVE_DIR/SAVE_FILE.json`` (qa_before, qa_after, the delta, reward, per LoCoMo
-category, tool calls and errors per episode, failed episodes) and prints it.
+category, tool calls and errors per episode, failed episodes) and prints it. Each finished episode goes to
+``SAVE_DIR/SAVE_FILE.samples.jsonl`` as it ends, so a second run goes on where a killed one stopped (``--force``:
+all again); failed episodes are listed in ``SAVE_FILE.samples.failed.jsonl`` and run again next time.
 """
 
 import argparse
@@ -47,14 +49,18 @@ def main(argv=None) -> dict:
     parser.add_argument("--max-model-len", type=int, default=None, help="the engine's context length")
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--custom-config-path", default=str(HERE / "mem_update.yaml"))
+    parser.add_argument("--force", action="store_true", help="run every episode again")
     own, vllm_args = split_vllm_args(sys.argv[1:] if argv is None else list(argv))
     args = parser.parse_args(own)
+    name = args.save_file or Path(args.model_path).name
     metrics = evaluate(args.model_path, args.test_data, "examples.mem_update.reward.reward", args.engine_backend,
                        1, args.max_response_len, args.temperature, engine_args=vllm_args,
                        generate_path="examples.mem_update.rollout.generate",
-                       custom_config_path=args.custom_config_path, dtype=args.engine_dtype, max_model_len=args.max_model_len)
+                       custom_config_path=args.custom_config_path, dtype=args.engine_dtype,
+                       max_model_len=args.max_model_len, results=str(Path(args.save_dir) / f"{name}.samples.jsonl"),
+                       force=args.force)
     summary = {"model": args.model_path, "test_data": args.test_data, **summarize(metrics)}
-    out = Path(args.save_dir) / f"{args.save_file or Path(args.model_path).name}.json"
+    out = Path(args.save_dir) / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary, indent=1))

@@ -25,7 +25,8 @@ def save_rollout(pattern: str, rollout_id: int, groups: list[list[Sample]], metr
     return path
 
 
-def _sample(data: dict, where: str) -> Sample:
+def sample_from_dict(data: dict, where: str) -> Sample:
+    """A Sample from its ``asdict`` form, as saved; ``where`` names it in the error."""
     try:
         turns = [Turn(**t) for t in data.pop("turns")]
         return Sample(**{**data, "status": Status(data["status"]), "turns": turns})
@@ -41,6 +42,6 @@ def load_rollout(pattern: str, rollout_id: int) -> tuple[list[list[Sample]], dic
         data = json.loads(path.read_text())
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from err
-    groups = [[_sample(s, f"{path}: group {g}, position {i}") for i, s in enumerate(group)]
+    groups = [[sample_from_dict(s, f"{path}: group {g}, position {i}") for i, s in enumerate(group)]
               for g, group in enumerate(data["groups"])]
     return groups, dict(data.get("metrics") or {})
