@@ -98,23 +98,23 @@ class TrainerRanks:
     every method here exists on ``TrainActor`` with the same parameters."""
 
     def __init__(self, handles: list, use_ray: bool):
-        self._handles, self._use_ray = handles, use_ray
+        self.handles, self._use_ray = handles, use_ray
 
     def __len__(self) -> int:
-        return len(self._handles)
+        return len(self.handles)
 
     def _each(self, method: str, per_rank: list[tuple]) -> list:
         if not self._use_ray:
-            return [getattr(h, method)(*args) for h, args in zip(self._handles, per_rank)]
+            return [getattr(h, method)(*args) for h, args in zip(self.handles, per_rank)]
         import ray
 
         try:
-            return ray.get([h.call.remote(method, *args) for h, args in zip(self._handles, per_rank)])
+            return ray.get([h.call.remote(method, *args) for h, args in zip(self.handles, per_rank)])
         except ray.exceptions.RayActorError as err:
             raise TrainerDied(f"a trainer rank died during {method}: {str(err).strip().splitlines()[0]}") from err
 
     def _all(self, method: str, *args) -> list:
-        return self._each(method, [args] * len(self._handles))
+        return self._each(method, [args] * len(self.handles))
 
     def layout(self) -> list[RankLayout]:
         return self._all("layout")
@@ -155,14 +155,14 @@ class RolloutManagerHandle:
     actor (``_ManagerWorker``); tests/test_cluster_proxies.py checks the two agree."""
 
     def __init__(self, handle, use_ray: bool):
-        self._handle, self._use_ray = handle, use_ray
+        self.handle, self._use_ray = handle, use_ray
 
     def _call(self, method: str, *args):
         if not self._use_ray:
-            return getattr(self._handle, method)(*args)
+            return getattr(self.handle, method)(*args)
         import ray
 
-        return ray.get(self._handle.call.remote(method, *args))
+        return ray.get(self.handle.call.remote(method, *args))
 
     def engine_urls(self) -> list[str]:
         return self._call("engine_urls")
@@ -264,7 +264,7 @@ class Cluster:
             return
         colocated_gpus = None
         if cl.colocate and gpus:
-            colocated_gpus = sorted({g for a in self.ranks._handles for g in ray.get(a.gpu_ids.remote())})
+            colocated_gpus = sorted({g for a in self.ranks.handles for g in ray.get(a.gpu_ids.remote())})
             self._hand_gpus_to_engines()
         # Threaded: with --async-training the driver calls it (pushes, metrics) while the producer's rollout runs.
         worker = ray.remote(_ManagerWorker).options(
@@ -294,7 +294,7 @@ class Cluster:
         Ray only: without Ray the trainer rank is the driver's own process."""
         import ray
 
-        for worker in self.ranks._handles:
+        for worker in self.ranks.handles:
             ray.kill(worker, no_restart=True)
         self._start_actors(len(self.ranks))
         if not self.config.engines_resident:  # resident: the new ranks keep what they took, beside the engines

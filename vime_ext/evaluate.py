@@ -82,12 +82,13 @@ Row = Callable[[str, Sample], Awaitable[dict]]
 
 async def evaluate_items(args: PluginArgs, url: str, items: list[tuple[str, Sample]], generate: Callable,
                          row: Row, params: SamplingParams, out: Path, n_proc: int = 16, force: bool = False,
-                         desc: str = "eval") -> EvalPass:
+                         desc: str = "eval", timeout_s: float | None = None) -> EvalPass:
     """The evaluation loop: each ``(id, sample)`` not yet in ``out`` through ``generate`` (a generate plug-in,
     called with ``evaluation=True``), at most ``n_proc`` at once; a finished sample's ``row(id, sample)`` (its
     score; ``_id`` is set to the id) is appended to ``out`` as soon as it is made, so a kill loses only the items
-    in flight. A sample that the engine or a plug-in failed is listed in ``out``'s ``.failed.jsonl`` and run
-    again next time, never scored."""
+    in flight. A sample that the engine or a plug-in failed, or that took longer than ``timeout_s`` (its
+    generate and row together), is listed in ``out``'s ``.failed.jsonl`` and run again next time, never
+    scored."""
     out.parent.mkdir(parents=True, exist_ok=True)
     if force:
         out.unlink(missing_ok=True)
@@ -100,21 +101,23 @@ async def evaluate_items(args: PluginArgs, url: str, items: list[tuple[str, Samp
     args.rollout_client, args.loop = client, asyncio.get_running_loop()
     try:
         with out.open("a", encoding="utf-8") as sink:
+            async def attempt(item_id: str, slot: Sample) -> tuple[Sample, dict | None]:
+                sample = fold_trajectory(slot, await call_plugin(generate, args, slot, params, evaluation=True))
+                return sample, (await row(item_id, sample) if sample.status in TRAINABLE else None)
+
             async def one(item_id: str, slot: Sample) -> None:
-                sample = slot
                 try:
-                    async with semaphore:
-                        sample = fold_trajectory(slot, await call_plugin(generate, args, slot, params,
-                                                                         evaluation=True))
-                    if sample.status in TRAINABLE:
-                        scored = {**await row(item_id, sample), "_id": item_id}
+                    async with semaphore:  # the wait for a place is not the item's time
+                        sample, scored = await asyncio.wait_for(attempt(item_id, slot), timeout_s)
+                    if scored is None:
+                        failed.append((item_id, sample))
+                    else:
+                        scored = {**scored, "_id": item_id}
                         sink.write(json.dumps(scored, default=repr) + "\n")
                         sink.flush()  # one whole line per item
                         rows[item_id] = scored
-                    else:
-                        failed.append((item_id, sample))
-                except Exception as err:  # noqa: BLE001 (a plug-in's error fails this item, not the pass)
-                    failed.append((item_id, plugin_failure(sample, err, None)))
+                except Exception as err:  # noqa: BLE001 (a plug-in's error or timeout fails this item only)
+                    failed.append((item_id, plugin_failure(slot, err, timeout_s)))
                 finally:
                     progress.update(1)
 
@@ -174,7 +177,7 @@ def evaluate(hf_dir: str, prompt_data: str, reward_path: str = "vime_ext.agent.r
     with tempfile.TemporaryDirectory() as scratch, served(engine, timeout_s=900) as url:
         out = Path(results) if results else Path(scratch) / "samples.jsonl"
         done = asyncio.run(evaluate_items(args, url, items, generate, rewarded, sampling_params(args, True), out,
-                                          n_proc, force))
+                                          n_proc, force, timeout_s=rollout.rollout_sample_timeout or None))
     samples = [sample_from_dict({k: v for k, v in row.items() if k != "_id"}, f"{out}: {item_id}")
                for item_id, row in done.rows.items()] + done.failed
     return {**rollout_metrics(samples, "eval"), "eval/samples": float(len(samples)),

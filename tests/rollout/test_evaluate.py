@@ -36,3 +36,32 @@ def test_a_stopped_evaluation_goes_on_from_its_results(tiny_hf_dirs, tmp_path):
     kept = results.read_text().splitlines()
     assert kept[:2] == lines[:2] and len(kept) == 6 and again["eval/samples"] == 6.0
     assert sorted(json.loads(line)["_id"] for line in kept) == ids
+
+
+def test_an_item_over_the_time_limit_fails_alone_and_is_listed(tmp_path):
+    """evaluate_items holds each item's generate and row to timeout_s: the slow item is listed as failed with
+    the limit named, the quick one is scored; neither waits for the other."""
+    import asyncio
+    import json
+
+    from vime_ext.agent.sample import Sample, Status
+    from vime_ext.engines.protocol import SamplingParams
+    from vime_ext.evaluate import evaluate_items
+    from vime_ext.rollout.plugins import plugin_args
+
+    async def generate(args, sample, params, evaluation=False):
+        if sample.prompt == "slow":
+            await asyncio.sleep(30)
+        sample.response, sample.status = "done", Status.COMPLETED
+        return sample
+
+    async def row(item_id, sample):
+        return {"response": sample.response}
+
+    items = [(name, Sample(prompt=name, index=i)) for i, name in enumerate(("quick", "slow"))]
+    out = tmp_path / "rows.jsonl"
+    done = asyncio.run(evaluate_items(plugin_args([], {}), "http://127.0.0.1:9", items, generate, row,
+                                      SamplingParams(), out, timeout_s=0.5))
+    assert done.rows == {"quick": {"response": "done", "_id": "quick"}}
+    [failed] = [json.loads(line) for line in (tmp_path / "rows.failed.jsonl").read_text().splitlines()]
+    assert failed["_id"] == "slow" and failed["status"] == "failed" and "timed out after 0.5 s" in failed["error"]

@@ -33,7 +33,7 @@ def test_sft_on_smollm2_lowers_held_out_loss_without_engines(smollm2_dir, tmp_pa
                                "--eval-prompt-data", "heldout", str(chats(tmp_path, 4, 1)), "--eval-interval", "2",
                                "--tensorboard-dir", str(tmp_path / "tb")])
     trainer = Trainer(config)
-    manager, (actor,) = trainer.cluster.manager._handle, trainer.cluster.ranks._handles
+    manager, (actor,) = trainer.cluster.manager.handle, trainer.cluster.ranks.handles
     assert manager.engines == [] and manager.router is None and manager.sync is None
     assert actor.ref_model is None and actor.critic is None
     # The in-process trainer rank met its group through explicit arguments: nothing for a subprocess to inherit.

@@ -98,7 +98,6 @@ class ParallelConfig:
         return self.tensor_model_parallel_size * self.pipeline_model_parallel_size
 
 
-
 def padded_vocab_size(shape: ModelShape, tp: int) -> int:
     """Vocab rows rounded up so the embedding splits evenly across TP ranks; extra rows are sliced off logits."""
     return -(-shape.vocab_size // tp) * tp

@@ -38,7 +38,7 @@ def last_line(err: BaseException) -> str:
 
 def plugin_failure(sample: Sample, err: BaseException, timeout_s: float | None) -> Sample:
     """``sample`` marked FAILED by a plug-in's exception or its timeout; logged once, with the traceback."""
-    if isinstance(err, TimeoutError):
+    if isinstance(err, TimeoutError) and timeout_s is not None:  # without a limit, a plug-in's own timeout
         reason = f"timed out after {timeout_s:g} s (--rollout-sample-timeout)"
     else:
         reason = last_line(err)
