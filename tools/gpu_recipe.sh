@@ -25,7 +25,8 @@
 # or all of the above on one machine of 2 or more GPUs, as one background job (a device lease is 30 minutes):
 #   bash tools/gpu_recipe.sh all   # progress in VIME_EXT_OUT/all.log; with 4 GPUs, the two-GPU tests and the
 #                                  # async pair run on GPUs 2-3 while the loops and evals use GPUs 0-1, then
-#                                  # MemAgent's script on all 4 (trainer and engines apart)
+#                                  # MemAgent's script on all 4 (trainer and engines apart); SIDE_CHECKS=0
+#                                  # leaves out the two-GPU tests and the async pair
 # Logs and metrics go to VIME_EXT_OUT (default WORK/out). The layout is the script's default for the GPU count
 # (one GPU: colocated, optimizer offload); any of the script's variables may be set around this.
 set -euo pipefail
@@ -151,12 +152,15 @@ everything() {
   log "all: done"
 }
 
-# side_checks GPUS: on two GPUs, the two-GPU tests, MemAgent's sync and async runs and the weight push alone
+# side_checks GPUS: on two GPUs, the two-GPU tests, MemAgent's sync and async runs (SIDE_CHECKS=0 skips these
+# two, to fit a short lease) and the weight push alone (the efficiency table needs it)
 side_checks() {
   local gpus=$1
   shift
-  VIME_EXT_OUT=${OUT_DIR}/multi_gpu logged multi_gpu_tests "${gpus}" bash tools/run_multi_gpu.sh tests || true
-  on_ray "${gpus}" 6392 async_pair "$@" || true
+  if [ "${SIDE_CHECKS:-1}" != 0 ]; then
+    VIME_EXT_OUT=${OUT_DIR}/multi_gpu logged multi_gpu_tests "${gpus}" bash tools/run_multi_gpu.sh tests || true
+    on_ray "${gpus}" 6392 async_pair "$@" || true
+  fi
   stage mem_agent "${gpus%,*}" weight_sync weight_sync || true
 }
 
