@@ -180,7 +180,9 @@ def test_the_async_benchmark_runs_the_script_in_either_layout(layout, tmp_path):
                                   "STAND_IN_GPUS": "4"}, "async_bench")
     assert last(args, "--max-staleness") == "1" and "--async-training" in args and "--partial-rollout" in args
     assert last(args, "--prompt-data") == str(data) and last(args, "--num-rollout") == "6"
-    assert "--save" not in args  # SAVE_INTERVAL=0: nothing saved
+    assert "--save" not in args  # SAVE_INTERVAL=0: nothing saved, so the metrics' folder is named
+    assert last(args, "--tensorboard-dir") == str(work / f"mem_agent_async{'_split' if layout == 'split' else ''}_k1"
+                                                  / "tensorboard")
     assert last(args, "--actor-num-gpus-per-node") == "1"
     if layout == "split":
         assert "--colocate" not in args and last(args, "--rollout-num-gpus") == "1"

@@ -10,9 +10,11 @@ the sum over the rollouts after ``--skip-first`` (start-up) is the run's wall ti
 """
 
 import argparse
+import sys
 from pathlib import Path
 
-from tools.loop_efficiency import read_metrics
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tools.loop_efficiency import read_metrics  # noqa: E402
 
 
 def summary(rows: list[dict], skip_first: int) -> dict[str, float]:

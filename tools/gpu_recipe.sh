@@ -256,7 +256,7 @@ case "${STAGE}" in
       --replay "${OUT_DIR}/${EXAMPLE}_replay.json" --train-only "${OUT_DIR}/${EXAMPLE}_train_only_metrics.jsonl" \
       --weight-sync "${OUT_DIR}/weight_sync_ipc.json" | tee "${OUT_DIR}/${EXAMPLE}_loop_efficiency.md" ;;
   async_bench)
-    # The same flags twice, no save: K = 0 (the synchronous steps in the same layout) and K = 1. ASYNC_LAYOUT
+    # The same flags twice, no save (so the metrics' folder is named): K = 0 (the synchronous steps in the same layout) and K = 1. ASYNC_LAYOUT
     # resident (default): colocated, trainer and engine side by side on one GPU (--async-training keeps both
     # there), the engine's share ENGINE_MEMORY (default 0.3); split: the trainer on one GPU, the engine on
     # another. ASYNC_K picks one of the two runs (to run them at once on GPUs of their own).
@@ -270,6 +270,7 @@ case "${STAGE}" in
         TRAIN_DATA="$([ "${EXAMPLE}" = mem_agent ] && echo "${DATA_ROOT}/hotpotqa_train_tail.jsonl" \
           || echo "${TRAIN_DATA}")" \
         bash "examples/${EXAMPLE}/run-qwen3-4b-train.sh" --async-training --max-staleness "${k}" \
+        --tensorboard-dir "$(async_dir "${k}")/tensorboard" \
         $([ "${k}" -gt 0 ] && [ "${PARTIAL:-0}" = 1 ] && echo --partial-rollout) "$@" 2>&1 \
         | tee "${OUT_DIR}/$(basename "$(async_dir "${k}")").log" | grep --line-buffered -v "it/s\]\|s/it\]"
     done
