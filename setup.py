@@ -5,7 +5,8 @@ setup(
     version="0.1.0",
     description="RL post-training for LLMs: Megatron-core actors, vLLM rollouts, memory-agent examples",
     python_requires=">=3.11",
-    packages=find_packages(include=["vime_ext", "vime_ext.*", "convert", "convert.*"]),
+    # vime_ext/convert is a link to the top-level convert/ folder: the mapping installs as vime_ext.convert.
+    packages=find_packages(include=["vime_ext", "vime_ext.*"]),
     install_requires=[
         "torch>=2.6",
         # megatron-core 0.19.x publishes cp312+ wheels only; on 3.11 tools/install_megatron_core.py installs

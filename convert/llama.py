@@ -1,5 +1,5 @@
 """Llama (and SmolLM2, which is a Llama): no biases, no q/k norms; embeddings may be tied."""
 
-from convert.mapping import Family
+from vime_ext.convert.mapping import Family
 
 FAMILY = Family(name="llama")

@@ -1,5 +1,5 @@
 """Qwen3 (dense): per-head RMSNorm on q and k, no biases."""
 
-from convert.mapping import Family
+from vime_ext.convert.mapping import Family
 
 FAMILY = Family(name="qwen3", qk_norm=True)

@@ -50,7 +50,7 @@ def logit_parity(out_dir: str, hf_dirs: dict, parallel: ParallelConfig, ckpt_dir
     """
     from megatron.core import parallel_state
 
-    from convert.hf_checkpoint import HFCheckpointReader
+    from vime_ext.convert.hf_checkpoint import HFCheckpointReader
     from vime_ext.trainer.checkpoint import load_model_checkpoint
     from vime_ext.trainer.forward import forward_logits
     from vime_ext.trainer.hf_weights import load_hf_weights
@@ -87,7 +87,7 @@ def train_step(out_dir: str, hf_dir: str, parallel: ParallelConfig) -> None:
     """Loss on a fixed batch before and after a few fwd+bwd+AdamW steps of the Megatron model."""
     from megatron.core import parallel_state
 
-    from convert.hf_checkpoint import HFCheckpointReader
+    from vime_ext.convert.hf_checkpoint import HFCheckpointReader
     from vime_ext.trainer.hf_weights import load_hf_weights
     from vime_ext.trainer.model_provider import build_gpt_model
     from vime_ext.trainer.parallel import destroy_distributed, init_distributed
@@ -134,7 +134,7 @@ def sequence_log_probs(out_dir: str, hf_dir: str, sequences: list[tuple[list[int
                        temperature: float = 1.0) -> None:
     """Megatron log-probs of each (tokens, response start) at ``temperature``, weights loaded from the HF
     checkpoint."""
-    from convert.hf_checkpoint import HFCheckpointReader
+    from vime_ext.convert.hf_checkpoint import HFCheckpointReader
     from vime_ext.trainer.forward import token_log_probs
     from vime_ext.trainer.hf_weights import load_hf_weights
     from vime_ext.trainer.model_provider import build_gpt_model
@@ -155,7 +155,7 @@ def perturb_push_and_score(out_dir: str, hf_dir: str, engine_url: str, prompts: 
     ``iter_hf_weights`` into the engine, generate with the engine, and score the same tokens with Megatron."""
     import asyncio
 
-    from convert.hf_checkpoint import HFCheckpointReader
+    from vime_ext.convert.hf_checkpoint import HFCheckpointReader
     from vime_ext.engines.client import RolloutClient
     from vime_ext.engines.protocol import SamplingParams
     from vime_ext.engines.weight_sync import WeightSync
@@ -202,7 +202,7 @@ def log_prob_paths_agree(out_dir: str, hf_dir: str, parallel: ParallelConfig) ->
     """Vocab-parallel log-probs (small chunks, so several per row) vs log-softmax of the gathered logits."""
     from megatron.core import parallel_state
 
-    from convert.hf_checkpoint import HFCheckpointReader
+    from vime_ext.convert.hf_checkpoint import HFCheckpointReader
     from vime_ext.trainer.forward import forward_log_probs, forward_logits
     from vime_ext.trainer.hf_weights import load_hf_weights
     from vime_ext.trainer.model_provider import build_gpt_model
@@ -403,8 +403,8 @@ def packed_matches_padded(out_dir: str, hf_dir: str, dtype_name: str) -> None:
     """Log-probs and parameter gradients of a few sequences of different lengths, right-padded (SDPA's causal
     mask) and packed (THD: varlen flash attention on CUDA in half precision, else a call per sequence), in
     ``dtype``; below fp32 both are also compared with the padded fp32 model."""
-    from convert.hf_checkpoint import HFCheckpointReader
     from vime_ext.algorithms.train_data import TrainSequence
+    from vime_ext.convert.hf_checkpoint import HFCheckpointReader
     from vime_ext.trainer.batching import collate
     from vime_ext.trainer.forward import forward_log_probs, position_log_probs
     from vime_ext.trainer.hf_weights import load_hf_weights

@@ -76,8 +76,8 @@ def trial(actor, config, tokens: int, sequence_len: int, vocab: int) -> tuple[bo
 
 
 def search(shape_name: str, offload: bool, args) -> dict:
-    import convert.hf_checkpoint
     from vime_ext.arguments import parse_train_args
+    from vime_ext.convert import hf_checkpoint
     from vime_ext.models.model_config import ModelShape
     from vime_ext.net import free_port
     from vime_ext.trainer.actor import TrainActor
@@ -93,13 +93,13 @@ def search(shape_name: str, offload: bool, args) -> dict:
     if offload:
         flags += ["--optimizer-cpu-offload", "--overlap-cpu-optimizer-d2h-h2d"]
     config = parse_train_args(flags)
-    real_reader = convert.hf_checkpoint.HFCheckpointReader
-    convert.hf_checkpoint.HFCheckpointReader = RandomHFReader(shape_name)
+    real_reader = hf_checkpoint.HFCheckpointReader
+    hf_checkpoint.HFCheckpointReader = RandomHFReader(shape_name)
     start = time.perf_counter()
     try:
         actor = TrainActor(config, 0, 1, "127.0.0.1", free_port(), local_rank=0)
     finally:
-        convert.hf_checkpoint.HFCheckpointReader = real_reader
+        hf_checkpoint.HFCheckpointReader = real_reader
     build_s = time.perf_counter() - start
     torch.cuda.synchronize()
     resident = torch.cuda.memory_allocated() / 2**30

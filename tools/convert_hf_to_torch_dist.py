@@ -16,8 +16,8 @@ from vime_ext.trainer.launch import run_on_ranks  # noqa: E402
 def convert(hf_dir: str, save_dir: str, parallel: ParallelConfig, dtype_name: str) -> None:
     import torch.distributed as dist
 
-    from convert import mapping_for
-    from convert.hf_checkpoint import HFCheckpointReader
+    from vime_ext.convert import mapping_for
+    from vime_ext.convert.hf_checkpoint import HFCheckpointReader
     from vime_ext.trainer.checkpoint import save_model_checkpoint
     from vime_ext.trainer.hf_weights import load_hf_weights
     from vime_ext.trainer.model_provider import build_gpt_model

@@ -22,8 +22,8 @@ def _check_same_shape(recorded: ModelShape | None, expected: ModelShape, ckpt: s
 
 def convert(input_dir: str, output_dir: str, origin_hf_dir: str, dtype_name: str,
             max_shard_bytes: int) -> None:
-    from convert import mapping_for
-    from convert.hf_checkpoint import HFCheckpointWriter, copy_side_files
+    from vime_ext.convert import mapping_for
+    from vime_ext.convert.hf_checkpoint import HFCheckpointWriter, copy_side_files
     from vime_ext.trainer.checkpoint import checkpoint_model_shape, load_model_checkpoint, resolve_checkpoint_dir
     from vime_ext.trainer.hf_weights import iter_hf_weights
     from vime_ext.trainer.model_provider import build_gpt_model

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from convert import mapping_for
-from convert.mapping import canonical, global_param_name
+from vime_ext.convert import mapping_for
+from vime_ext.convert.mapping import canonical, global_param_name
 from vime_ext.models.model_config import ModelShape
 
 

@@ -176,7 +176,7 @@ def test_weight_update_on_the_transformers_backend(tiny_hf_dirs, tmp_path):
     match a transformers model holding the pushed weights."""
     from transformers import AutoModelForCausalLM
 
-    from convert.hf_checkpoint import HFCheckpointReader
+    from vime_ext.convert.hf_checkpoint import HFCheckpointReader
     from vime_ext.engines.weight_sync import WeightSync
 
     engine = launch_engine(EngineConfig(str(tiny_hf_dirs["llama"]), backend="hf", log_dir=str(tmp_path)))

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from convert.hf_checkpoint import HFCheckpointReader
 from tests import dist_workers
 from tests.conftest import require_ranks
+from vime_ext.convert.hf_checkpoint import HFCheckpointReader
 from vime_ext.trainer.launch import run_on_ranks
 
 LAYOUTS = {"tp1": [], "tp2": ["--actor-num-gpus-per-node", "2", "--tensor-model-parallel-size", "2"],

@@ -161,7 +161,7 @@ def test_resume_reproduces_the_next_step(algorithm, tiny_model, tmp_path):
         assert resumed[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-7), key
     assert resumed["rollout/weight_version"] == 2
     # The weights after that step match too: the optimizer state (Adam moments, step count) was restored.
-    from convert.hf_checkpoint import HFCheckpointReader
+    from vime_ext.convert.hf_checkpoint import HFCheckpointReader
 
     for run in (whole, cut):
         done = subprocess.run([sys.executable, str(ROOT / "tools/convert_torch_dist_to_hf.py"), "--input-dir",

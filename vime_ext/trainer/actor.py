@@ -49,7 +49,7 @@ class TrainActor:
                  local_rank: int | None = None):
         from megatron.core import parallel_state
 
-        from convert.hf_checkpoint import HFCheckpointReader
+        from vime_ext.convert.hf_checkpoint import HFCheckpointReader
         from vime_ext.trainer.hf_weights import load_hf_weights
         from vime_ext.trainer.checkpoint import load_model_checkpoint
         from vime_ext.trainer.model_provider import build_gpt_model

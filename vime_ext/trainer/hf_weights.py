@@ -9,8 +9,8 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from convert import mapping_for
-from convert.mapping import canonical, global_param_name
+from vime_ext.convert import mapping_for
+from vime_ext.convert.mapping import canonical, global_param_name
 from vime_ext.models.model_config import ModelShape, padded_vocab_size
 from vime_ext.trainer.model_provider import unwrap
 
