@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import sys
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -80,13 +81,16 @@ class EvalPass:
 Row = Callable[[str, Sample], Awaitable[dict]]
 
 
+LOOP_KEYS = ("_id", "seconds")  # what evaluate_items adds to each row
+
+
 async def evaluate_items(args: PluginArgs, url: str, items: list[tuple[str, Sample]], generate: Callable,
                          row: Row, params: SamplingParams, out: Path, n_proc: int = 16, force: bool = False,
                          desc: str = "eval", timeout_s: float | None = None) -> EvalPass:
     """The evaluation loop: each ``(id, sample)`` not yet in ``out`` through ``generate`` (a generate plug-in,
     called with ``evaluation=True``), at most ``n_proc`` at once; a finished sample's ``row(id, sample)`` (its
-    score; ``_id`` is set to the id) is appended to ``out`` as soon as it is made, so a kill loses only the items
-    in flight. A sample that the engine or a plug-in failed, or that took longer than ``timeout_s`` (its
+    score, with ``LOOP_KEYS`` added: the id, and the seconds of the item's generate and score) is appended to
+    ``out`` as soon as it is made, so a kill loses only the items in flight. A sample that the engine or a plug-in failed, or that took longer than ``timeout_s`` (its
     generate and row together), is listed in ``out``'s ``.failed.jsonl`` and run again next time, never
     scored."""
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -102,8 +106,11 @@ async def evaluate_items(args: PluginArgs, url: str, items: list[tuple[str, Samp
     try:
         with out.open("a", encoding="utf-8") as sink:
             async def attempt(item_id: str, slot: Sample) -> tuple[Sample, dict | None]:
+                start = time.perf_counter()
                 sample = fold_trajectory(slot, await call_plugin(generate, args, slot, params, evaluation=True))
-                return sample, (await row(item_id, sample) if sample.status in TRAINABLE else None)
+                scored = await row(item_id, sample) if sample.status in TRAINABLE else None
+                # The item's own time (its generate and score, not its wait for a place): the cost per item.
+                return sample, None if scored is None else {**scored, "seconds": time.perf_counter() - start}
 
             async def one(item_id: str, slot: Sample) -> None:
                 try:
@@ -112,7 +119,7 @@ async def evaluate_items(args: PluginArgs, url: str, items: list[tuple[str, Samp
                     if scored is None:
                         failed.append((item_id, sample))
                     else:
-                        scored = {**scored, "_id": item_id}
+                        scored = {**scored, "_id": item_id}  # LOOP_KEYS complete
                         sink.write(json.dumps(scored, default=repr) + "\n")
                         sink.flush()  # one whole line per item
                         rows[item_id] = scored
@@ -178,7 +185,7 @@ def evaluate(hf_dir: str, prompt_data: str, reward_path: str = "vime_ext.agent.r
         out = Path(results) if results else Path(scratch) / "samples.jsonl"
         done = asyncio.run(evaluate_items(args, url, items, generate, rewarded, sampling_params(args, True), out,
                                           n_proc, force, timeout_s=rollout.rollout_sample_timeout or None))
-    samples = [sample_from_dict({k: v for k, v in row.items() if k != "_id"}, f"{out}: {item_id}")
+    samples = [sample_from_dict({k: v for k, v in row.items() if k not in LOOP_KEYS}, f"{out}: {item_id}")
                for item_id, row in done.rows.items()] + done.failed
     return {**rollout_metrics(samples, "eval"), "eval/samples": float(len(samples)),
             "eval/reward_sem": float(np.std([s.reward or 0.0 for s in samples]) / np.sqrt(len(samples)))}

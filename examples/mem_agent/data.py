@@ -140,9 +140,27 @@ _FILLER = ["It received mixed reviews on release and later gained a small follow
            "The first print run sold out within a month."]
 
 
-def _person(rng: random.Random, used: set[str]) -> str:
+@dataclass(frozen=True)
+class Entities:
+    """The names a generated item draws from. ``train`` and ``heldout`` split every list in two (alternate
+    entries), so that held-out questions ask about novels, people and cities no training item names."""
+
+    first: tuple[str, ...]
+    last: tuple[str, ...]
+    cities: tuple[str, ...]
+    works: tuple[str, ...]
+
+    def half(self, which: int) -> "Entities":
+        return Entities(*(names[which::2] for names in (self.first, self.last, self.cities, self.works)))
+
+
+ALL_ENTITIES = Entities(tuple(_FIRST), tuple(_LAST), tuple(_CITIES), tuple(_WORKS))
+ENTITY_POOLS = {"all": ALL_ENTITIES, "train": ALL_ENTITIES.half(0), "heldout": ALL_ENTITIES.half(1)}
+
+
+def _person(rng: random.Random, used: set[str], names: Entities) -> str:
     while True:
-        name = f"{rng.choice(_FIRST)} {rng.choice(_LAST)}"
+        name = f"{rng.choice(names.first)} {rng.choice(names.last)}"
         if name not in used:
             used.add(name)
             return name
@@ -156,22 +174,25 @@ def _person_doc(rng, person: str, city: str) -> tuple[str, str]:
     return person, (f"{person} is a writer who was born in {city}. " + " ".join(rng.sample(_FILLER, 1)))
 
 
-def generate_item(rng: random.Random, num_docs: int, index: Any, hops: int = 2) -> QAItem:
+def generate_item(rng: random.Random, num_docs: int, index: Any, hops: int = 2,
+                  entities: Entities = ALL_ENTITIES) -> QAItem:
     """A question whose answer needs ``hops`` documents (2: work -> author -> birthplace; 1: work -> author),
-    hidden at random places among distractors of the same kind; ``num_docs`` documents in all."""
+    hidden at random places among distractors of the same kind; ``num_docs`` documents in all, every name drawn
+    from ``entities``."""
     if hops not in (1, 2) or num_docs < hops:
         raise ValueError(f"hops must be 1 or 2 and num_docs at least hops, got hops={hops}, num_docs={num_docs}")
     used: set[str] = set()
-    works = rng.sample(_WORKS, len(_WORKS))
-    work, author, city = works[0], _person(rng, used), rng.choice(_CITIES)
+    works = rng.sample(entities.works, len(entities.works))
+    work, author, city = works[0], _person(rng, used, entities), rng.choice(entities.cities)
     gold = [_work_doc(rng, work, author)] + ([_person_doc(rng, author, city)] if hops == 2 else [])
-    distractors = []
+    distractors, people = [], len(entities.first) * len(entities.last)
+    other_cities = [c for c in entities.cities if c != city]
     for k in range(num_docs - len(gold)):
-        other = _person(rng, used) if len(used) < len(_FIRST) * len(_LAST) else rng.choice(sorted(used))
+        other = _person(rng, used, entities) if len(used) < people else rng.choice(sorted(used))
         if k % 2 == 0:
             distractors.append(_work_doc(rng, f"{works[1 + (k // 2) % (len(works) - 1)]} (vol. {k // 2 + 1})", other))
         else:
-            distractors.append(_person_doc(rng, other, rng.choice([c for c in _CITIES if c != city])))
+            distractors.append(_person_doc(rng, other, rng.choice(other_cities)))
     docs = distractors
     for doc in gold:
         docs.insert(rng.randint(0, len(docs)), doc)
@@ -184,7 +205,7 @@ def generate_item(rng: random.Random, num_docs: int, index: Any, hops: int = 2) 
 
 
 def write_training_jsonl(path: str | Path, num: int, num_docs: int, seed: int = 0, hops: int = 2,
-                         max_docs: int | None = None) -> Path:
+                         max_docs: int | None = None, entities: Entities = ALL_ENTITIES) -> Path:
     """``num`` generated training rows of ``num_docs`` documents each, or, with ``max_docs``, of a log-uniform
     count in [num_docs, max_docs]: many short items and a few long ones, the long tail of chunk counts that real
     HotpotQA-based training sets have (and that makes a synchronous batch wait for its longest trajectory)."""
@@ -197,14 +218,15 @@ def write_training_jsonl(path: str | Path, num: int, num_docs: int, seed: int = 
     with path.open("w") as f:
         for i in range(num):
             n = num_docs if max_docs is None else round(num_docs * (max_docs / num_docs) ** sizes.random())
-            f.write(json.dumps(generate_item(rng, n, f"gen-{seed}-{i}", hops).training_row()) + "\n")
+            f.write(json.dumps(generate_item(rng, n, f"gen-{seed}-{i}", hops, entities).training_row()) + "\n")
     return path
 
 
-def write_eval_file(folder: str | Path, num_docs: int, num: int, seed: int = 1, hops: int = 2) -> Path:
+def write_eval_file(folder: str | Path, num_docs: int, num: int, seed: int = 1, hops: int = 2,
+                    entities: Entities = ALL_ENTITIES) -> Path:
     """``eval_{num_docs}.json`` in RULER-HQA's format."""
     rng = random.Random(seed * 100_003 + num_docs)
-    items = [generate_item(rng, num_docs, i, hops) for i in range(num)]
+    items = [generate_item(rng, num_docs, i, hops, entities) for i in range(num)]
     path = Path(folder) / f"eval_{num_docs}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps([{"index": it.index, "input": it.question, "answers": it.answers,

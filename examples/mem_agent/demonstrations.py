@@ -15,6 +15,7 @@ One chat per JSONL line, as the SFT reader expects (``--input-key messages``):
 
     python -m examples.mem_agent.demonstrations --tokenizer /models/SmolLM2 --num 512 --num-docs 8 \\
         --chunk-tokens 256 --out data/mem_agent_sft.jsonl [--hops 2] [--seed 0] [--answer-format boxed]
+        [--entities train]
 """
 
 import argparse
@@ -22,7 +23,7 @@ import json
 import random
 from pathlib import Path
 
-from examples.mem_agent.data import QAItem, generate_item
+from examples.mem_agent.data import ALL_ENTITIES, ENTITY_POOLS, Entities, QAItem, generate_item
 from examples.mem_agent.prompts import NO_MEMORY, final_prompt, memory_prompt
 from examples.mem_agent.rollout import split_chunks
 
@@ -48,7 +49,7 @@ def final_reply(item: QAItem, answer_format: str) -> str:
 
 def demonstration_chats(item: QAItem, tokenizer, chunk_tokens: int, answer_format: str = "boxed") -> list[list]:
     """The chats of one question as the rollout would hold them, each with its demonstrated reply."""
-    chunks, _ = split_chunks(tokenizer, item.context, chunk_tokens, None)
+    chunks = split_chunks(tokenizer, item.context, chunk_tokens, None).texts
     if "".join(chunks) != item.context:
         raise ValueError(f"item {item.index}: the tokenizer's chunks do not join back into the document")
     chats, memory = [], NO_MEMORY
@@ -62,7 +63,8 @@ def demonstration_chats(item: QAItem, tokenizer, chunk_tokens: int, answer_forma
 
 
 def write_demonstrations(path: str | Path, tokenizer, num: int, num_docs: int, chunk_tokens: int, seed: int = 0,
-                         hops: int = 2, answer_format: str = "boxed") -> tuple[Path, int]:
+                         hops: int = 2, answer_format: str = "boxed",
+                         entities: Entities = ALL_ENTITIES) -> tuple[Path, int]:
     """``num`` generated questions' chats to ``path``; returns the path and the number of chats."""
     rng = random.Random(seed)
     path = Path(path)
@@ -70,7 +72,7 @@ def write_demonstrations(path: str | Path, tokenizer, num: int, num_docs: int, c
     count = 0
     with path.open("w") as f:
         for i in range(num):
-            item = generate_item(rng, num_docs, f"demo-{seed}-{i}", hops)
+            item = generate_item(rng, num_docs, f"demo-{seed}-{i}", hops, entities)
             for k, chat in enumerate(demonstration_chats(item, tokenizer, chunk_tokens, answer_format)):
                 f.write(json.dumps({"messages": chat, "metadata": {"index": item.index, "chat": k}}) + "\n")
                 count += 1
@@ -87,11 +89,14 @@ def main(argv=None) -> None:
     parser.add_argument("--hops", type=int, choices=[1, 2], default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--answer-format", choices=["boxed", "answer_is"], default="boxed")
+    parser.add_argument("--entities", choices=sorted(ENTITY_POOLS), default="all",
+                        help="names the questions draw from (train: none of the heldout eval files' names)")
     args = parser.parse_args(argv)
     from transformers import AutoTokenizer
 
     path, count = write_demonstrations(args.out, AutoTokenizer.from_pretrained(args.tokenizer), args.num,
-                                       args.num_docs, args.chunk_tokens, args.seed, args.hops, args.answer_format)
+                                       args.num_docs, args.chunk_tokens, args.seed, args.hops, args.answer_format,
+                                       ENTITY_POOLS[args.entities])
     print(f"{path}: {count} chats from {args.num} questions")
 
 

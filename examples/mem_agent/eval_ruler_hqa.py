@@ -6,9 +6,10 @@
         [--vllm-X ...: any vLLM server flag --X, for the engine this starts]
 
 For each N it reads ``DATA_ROOT/eval_{N}.json`` and writes ``SAVE_DIR/ruler_hqa_{N}/{SAVE_FILE}.jsonl`` (one line
-per item: ``_id``, ``answer`` (gold), ``pred``, ``judge_f1``, ``judge_em``, ``judge_sub_em``, ``response`` and the
-item's other keys except ``context``) and ``{SAVE_FILE}.summary.json`` (f1/em/sub_em x100 over the scored items,
-and the counts of failed and refused items). Resumable: items already in the output are skipped; a line cut by
+per item: ``_id``, ``answer`` (gold), ``pred``, ``judge_f1``, ``judge_em``, ``judge_sub_em``, ``response``, the
+document's ``doc_tokens`` and ``chunks``, the item's ``seconds``, and its other keys except ``context``) and
+``{SAVE_FILE}.summary.json`` (f1/em/sub_em x100 over the scored items, the counts of failed and refused items,
+and the cost per item: mean document tokens, chunks, seconds and document tokens read per second). Resumable: items already in the output are skipped; a line cut by
 a kill is dropped and its item run again. Items the engine failed on are listed in ``{SAVE_FILE}.failed.jsonl``
 and retried by the next run, never scored as 0. At the end, ``SAVE_DIR/ruler_hqa_sub_em.png`` plots sub-EM
 against the number of documents for every ``SAVE_FILE`` found in ``SAVE_DIR``.
@@ -44,11 +45,20 @@ def score_row(item, entry: dict, response: str, answer_format: str) -> dict:
     return row
 
 
-def summarize(rows: list[dict], failed: int, refused: int, num_docs: int, save_file: str) -> dict:
+def summarize(rows: list[dict], failed: int, refused: int, num_docs: int, save_file: str, n_proc: int) -> dict:
+    """The scores x 100 over the scored items, and what an item cost: its document's tokens and chunks, its
+    seconds (generate and score, ``n_proc`` items in flight) and the document tokens it read per second (means
+    over the rows that have them: rows of earlier versions lack them)."""
     n = len(rows)
     summary = {"save_file": save_file, "num_docs": num_docs, "scored": n, "failed": failed, "refused": refused}
     for judge in JUDGES:
         summary[judge.removeprefix("judge_")] = round(100 * sum(r[judge] for r in rows) / n, 2) if n else None
+    timed = [r for r in rows if r.get("seconds") and r.get("doc_tokens")]
+    if timed:
+        summary.update(n_proc=n_proc, doc_tokens=round(sum(r["doc_tokens"] for r in timed) / len(timed), 1),
+                       chunks=round(sum(r["chunks"] for r in timed) / len(timed), 2),
+                       seconds_per_item=round(sum(r["seconds"] for r in timed) / len(timed), 3),
+                       doc_tokens_per_s=round(sum(r["doc_tokens"] / r["seconds"] for r in timed) / len(timed), 1))
     return summary
 
 
@@ -68,12 +78,12 @@ async def evaluate_length(args, url: str, data_file: Path, out_dir: Path, save_f
     async def scored(item_id: str, sample: Sample) -> dict:
         item, entry = entries[item_id]
         return {**score_row(item, entry, sample.response, settings.answer_format),
-                "tokens_cut": sample.metadata.get("tokens_cut", 0)}
+                **{key: sample.metadata.get(key, 0) for key in ("tokens_cut", "doc_tokens", "chunks")}}
 
     done = await evaluate_items(args, url, slots, generate, scored, params, out_dir / f"{save_file}.jsonl",
                                 n_proc, force, desc=data_file.name)
     num_docs = items[0][0].num_docs if items else 0
-    summary = summarize(list(done.rows.values()), len(done.failed), len(refused), num_docs, save_file)
+    summary = summarize(list(done.rows.values()), len(done.failed), len(refused), num_docs, save_file, n_proc)
     (out_dir / f"{save_file}.summary.json").write_text(json.dumps(summary, indent=1))
     return summary
 

@@ -5,6 +5,7 @@ generated HotpotQA-style data for offline runs and tests.
     python -m examples.mem_agent.prepare_data --input hotpotqa_train.parquet --out data/train.jsonl
     python -m examples.mem_agent.prepare_data --generate --num 256 --num-docs 8 --out data/train.jsonl \
         [--eval-dir data/eval --eval-lengths 8 16 --eval-num 32] [--hops 2] [--seed 0]
+        [--entities train --eval-entities heldout]   # eval questions on names no training item has
 """
 
 import argparse
@@ -12,7 +13,8 @@ import json
 import sys
 from pathlib import Path
 
-from examples.mem_agent.data import DataError, item_from_training_row, write_eval_file, write_training_jsonl
+from examples.mem_agent.data import (ENTITY_POOLS, DataError, item_from_training_row, write_eval_file,
+                                     write_training_jsonl)
 
 
 def read_rows(path: Path):
@@ -64,6 +66,10 @@ def main(argv=None) -> int:
                         "from [--num-docs, --max-docs]: a long tail of chunk counts")
     parser.add_argument("--hops", type=int, choices=[1, 2], default=2, help="documents each answer needs")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--entities", choices=sorted(ENTITY_POOLS), default="all",
+                        help="names the training items draw from: train and heldout are disjoint halves")
+    parser.add_argument("--eval-entities", choices=sorted(ENTITY_POOLS), default="all",
+                        help="names the eval files draw from (heldout: none a --entities train item names)")
     parser.add_argument("--eval-dir", help="also write generated eval_{N}.json files here")
     parser.add_argument("--eval-lengths", type=int, nargs="*", default=[], help="N (documents) of each eval file")
     parser.add_argument("--eval-num", type=int, default=32, help="questions per eval file")
@@ -71,9 +77,11 @@ def main(argv=None) -> int:
     if args.generate == bool(args.input):
         parser.error("give either --input FILE or --generate")
     if args.generate:
-        print(write_training_jsonl(args.out, args.num, args.num_docs, args.seed, args.hops, args.max_docs))
+        print(write_training_jsonl(args.out, args.num, args.num_docs, args.seed, args.hops, args.max_docs,
+                                   ENTITY_POOLS[args.entities]))
         for n in args.eval_lengths:
-            print(write_eval_file(args.eval_dir or Path(args.out).parent, n, args.eval_num, args.seed + 1, args.hops))
+            print(write_eval_file(args.eval_dir or Path(args.out).parent, n, args.eval_num, args.seed + 1, args.hops,
+                                  ENTITY_POOLS[args.eval_entities]))
         return 0
     try:
         kept, skipped = convert(Path(args.input), Path(args.out))

@@ -12,6 +12,7 @@ Settings (``--custom-config-path``; the launch scripts fill them from ``MEM_*`` 
 
 import logging
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from examples.mem_agent.prompts import NO_MEMORY, final_prompt, memory_prompt
 from vime_ext.agent.settings import settings_from_args
@@ -40,16 +41,22 @@ class MemSettings:
         return settings
 
 
-def split_chunks(tokenizer, text: str, chunk_tokens: int, max_chunks: int | None) -> tuple[list[str], int]:
+class Chunks(NamedTuple):
+    texts: list[str]
+    cut: int  # tokens the cap left unread
+    tokens: int  # the whole document's
+
+
+def split_chunks(tokenizer, text: str, chunk_tokens: int, max_chunks: int | None) -> Chunks:
     """The text in chunks of ``chunk_tokens`` tokens (the last one shorter), at most ``max_chunks`` of them;
-    also how many tokens the cap cut off."""
+    also how many tokens the cap cut off, and how many the document has."""
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     pieces = [ids[i:i + chunk_tokens] for i in range(0, len(ids), chunk_tokens)]
     cut = 0
     if max_chunks is not None and len(pieces) > max_chunks:
         cut = sum(len(p) for p in pieces[max_chunks:])
         pieces = pieces[:max_chunks]
-    return [tokenizer.decode(p) for p in pieces], cut
+    return Chunks([tokenizer.decode(p) for p in pieces], cut, len(ids))
 
 
 async def generate(args, sample, sampling_params, evaluation: bool = False):
@@ -59,7 +66,7 @@ async def generate(args, sample, sampling_params, evaluation: bool = False):
         raise ValueError(f"sample {sample.index}: metadata['context'] must hold the document text "
                          f"(prepare the data with examples/mem_agent/prepare_data.py)")
     cap = settings.eval_max_chunks if evaluation else settings.max_chunks
-    chunks, cut = split_chunks(args.tokenizer, context, settings.chunk_tokens, cap)
+    chunks, cut, doc_tokens = split_chunks(args.tokenizer, context, settings.chunk_tokens, cap)
     if cut:
         log.warning("sample %s: document cut after %d chunks of %d tokens; %d tokens unread", sample.index,
                     len(chunks), settings.chunk_tokens, cut)
@@ -79,7 +86,7 @@ async def generate(args, sample, sampling_params, evaluation: bool = False):
     await chat.generate(args.rollout_client, replace(sampling_params, max_new_tokens=settings.max_final),
                         session_id=f"{sample.index}")
     final = chat.to_sample(sample)
-    final.metadata.update(memory=memory, chunks=len(chunks), tokens_cut=cut)
+    final.metadata.update(memory=memory, chunks=len(chunks), tokens_cut=cut, doc_tokens=doc_tokens)
     final.metrics.update(chunks=float(len(chunks)), tokens_cut=float(cut),
                          memory_tokens=float(len(args.tokenizer(memory, add_special_tokens=False)["input_ids"])))
     return out + [final]

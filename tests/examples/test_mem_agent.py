@@ -24,14 +24,14 @@ def tokenizer(tmp_path_factory):
 def test_chunks_count_keep_the_last_partial_one_and_obey_the_cap(tokenizer):
     text = " ".join(f"word{i}" for i in range(300))
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    chunks, cut = split_chunks(tokenizer, text, 100, None)
+    chunks, cut, tokens = split_chunks(tokenizer, text, 100, None)
     sizes = [len(tokenizer(c, add_special_tokens=False)["input_ids"]) for c in chunks]
-    assert len(chunks) == -(-len(ids) // 100) and cut == 0
+    assert len(chunks) == -(-len(ids) // 100) and cut == 0 and tokens == len(ids)
     assert sizes[:-1] == [100] * (len(chunks) - 1) and 0 < sizes[-1] <= 100
     assert "".join(chunks) == tokenizer.decode(ids)
-    capped, cut = split_chunks(tokenizer, text, 100, 2)
-    assert capped == chunks[:2] and cut == len(ids) - 200
-    assert split_chunks(tokenizer, text, 100_000, 1) == ([tokenizer.decode(ids)], 0)
+    capped, cut, tokens = split_chunks(tokenizer, text, 100, 2)
+    assert capped == chunks[:2] and cut == len(ids) - 200 and tokens == len(ids)
+    assert split_chunks(tokenizer, text, 100_000, 1) == ([tokenizer.decode(ids)], 0, len(ids))
 
 
 @pytest.mark.parametrize("response, answer", [
@@ -130,6 +130,37 @@ def test_generated_items_hide_the_facts_among_distractors():
     docs = item.context.split("\n\n")
     assert len(docs) == item.num_docs == 12 and all(d.startswith("Document ") for d in docs)
     assert sum(item.answers[0] in d for d in docs) >= 1 and "born" in item.question
+
+
+def test_held_out_items_name_nothing_a_training_item_names(tmp_path):
+    """prepare_data --entities train --eval-entities heldout: the eval files' novels, people and cities (gold and
+    distractors alike) appear in no training row, and the default pool draws exactly as before the split."""
+    import hashlib
+    import re
+
+    from examples.mem_agent.data import ALL_ENTITIES, ENTITY_POOLS
+    from examples.mem_agent.prepare_data import main
+
+    assert main(["--generate", "--num", "64", "--num-docs", "40", "--entities", "train", "--out",
+                 str(tmp_path / "train.jsonl"), "--eval-dir", str(tmp_path), "--eval-lengths", "40", "300",
+                 "--eval-entities", "heldout", "--eval-num", "8"]) == 0
+    train, heldout = ENTITY_POOLS["train"], ENTITY_POOLS["heldout"]
+
+    def names(text: str) -> set[str]:
+        every = ALL_ENTITIES.first + ALL_ENTITIES.last + ALL_ENTITIES.cities + ALL_ENTITIES.works
+        return {name for name in every if re.search(rf"\b{re.escape(name)}\b", text)}
+
+    seen = names((tmp_path / "train.jsonl").read_text())
+    assert seen and seen <= set(train.first + train.last + train.cities + train.works)
+    for n in (40, 300):
+        entries = json.loads((tmp_path / f"eval_{n}.json").read_text())
+        held = names(json.dumps(entries))
+        assert held and not held & seen, held & seen
+        assert all(e["answers"][0] in heldout.cities for e in entries)
+    # The default, the whole pool, draws as every run before the split did (this item's digest from then).
+    item = generate_item(random.Random(3), 12, "a", 2)
+    assert item.answers == ["Eastwick"] and "The Long Meridian" in item.question
+    assert hashlib.sha256(item.context.encode()).hexdigest()[:16] == "09707c60ce13e657"
 
 
 def test_a_document_count_range_gives_a_long_tail_and_the_fixed_count_is_unchanged(tmp_path):
@@ -235,7 +266,10 @@ def test_a_resumed_eval_scores_every_item_once(engine, tmp_path):
     from examples.mem_agent.data import write_eval_file
     from examples.mem_agent.eval_ruler_hqa import main
 
+    from transformers import AutoTokenizer
+
     model, url = engine
+    model_tokenizer = AutoTokenizer.from_pretrained(model)
     write_eval_file(tmp_path / "data", 3, 6, seed=2)
     (tmp_path / "mem.json").write_text(json.dumps({"mem_chunk_tokens": 64, "mem_max_memory": 4,
                                                    "mem_max_final": 4}))
@@ -248,6 +282,13 @@ def test_a_resumed_eval_scores_every_item_once(engine, tmp_path):
     assert summary["scored"] == 6 and summary["failed"] == 0 and sorted(r["_id"] for r in rows) == list("012345")
     assert set(rows[0]) >= {"_id", "answer", "pred", "judge_f1", "judge_em", "judge_sub_em", "response", "input",
                             "answers", "num_docs", "index"} and "context" not in rows[0]
+    # What each item cost: its document's tokens (the tokenizer's count of the whole context) and chunks, its time.
+    tokens = [len(model_tokenizer(e["context"], add_special_tokens=False)["input_ids"])
+              for e in json.loads((tmp_path / "data/eval_3.json").read_text())]
+    assert sorted(r["doc_tokens"] for r in rows) == sorted(tokens)
+    assert all(r["chunks"] == -(-r["doc_tokens"] // 64) and r["seconds"] > 0 for r in rows)
+    assert summary["doc_tokens"] == round(sum(tokens) / 6, 1) and summary["n_proc"] == 3
+    assert summary["seconds_per_item"] > 0 and summary["doc_tokens_per_s"] > 0
     # Stopped half-way: three whole lines and a torn fourth. The re-run keeps the three, scores the other three.
     lines = out.read_text().splitlines()
     out.write_text("\n".join(lines[:3]) + "\n" + lines[3][:20])

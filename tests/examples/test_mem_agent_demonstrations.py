@@ -32,7 +32,7 @@ def test_chats_follow_the_rollout_and_the_answer_earns_the_reward(tokenizer, ans
     for index in range(6):
         item = generate_item(rng, 8, index)
         chats = demonstration_chats(item, tokenizer, 48, answer_format)
-        chunks, _ = split_chunks(tokenizer, item.context, 48, None)
+        chunks = split_chunks(tokenizer, item.context, 48, None).texts
         assert len(chats) == len(chunks) + 1 >= 5  # at least 4 chunks per item: MemAgent's shape
         memory = NO_MEMORY
         for chat, chunk in zip(chats, chunks):  # the prompt the rollout builds, from the previous reply
@@ -48,7 +48,7 @@ def test_memories_hold_what_was_read_of_the_supporting_sentences_and_nothing_els
     rng, straddled = random.Random(11), 0
     for index in range(40):
         item = generate_item(rng, 6, index)
-        chunks, _ = split_chunks(tokenizer, item.context, 24, None)
+        chunks = split_chunks(tokenizer, item.context, 24, None).texts
         memories = [chat[1]["content"] for chat in demonstration_chats(item, tokenizer, 24)[:-1]]
         read = ""
         for chunk, memory in zip(chunks, memories):

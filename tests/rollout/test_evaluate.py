@@ -62,6 +62,7 @@ def test_an_item_over_the_time_limit_fails_alone_and_is_listed(tmp_path):
     out = tmp_path / "rows.jsonl"
     done = asyncio.run(evaluate_items(plugin_args([], {}), "http://127.0.0.1:9", items, generate, row,
                                       SamplingParams(), out, timeout_s=0.5))
-    assert done.rows == {"quick": {"response": "done", "_id": "quick"}}
+    assert list(done.rows) == ["quick"] and done.rows["quick"]["response"] == "done"
+    assert 0 <= done.rows["quick"]["seconds"] < 0.5  # its own time, under the limit
     [failed] = [json.loads(line) for line in (tmp_path / "rows.failed.jsonl").read_text().splitlines()]
     assert failed["_id"] == "slow" and failed["status"] == "failed" and "timed out after 0.5 s" in failed["error"]
