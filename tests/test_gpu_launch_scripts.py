@@ -1,7 +1,8 @@
 """The GPU launch scripts' train.py command lines, on a machine without GPUs: ``nvidia-smi`` and ``ray`` are
 stand-ins that report four GPUs, and ``python train.py`` parses and checks its arguments with train.py's own
-parser (as on a CUDA machine) and records them instead of training; every other python call (data generation,
-the scaling table) is real."""
+parser (as on a CUDA machine) and records them instead of training (a save it was asked for gets a tracker
+file and an empty iteration); the RULER-HQA evaluation and the conversion to HF record their arguments too (the
+conversion writes the config alone); every other python call (data generation, the scaling table) is real."""
 
 import json
 import os
@@ -33,6 +34,11 @@ try:
 except flags.ConfigError as err:
     sys.exit(f"train.py: {{err}}")
 Path(sys.argv[1]).write_text(json.dumps(args))
+with open(sys.argv[1] + ".all", "a") as calls:
+    calls.write(json.dumps(args) + "\\n")
+if "--save" in args:
+    save = Path(args[len(args) - 1 - args[::-1].index("--save") + 1]); save.joinpath("iter_0000001").mkdir(parents=True, exist_ok=True)
+    save.joinpath("latest_checkpointed_iteration.txt").write_text("1")
 if "--tensorboard-dir" in args:
     from tools.scaling_table import COLUMNS
     tb = Path(args[len(args) - 1 - args[::-1].index("--tensorboard-dir") + 1]); tb.mkdir(parents=True, exist_ok=True)
@@ -41,6 +47,18 @@ if "--tensorboard-dir" in args:
 ' {record} "${{@:2}}"
 fi
 if [ "$1" = tools/convert_hf_to_torch_dist.py ]; then exit 3; fi  # the stand-in checkpoint has no weights
+if [ "$1" = -m ] && [ "$2" = examples.mem_agent.eval_ruler_hqa ]; then
+  exec {python} -c 'import json, sys; open(sys.argv[1] + ".eval", "a").write(json.dumps(sys.argv[2:]) + "\\n")' \
+    {record} "${{@:3}}"
+fi
+if [ "$1" = tools/convert_torch_dist_to_hf.py ]; then
+  exec {python} -c 'import json, shutil, sys; from pathlib import Path
+args = sys.argv[2:]
+open(sys.argv[1] + ".convert", "a").write(json.dumps(args) + "\\n")
+out = Path(args[args.index("--output-dir") + 1]); out.mkdir(parents=True)
+shutil.copy(Path(args[args.index("--origin-hf-dir") + 1]) / "config.json", out)
+' {record} "${{@:2}}"
+fi
 exec {python} "$@"
 """
 
@@ -188,3 +206,49 @@ def test_the_async_benchmark_runs_the_script_in_either_layout(layout, tmp_path):
         assert "--colocate" not in args and last(args, "--rollout-num-gpus") == "1"
     else:
         assert "--colocate" in args and last(args, "--vllm-gpu-memory-utilization") == "0.3"
+
+
+def test_the_smollm2_learning_recipe_chains_sft_rl_and_both_evaluations(tiny_hf_dirs, tmp_path):
+    """run-smollm2-gpu.sh on one GPU: prepare writes the held-out split (real), then a seed's SFT run, its GRPO
+    run through the Qwen3-4B launch script starting from the SFT save, and both saves converted and evaluated at
+    every length at once."""
+    model, work = tiny_hf_dirs["llama"], tmp_path / "work"
+    env = {"VIME_EXT_OUT": str(work), "HF_CKPT": str(model), "STAND_IN_GPUS": "1", "TRAIN_NUM": "4",
+           "EVAL_NUM": "2", "SFT_NUM": "3", "TRAIN_DOCS": "20", "LENGTH": "20 40", "MEM_CHUNK_TOKENS": "128",
+           "SEED": "1"}
+    record = tmp_path / "train_args.json"
+    full = {**os.environ, **env, "PATH": f"{stand_ins(tmp_path, record)}{os.pathsep}{os.environ['PATH']}"}
+    full.pop("CUDA_VISIBLE_DEVICES", None)
+    for stage in ("prepare", "seed"):
+        done = subprocess.run(["bash", str(ROOT / "examples/mem_agent/run-smollm2-gpu.sh"), stage, "--eps-clip", "0.1"],
+                              env=full, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    data = work / "data"
+    train_rows = [json.loads(line) for line in (data / "train.jsonl").read_text().splitlines()]
+    assert len(train_rows) == 4 and all(r["metadata"]["num_docs"] == 20 for r in train_rows)
+    assert sorted(p.name for p in (data / "ruler_hqa").iterdir()) == ["eval_20.json", "eval_40.json"]
+    sft_chats = (data / "sft.jsonl").read_text().splitlines()
+    assert len(sft_chats) > 3 and (data / "sft_heldout.jsonl").is_file()
+
+    sft, rl = [json.loads(line) for line in (tmp_path / "train_args.json.all").read_text().splitlines()]
+    assert last(sft, "--loss-type") == "sft_loss" and last(sft, "--save") == str(work / "seed_1/sft")
+    assert last(sft, "--num-rollout") == last(sft, "--eval-interval") == str(-(-len(sft_chats) // 64))
+    assert "--bf16" in sft and last(sft, "--seed") == "1" and last(sft, "--hf-checkpoint") == str(model)
+    # GRPO: the example's own launch script, colocated on the one GPU, from the SFT save, boxed answers.
+    assert last(rl, "--ref-load") == str(work / "seed_1/sft") and last(rl, "--save") == str(work / "seed_1/rl")
+    assert "--colocate" in rl and "--rollout-num-gpus" not in rl and "--optimizer-cpu-offload" not in rl
+    assert last(rl, "--custom-generate-function-path") == "examples.mem_agent.rollout.generate"
+    assert last(rl, "--rollout-batch-size") == "16" and last(rl, "--global-batch-size") == "128"
+    assert last(rl, "--lr") == "1e-5" and last(rl, "--eps-clip") == "0.1"  # the user's flag comes last
+    assert last(rl, "--engine-max-model-len") == "4096" and last(rl, "--recompute-granularity") == "selective"
+    # Both saves converted and evaluated, every length at once, each under its own SAVE_FILE.
+    converted = [json.loads(line) for line in (tmp_path / "train_args.json.convert").read_text().splitlines()]
+    assert sorted(last(c, "--input-dir") for c in converted) == [str(work / "seed_1/rl/iter_0000001"),
+                                                                str(work / "seed_1/sft/iter_0000001")]
+    evals = sorted((json.loads(line) for line in (tmp_path / "train_args.json.eval").read_text().splitlines()),
+                   key=lambda a: last(a, "--save-file"))
+    assert [last(a, "--save-file") for a in evals] == ["rl_s1", "sft_s1"]
+    for a in evals:
+        assert "--lengths-at-once" in a and a[a.index("--length") + 1:a.index("--length") + 3] == ["20", "40"]
+        assert last(a, "--save-dir") == str(work / "eval") and last(a, "--n-proc") == "2"
+        assert last(a, "--model-path").startswith(str(work / "seed_1")) and last(a, "--max-model-len") == "4096"

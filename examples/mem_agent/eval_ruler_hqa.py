@@ -3,9 +3,10 @@
     python -m examples.mem_agent.eval_ruler_hqa --model-path HF_DIR --data-root DIR --length 50 200 800 \
         --save-dir results --save-file my_model [--n-proc 16] [--temperature 0.7] [--top-p 0.95] [--force]
         [--custom-config-path mem.yaml] [--engine-backend vllm|hf] [--tp 1] [--max-model-len N] [--model-url URL]
+        [--lengths-at-once]
         [--vllm-X ...: any vLLM server flag --X, for the engine this starts]
 
-For each N it reads ``DATA_ROOT/eval_{N}.json`` and writes ``SAVE_DIR/ruler_hqa_{N}/{SAVE_FILE}.jsonl`` (one line
+For each N (one after the other, or with ``--lengths-at-once`` all at the same time) it reads ``DATA_ROOT/eval_{N}.json`` and writes ``SAVE_DIR/ruler_hqa_{N}/{SAVE_FILE}.jsonl`` (one line
 per item: ``_id``, ``answer`` (gold), ``pred``, ``judge_f1``, ``judge_em``, ``judge_sub_em``, ``response``, the
 document's ``doc_tokens`` and ``chunks``, the item's ``seconds``, and its other keys except ``context``) and
 ``{SAVE_FILE}.summary.json`` (f1/em/sub_em x100 over the scored items, the counts of failed and refused items,
@@ -20,6 +21,7 @@ The document is read whole unless ``mem_eval_max_chunks`` is set; every cut is l
 
 import argparse
 import asyncio
+import copy
 import json
 import sys
 from pathlib import Path
@@ -63,9 +65,9 @@ def summarize(rows: list[dict], failed: int, refused: int, num_docs: int, save_f
 
 
 async def evaluate_length(args, url: str, data_file: Path, out_dir: Path, save_file: str, n_proc: int,
-                          params: SamplingParams, force: bool) -> dict:
+                          params: SamplingParams, force: bool, lengths_at_once: int = 1) -> dict:
     """One length's file through the framework's evaluation loop (resumable, failures kept apart), then its
-    summary."""
+    summary (``lengths_at_once``: how many lengths shared the engine meanwhile, for its cost figures)."""
     items, refused = read_eval_file(data_file)
     for message in refused:
         print(f"refused: {message}", file=sys.stderr)
@@ -84,6 +86,7 @@ async def evaluate_length(args, url: str, data_file: Path, out_dir: Path, save_f
                                 n_proc, force, desc=data_file.name)
     num_docs = items[0][0].num_docs if items else 0
     summary = summarize(list(done.rows.values()), len(done.failed), len(refused), num_docs, save_file, n_proc)
+    summary["lengths_at_once"] = lengths_at_once
     (out_dir / f"{save_file}.summary.json").write_text(json.dumps(summary, indent=1))
     return summary
 
@@ -127,7 +130,10 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--length", nargs="+", type=int, required=True, help="numbers of documents N to run")
     parser.add_argument("--save-dir", required=True)
     parser.add_argument("--save-file", default=None, help="output name (default: the model folder's name)")
-    parser.add_argument("--n-proc", type=int, default=16, help="items in flight at once")
+    parser.add_argument("--n-proc", type=int, default=16, help="items in flight at once (per length)")
+    parser.add_argument("--lengths-at-once", action="store_true",
+                        help="run every length at the same time (a length's items stay within --n-proc): the "
+                             "whole evaluation takes about as long as its longest length alone")
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--top-p", type=float, default=0.95)
     parser.add_argument("--force", action="store_true", help="score every item again")
@@ -158,14 +164,22 @@ def main(argv=None) -> list[dict]:
         else []
     engine = EngineConfig(options.model_path, backend=options.engine_backend, dtype=options.engine_dtype,
                           max_model_len=options.max_model_len, extra_args=extra + vllm_args, rl_routes=False)
-    summaries = []
+
+    async def one_length(n: int) -> dict:
+        # Each length its own copy of the plug-in args: the loop sets the engine client on the args it is given.
+        summary = await evaluate_length(copy.copy(args), url, data_root / f"eval_{n}.json",
+                                        save_dir / f"ruler_hqa_{n}", save_file, options.n_proc, params, options.force,
+                                        len(options.length) if options.lengths_at_once else 1)
+        print(json.dumps(summary))
+        return summary
+
+    async def every_length() -> list[dict]:
+        if options.lengths_at_once:
+            return list(await asyncio.gather(*(one_length(n) for n in options.length)))
+        return [await one_length(n) for n in options.length]
+
     with served(engine, options.model_url) as url:
-        for n in options.length:
-            summary = asyncio.run(evaluate_length(args, url, data_root / f"eval_{n}.json",
-                                                  save_dir / f"ruler_hqa_{n}", save_file, options.n_proc, params,
-                                                  options.force))
-            print(json.dumps(summary))
-            summaries.append(summary)
+        summaries = asyncio.run(every_length())
     figure = plot(save_dir)
     if figure:
         print(f"plot: {figure}")

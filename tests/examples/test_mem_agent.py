@@ -297,3 +297,11 @@ def test_a_resumed_eval_scores_every_item_once(engine, tmp_path):
     assert again[:3] == lines[:3] and len(again) == 6
     assert sorted(json.loads(line)["_id"] for line in again) == list("012345") and summary["scored"] == 6
     assert (tmp_path / "out/ruler_hqa_sub_em.png").stat().st_size > 1000
+    # --lengths-at-once: a second length beside the first (whose items are all scored: none is run again).
+    write_eval_file(tmp_path / "data", 5, 4, seed=2)
+    both = main(argv[:argv.index("--length")] + ["--length", "3", "5", "--lengths-at-once"]
+                + argv[argv.index("--length") + 2:])
+    assert [(s["num_docs"], s["scored"], s["lengths_at_once"]) for s in both] == [(3, 6, 2), (5, 4, 2)]
+    assert out.read_text().splitlines() == again
+    rows5 = [json.loads(line) for line in (tmp_path / "out/ruler_hqa_5/tiny.jsonl").read_text().splitlines()]
+    assert sorted(r["_id"] for r in rows5) == list("0123") and all(r["num_docs"] == 5 for r in rows5)

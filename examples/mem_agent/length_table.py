@@ -1,0 +1,188 @@
+"""The RULER-HQA table in the paper's layout: rows are models, columns are lengths, cells are sub-EM; seeds of a
+model are averaged (mean, and the spread as min..max), from the summaries ``run-eval.sh`` wrote.
+
+    python -m examples.mem_agent.length_table --save-dir SAVE_DIR --model base=base --model "SFT=sft_s*" \
+        --model "SFT + RL=rl_s*" [--train-length 170] [--cost-of rl_s0] [--out docs/runs/mem_agent_smollm2]
+
+A model is ``NAME=PATTERN``: every ``SAVE_FILE`` matching the glob pattern is one of its seeds. Writes ``OUT.md``
+(the table, the goals checked, the cost per item of ``--cost-of``), ``OUT.json`` (sub-EM, EM and F1 of every
+seed at every length, the means and spreads) and ``OUT.png`` (sub-EM against document tokens, a line per model
+with its seeds' spread shaded).
+"""
+
+import argparse
+import fnmatch
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+JUDGES = ("sub_em", "em", "f1")
+
+
+@dataclass
+class Cell:
+    """One model at one length: each seed's summary."""
+
+    seeds: dict[str, dict] = field(default_factory=dict)
+
+    def values(self, judge: str = "sub_em") -> list[float]:
+        return [s[judge] for s in self.seeds.values() if s.get(judge) is not None]
+
+    def mean(self, judge: str = "sub_em") -> float | None:
+        values = self.values(judge)
+        return statistics.fmean(values) if values else None
+
+    def text(self) -> str:
+        values = self.values()
+        if not values:
+            return "-"
+        if len(values) == 1:
+            return f"{values[0]:.1f}"
+        return f"{statistics.fmean(values):.1f} ({min(values):.1f}-{max(values):.1f})"
+
+
+def read_summaries(save_dir: Path) -> dict[str, dict[int, dict]]:
+    """Every summary under ``save_dir``: save file -> number of documents -> summary."""
+    found: dict[str, dict[int, dict]] = {}
+    for path in sorted(save_dir.glob("ruler_hqa_*/*.summary.json")):
+        summary = json.loads(path.read_text())
+        found.setdefault(summary["save_file"], {})[int(summary["num_docs"])] = summary
+    return found
+
+
+def build(summaries: dict[str, dict[int, dict]], models: list[tuple[str, str]]) -> dict[str, dict[int, Cell]]:
+    """model name -> length -> its seeds' summaries; a pattern that matches nothing is an error."""
+    table: dict[str, dict[int, Cell]] = {}
+    for name, pattern in models:
+        files = sorted(f for f in summaries if fnmatch.fnmatchcase(f, pattern))
+        if not files:
+            raise ValueError(f"--model {name}={pattern}: no SAVE_FILE matches; found {sorted(summaries)}")
+        for save_file in files:
+            for n, summary in summaries[save_file].items():
+                table.setdefault(name, {}).setdefault(n, Cell()).seeds[save_file] = summary
+    return table
+
+
+def length_label(table: dict[str, dict[int, Cell]], n: int) -> str:
+    """A column's name: the mean document tokens at that length (``doc_tokens`` of the summaries), else N docs."""
+    tokens = [s["doc_tokens"] for cells in table.values() if n in cells for s in cells[n].seeds.values()
+              if s.get("doc_tokens")]
+    if not tokens:
+        return f"{n} docs"
+    mean = statistics.fmean(tokens)
+    return f"{mean / 2**20:.2f}M" if mean >= 2**20 else f"{mean / 2**10:.0f}K"
+
+
+def markdown(table: dict[str, dict[int, Cell]], train_length: int | None) -> str:
+    lengths = sorted({n for cells in table.values() for n in cells})
+    lines = ["| model | seeds | " + " | ".join(length_label(table, n) for n in lengths) + " |",
+             "|---|---|" + "---|" * len(lengths),
+             "| (documents) | | " + " | ".join(str(n) for n in lengths) + " |"]
+    for name, cells in table.items():
+        seeds = len({f for cell in cells.values() for f in cell.seeds})
+        lines.append(f"| {name} | {seeds} | " + " | ".join(cells[n].text() if n in cells else "-" for n in lengths)
+                     + " |")
+    lines += ["", "sub-EM x 100; with several seeds, their mean and (min-max)."]
+    if train_length is not None:
+        lines.append(f"Training length: {train_length} documents ({length_label(table, train_length)} tokens).")
+    return "\n".join(lines)
+
+
+def goals(table: dict[str, dict[int, Cell]], sft: str, rl: str, train_length: int) -> list[str]:
+    """Issue 27's two goals, checked on the means: SFT + RL at least 10 points over SFT at the training length;
+    SFT + RL losing at most 10 points from the shortest length to the longest."""
+    out = []
+    if sft in table and rl in table and train_length in table[sft] and train_length in table[rl]:
+        gain = table[rl][train_length].mean() - table[sft][train_length].mean()
+        out.append(f"- {rl} over {sft} at the training length: {gain:+.1f} points (goal: +10 or more): "
+                   f"{'met' if gain >= 10 else 'missed'}.")
+    if rl in table and len(table[rl]) >= 2:
+        lengths = sorted(table[rl])
+        drop = table[rl][lengths[0]].mean() - table[rl][lengths[-1]].mean()
+        out.append(f"- {rl} from {length_label(table, lengths[0])} to {length_label(table, lengths[-1])}: "
+                   f"{-drop:+.1f} points (goal: a loss of 10 or less): {'met' if drop <= 10 else 'missed'}.")
+    return out
+
+
+def cost(summaries: dict[int, dict], save_file: str) -> str:
+    """The evaluation's cost per length for one save file: seconds per item and document tokens read per second
+    (per item), and seconds per 1K document tokens, which stays flat if time grows linearly with length."""
+    rows = ["| documents | doc tokens | chunks | items in flight | s / item | doc tokens / s | s per 1K tokens |",
+            "|---|---|---|---|---|---|---|"]
+    for n, s in sorted(summaries.items()):
+        if not s.get("seconds_per_item"):
+            continue
+        in_flight = s["n_proc"] * s.get("lengths_at_once", 1)
+        rows.append(f"| {n} | {s['doc_tokens']:.0f} | {s['chunks']:.1f} | {in_flight} | {s['seconds_per_item']:.1f}"
+                    f" | {s['doc_tokens_per_s']:.0f} | {1000 * s['seconds_per_item'] / s['doc_tokens']:.3f} |")
+    return "\n".join([f"Cost per item, {save_file}:", "", *rows])
+
+
+def plot(table: dict[str, dict[int, Cell]], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for name, cells in table.items():
+        lengths = sorted(n for n in cells if cells[n].values())
+        xs = [statistics.fmean([s.get("doc_tokens") or n for s in cells[n].seeds.values()]) for n in lengths]
+        ax.plot(xs, [cells[n].mean() for n in lengths], marker="o", label=name)
+        if any(len(cells[n].values()) > 1 for n in lengths):
+            ax.fill_between(xs, [min(cells[n].values()) for n in lengths], [max(cells[n].values()) for n in lengths],
+                            alpha=0.2)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("document tokens (log scale)")
+    ax.set_ylabel("sub-EM (%)")
+    ax.set_ylim(0, 100)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--save-dir", required=True, help="run-eval.sh's SAVE_DIR")
+    parser.add_argument("--model", action="append", required=True, help="NAME=PATTERN (a glob of SAVE_FILEs)")
+    parser.add_argument("--train-length", type=int, default=None, help="the training items' document count")
+    parser.add_argument("--sft", default="SFT", help="the model the goals compare against")
+    parser.add_argument("--rl", default="SFT + RL", help="the model the goals are about")
+    parser.add_argument("--cost-of", default=None, help="a SAVE_FILE whose cost per item is tabled")
+    parser.add_argument("--out", required=True, help="path stem of the .md, .json and .png written")
+    args = parser.parse_args(argv)
+    models = []
+    for spec in args.model:
+        name, sep, pattern = spec.partition("=")
+        if not sep or not name or not pattern:
+            parser.error(f"--model {spec!r}: write NAME=PATTERN")
+        models.append((name, pattern))
+    summaries = read_summaries(Path(args.save_dir))
+    table = build(summaries, models)
+    parts = [markdown(table, args.train_length)]
+    if args.train_length is not None:
+        parts.append("\n".join(goals(table, args.sft, args.rl, args.train_length)))
+    if args.cost_of:
+        if args.cost_of not in summaries:
+            parser.error(f"--cost-of {args.cost_of}: no such SAVE_FILE; found {sorted(summaries)}")
+        parts.append(cost(summaries[args.cost_of], args.cost_of))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    text = "\n\n".join(p for p in parts if p) + "\n"
+    out.with_suffix(".md").write_text(text)
+    result = {name: {str(n): {"seeds": cell.seeds, **{f"{j}_mean": cell.mean(j) for j in JUDGES},
+                              "sub_em_min": min(cell.values(), default=None),
+                              "sub_em_max": max(cell.values(), default=None)}
+                     for n, cell in sorted(cells.items())} for name, cells in table.items()}
+    out.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    plot(table, out.with_suffix(".png"))
+    print(text)
+    return result
+
+
+if __name__ == "__main__":
+    main()

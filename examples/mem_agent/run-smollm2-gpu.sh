@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# MemAgent's own task learned by SmolLM2-135M-Instruct on GPUs: 2-hop questions (novel -> author -> birthplace)
+# over documents of 5 chunks among distractors, the last \boxed{} of the final reply rewarded, a supervised warm
+# start from demonstrations, then GRPO through this example's Qwen3-4B launch script (its variables scaled to the
+# small model), then RULER-HQA-format evaluation from 8K to 1M tokens on names no training item has. Stages:
+#   bash examples/mem_agent/run-smollm2-gpu.sh prepare       # training items, SFT chats, held-out eval files
+#   SEED=0 bash examples/mem_agent/run-smollm2-gpu.sh seed   # on one GPU: SFT, GRPO from it, both evaluated
+#   bash examples/mem_agent/run-smollm2-gpu.sh base          # the base model evaluated
+#   bash examples/mem_agent/run-smollm2-gpu.sh table         # base / SFT / SFT + RL over the seeds: .md .json .png
+#   SEEDS="0 1" bash examples/mem_agent/run-smollm2-gpu.sh all   # prepare, a seed per GPU at once, base, table
+# Everything goes under VIME_EXT_OUT (default runs/mem_agent_smollm2): data/, seed_S/{sft,rl}, eval/ (one
+# SAVE_FILE per model: base, sft_sS, rl_sS; resumable), table/. Extra arguments go to the GRPO run's train.py.
+#
+# Scaled to SmolLM2's 8K context (MemAgent trains Qwen2.5 with 5000-token chunks, a 1024-token memory and
+# 32K-token items): chunks of 2048 tokens, a memory of at most 256 tokens, a final answer of 64; training items
+# of 170 generated documents (about 8.8K tokens, 5 chunks).
+set -euo pipefail
+export MEM_CHUNK_TOKENS=${MEM_CHUNK_TOKENS:-2048} MEM_MAX_MEMORY=${MEM_MAX_MEMORY:-256}
+export MEM_MAX_FINAL=${MEM_MAX_FINAL:-64} MEM_MAX_CHUNKS=${MEM_MAX_CHUNKS:-16}
+export MEM_ANSWER_FORMAT=${MEM_ANSWER_FORMAT:-boxed} MEM_ANSWER_PREFIX=${MEM_ANSWER_PREFIX-}
+source "$(dirname "$0")/common.sh"
+STAGE=${1:?usage: run-smollm2-gpu.sh prepare|seed|base|table|all [train.py flags for the GRPO run]}
+shift
+
+WORK=${VIME_EXT_OUT:-runs/mem_agent_smollm2}
+DATA_ROOT=${DATA_ROOT:-${WORK}/data}
+EVAL_DIR=${EVAL_DIR:-${WORK}/eval}
+SEED=${SEED:-0} SEEDS=${SEEDS:-"0 1 2"}
+TRAIN_DOCS=${TRAIN_DOCS:-170} TRAIN_NUM=${TRAIN_NUM:-1024}
+LENGTH=${LENGTH:-"170 340 680 1360 2720 5440 10880 21760"}  # about 8.8K to 1.1M tokens, doubling
+EVAL_NUM=${EVAL_NUM:-32}
+SFT_NUM=${SFT_NUM:-512} SFT_EPOCHS=${SFT_EPOCHS:-1} SFT_LR=${SFT_LR:-2e-5}
+RL_ROLLOUTS=${RL_ROLLOUTS:-30} RL_LR=${RL_LR:-1e-5}
+ROLLOUT_BATCH_SIZE=${ROLLOUT_BATCH_SIZE:-16} N_SAMPLES_PER_PROMPT=${N_SAMPLES_PER_PROMPT:-8}
+MAX_MODEL_LEN=${MAX_MODEL_LEN:-4096}  # a chat: the prompt, a 256-token memory, a 2048-token chunk, the reply
+if [ -z "${HF_CKPT:-}" ]; then
+  HF_CKPT=$(python -c "from vime_ext.models.packaged import smollm2_hf_dir; print(smollm2_hf_dir())" | tail -1)
+fi
+need "${HF_CKPT}/config.json" HF_CKPT
+export HF_CKPT
+GPU_FLAGS=()
+if [ "${NUM_GPUS}" -gt 0 ]; then GPU_FLAGS+=(--bf16); fi
+
+prepare() {
+  python -m examples.mem_agent.prepare_data --generate --num "${TRAIN_NUM}" --num-docs "${TRAIN_DOCS}" --hops 2 \
+    --entities train --seed 0 --out "${DATA_ROOT}/train.jsonl" --eval-dir "${DATA_ROOT}/ruler_hqa" \
+    --eval-lengths ${LENGTH} --eval-entities heldout --eval-num "${EVAL_NUM}"
+  python -m examples.mem_agent.demonstrations --tokenizer "${HF_CKPT}" --num "${SFT_NUM}" --num-docs "${TRAIN_DOCS}" \
+    --chunk-tokens "${MEM_CHUNK_TOKENS}" --entities train --seed 1000 --out "${DATA_ROOT}/sft.jsonl"
+  # The same demonstrations on held-out names: the SFT run's held-out loss.
+  python -m examples.mem_agent.demonstrations --tokenizer "${HF_CKPT}" --num 32 --num-docs "${TRAIN_DOCS}" \
+    --chunk-tokens "${MEM_CHUNK_TOKENS}" --entities heldout --seed 2000 --out "${DATA_ROOT}/sft_heldout.jsonl"
+}
+
+# sft SEED: the warm start, SFT_EPOCHS passes over the demonstrations in steps of 64 chats, no engine; the
+# held-out demonstrations' loss before and after
+sft() {
+  local chats rollouts
+  chats=$(wc -l <"${DATA_ROOT}/sft.jsonl")
+  rollouts=$(( (SFT_EPOCHS * chats + 63) / 64 ))
+  python train.py --hf-checkpoint "${HF_CKPT}" --prompt-data "${DATA_ROOT}/sft.jsonl" --input-key messages \
+    --loss-type sft_loss --rollout-function-path vime_ext.rollout.sft_rollout.generate_rollout \
+    --n-samples-per-prompt 1 --rollout-batch-size 64 --global-batch-size 64 --num-rollout "${rollouts}" \
+    --rollout-shuffle --seed "$1" --lr "${SFT_LR}" --lr-decay-style cosine --min-lr 0 \
+    --use-dynamic-batch-size --max-tokens-per-gpu 32768 --save "${WORK}/seed_$1/sft" --no-save-optim \
+    --eval-prompt-data heldout "${DATA_ROOT}/sft_heldout.jsonl" --eval-interval "${rollouts}" "${GPU_FLAGS[@]}"
+}
+
+# rl SEED ARGS...: GRPO from the SFT save through the Qwen3-4B launch script, colocated on this GPU
+rl() {
+  local seed=$1
+  shift
+  HF_CKPT=${HF_CKPT} TORCH_DIST=${WORK}/seed_${seed}/sft MODEL_ARGS_SCRIPT="" COLOCATE=1 ACTOR_GPUS=1 \
+    OPTIMIZER_OFFLOAD=0 TRAIN_DATA=${DATA_ROOT}/train.jsonl SAVE_PATH=${WORK}/seed_${seed}/rl \
+    NUM_ROLLOUT=${RL_ROLLOUTS} ROLLOUT_BATCH_SIZE=${ROLLOUT_BATCH_SIZE} N_SAMPLES_PER_PROMPT=${N_SAMPLES_PER_PROMPT} \
+    GLOBAL_BATCH_SIZE=$(( ROLLOUT_BATCH_SIZE * N_SAMPLES_PER_PROMPT )) SAVE_INTERVAL=${RL_ROLLOUTS} SAVE_OPTIM=0 \
+    ENGINE_MEMORY=${ENGINE_MEMORY:-0.5} RAY_PORT=$(( 6380 + seed )) \
+    bash "${MEM_AGENT_DIR}/run-qwen3-4b-train.sh" --lr "${RL_LR}" --seed "${seed}" \
+    --engine-max-model-len "${MAX_MODEL_LEN}" --max-tokens-per-gpu 32768 --recompute-granularity selective "$@"
+}
+
+# evaluate SAVE_FILE [SAVE_PATH]: every length at once, the base model or (with a save) its last iteration
+evaluate() {
+  local convert=0
+  if [ -n "${2:-}" ]; then convert=1; fi
+  CONVERT=${convert} SAVE_PATH=${2:-} MODEL_PATH=${HF_CKPT} SAVE_FILE=$1 DATA_ROOT=${DATA_ROOT}/ruler_hqa \
+    LENGTH=${LENGTH} SAVE_DIR=${EVAL_DIR} N_PROC=${EVAL_NUM} LENGTHS_AT_ONCE=1 MAX_MODEL_LEN=${MAX_MODEL_LEN} \
+    bash "${MEM_AGENT_DIR}/run-eval.sh" --vllm-gpu-memory-utilization "${EVAL_ENGINE_MEMORY:-0.4}"
+}
+
+# seed SEED ARGS...: SFT, GRPO from it, then both evaluated at once (an engine each)
+one_seed() {
+  local seed=$1 pids=() status=0
+  shift
+  sft "${seed}"
+  rl "${seed}" "$@"
+  evaluate "sft_s${seed}" "${WORK}/seed_${seed}/sft" & pids+=($!)
+  evaluate "rl_s${seed}" "${WORK}/seed_${seed}/rl" & pids+=($!)
+  for pid in "${pids[@]}"; do wait "${pid}" || status=1; done
+  return "${status}"
+}
+
+table() {
+  python -m examples.mem_agent.length_table --save-dir "${EVAL_DIR}" --model base=base --model "SFT=sft_s*" \
+    --model "SFT + RL=rl_s*" --train-length "${TRAIN_DOCS}" --cost-of "${COST_OF:-base}" \
+    --out "${WORK}/table/mem_agent_smollm2"
+}
+
+# all ARGS...: prepare, then one seed per visible GPU at once (logs in WORK/seed_S.log), then the base model, table
+everything() {
+  local gpus=(${CUDA_VISIBLE_DEVICES:-$(seq -s ' ' 0 $(( NUM_GPUS > 0 ? NUM_GPUS - 1 : 0 )))})
+  local seeds=(${SEEDS}) pids=() i
+  gpus=(${gpus[@]//,/ })
+  if (( ${#seeds[@]} > ${#gpus[@]} )); then
+    echo "run-smollm2-gpu.sh all: ${#seeds[@]} seeds for ${#gpus[@]} GPU(s); set SEEDS to at most one per GPU" >&2
+    exit 2
+  fi
+  prepare
+  for i in "${!seeds[@]}"; do
+    CUDA_VISIBLE_DEVICES=${gpus[i]} SEED=${seeds[i]} bash "$0" seed "$@" >"${WORK}/seed_${seeds[i]}.log" 2>&1 &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "${pid}" || echo "a seed failed: see ${WORK}/seed_*.log" >&2; done
+  CUDA_VISIBLE_DEVICES=${gpus[0]} evaluate base
+  table
+}
+
+mkdir -p "${WORK}"
+case "${STAGE}" in
+  prepare) prepare ;;
+  seed) one_seed "${SEED}" "$@" ;;
+  base) evaluate base ;;
+  table) table ;;
+  all) everything "$@" ;;
+  *) echo "usage: run-smollm2-gpu.sh prepare|seed|base|table|all" >&2; exit 2 ;;
+esac

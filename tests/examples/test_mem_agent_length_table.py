@@ -1,0 +1,49 @@
+"""examples/mem_agent/length_table.py on summaries written as run-eval.sh writes them: the paper's layout, seeds
+averaged with their spread, the goals checked, the cost per item, the JSON and the plot."""
+
+import json
+
+import pytest
+
+from examples.mem_agent.eval_ruler_hqa import summarize
+from examples.mem_agent.length_table import main
+
+
+def write(save_dir, save_file, num_docs, sub_em, doc_tokens, seconds):
+    rows = [{"judge_f1": sub_em / 100, "judge_em": sub_em / 100, "judge_sub_em": sub_em / 100,
+             "doc_tokens": doc_tokens, "chunks": -(-doc_tokens // 2048), "seconds": seconds}]
+    summary = summarize(rows, 0, 0, num_docs, save_file, n_proc=32)
+    folder = save_dir / f"ruler_hqa_{num_docs}"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{save_file}.summary.json").write_text(json.dumps(summary))
+
+
+def test_the_table_averages_seeds_checks_the_goals_and_tables_the_cost(tmp_path):
+    scores = {"base": (5, 0), "sft_s0": (40, 30), "sft_s1": (44, 34), "rl_s0": (60, 55), "rl_s1": (70, 61)}
+    for save_file, (short, long) in scores.items():
+        write(tmp_path, save_file, 170, short, 8192, 2.0)
+        write(tmp_path, save_file, 21760, long, 1_048_576, 250.0)
+    out = tmp_path / "table/smollm2"
+    result = main(["--save-dir", str(tmp_path), "--model", "base=base", "--model", "SFT=sft_s*",
+                   "--model", "SFT + RL=rl_s*", "--train-length", "170", "--cost-of", "rl_s0", "--out", str(out)])
+    text = out.with_suffix(".md").read_text()
+    assert "| model | seeds | 8K | 1.00M |" in text and "| (documents) | | 170 | 21760 |" in text
+    assert "| base | 1 | 5.0 | 0.0 |" in text
+    assert "| SFT | 2 | 42.0 (40.0-44.0) | 32.0 (30.0-34.0) |" in text
+    assert "| SFT + RL | 2 | 65.0 (60.0-70.0) | 58.0 (55.0-61.0) |" in text
+    assert "over SFT at the training length: +23.0 points (goal: +10 or more): met." in text
+    assert "from 8K to 1.00M: -7.0 points (goal: a loss of 10 or less): met." in text
+    # Seconds per 1K document tokens: 2 s / 8192 and 250 s / 1M tokens.
+    assert "| 170 | 8192 | 4.0 | 32 | 2.0 | 4096 | 0.244 |" in text
+    assert "| 21760 | 1048576 | 512.0 | 32 | 250.0 | 4194 | 0.238 |" in text
+    assert result["SFT + RL"]["170"]["sub_em_mean"] == 65.0 and result["SFT"]["21760"]["sub_em_min"] == 30.0
+    saved = json.loads(out.with_suffix(".json").read_text())
+    assert sorted(saved["SFT"]["170"]["seeds"]) == ["sft_s0", "sft_s1"]
+    assert saved["base"]["170"]["em_mean"] == 5.0 and saved["base"]["170"]["f1_mean"] == 5.0
+    assert out.with_suffix(".png").stat().st_size > 1000
+
+
+def test_a_model_pattern_that_matches_nothing_is_named(tmp_path):
+    write(tmp_path, "base", 170, 5, 8192, 2.0)
+    with pytest.raises(ValueError, match=r"--model SFT=sft_s\*: no SAVE_FILE matches; found \['base'\]"):
+        main(["--save-dir", str(tmp_path), "--model", "SFT=sft_s*", "--out", str(tmp_path / "t")])
