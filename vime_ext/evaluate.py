@@ -145,10 +145,11 @@ def evaluate(hf_dir: str, prompt_data: str, reward_path: str = "vime_ext.agent.r
              generate_path: str = "vime_ext.agent.generate.generate",
              custom_config_path: str | None = None, dtype: str = "auto",
              max_model_len: int | None = None, results: str | None = None, force: bool = False,
-             n_proc: int = 64) -> dict[str, float]:
+             n_proc: int = 64, settings_override: dict | None = None) -> dict[str, float]:
     """``n_samples`` answers to each prompt of ``prompt_data`` from the model at ``hf_dir``, each rewarded by
     ``reward_path``; the rollout metrics of all (``eval/...``). ``results``: a JSONL kept across runs, one
-    rewarded sample a line, so that a second run goes on where the first stopped (``force``: start it afresh)."""
+    rewarded sample a line, so that a second run goes on where the first stopped (``force``: start it afresh).
+    ``settings_override``: plug-in settings that replace those of ``custom_config_path``."""
     import tempfile
     from dataclasses import fields
 
@@ -165,7 +166,7 @@ def evaluate(hf_dir: str, prompt_data: str, reward_path: str = "vime_ext.agent.r
                           eval_temperature=temperature)
     names = {f.name for section in (rollout, settings) for f in fields(section)}
     custom = load_custom_config(custom_config_path, names) if custom_config_path else {}
-    args = plugin_args([rollout, settings], custom)
+    args = plugin_args([rollout, settings], {**custom, **(settings_override or {})})
     args.tokenizer = AutoTokenizer.from_pretrained(hf_dir)
     generate = load_function(generate_path, "--custom-generate-function-path")
     reward = load_function(reward_path, "--custom-rm-path")

@@ -12,15 +12,20 @@ all again); failed episodes are listed in ``SAVE_FILE.samples.failed.jsonl`` and
 """
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
 
+import torch
+
 from examples.mem_update.locomo import CATEGORIES
-from vime_ext.engines.servers import split_vllm_args
-from vime_ext.evaluate import evaluate
+from examples.mem_update.tools import TOOLS
+from vime_ext.engines.servers import EngineConfig, split_vllm_args
+from vime_ext.evaluate import evaluate, served
 
 HERE = Path(__file__).resolve().parent
+TOOL_NAMES = [tool["function"]["name"] for tool in TOOLS]
 
 
 def summarize(metrics: dict[str, float]) -> dict:
@@ -30,8 +35,11 @@ def summarize(metrics: dict[str, float]) -> dict:
                "qa_delta": None if get("qa_after") is None else get("qa_after") - get("qa_before"),
                "reward": metrics["eval/reward_mean"], "failed": metrics["eval/failed"],
                "unfinished": get("unfinished"), "tool_calls": get("tool_calls"), "tool_errors": get("tool_errors"),
-               "store_edits": get("store_edits"), "final_memory_count": get("final_memory_count"),
-               "initial_memory_count": get("initial_memory_count")}
+               "valid_tool_calls": get("valid_tool_calls"), "store_edits": get("store_edits"),
+               "initial_memory_count": get("initial_memory_count"), "final_memory_count": get("final_memory_count"),
+               "initial_memory_chars": get("initial_memory_chars"), "final_memory_chars": get("final_memory_chars"),
+               "calls_per_tool": {name: get(f"calls_{name}") for name in TOOL_NAMES
+                                  if get(f"calls_{name}") is not None}}
     summary["categories"] = {name: {"qa_before": get(f"{name}_qa_before"), "qa_after": get(f"{name}_qa_after")}
                              for name in CATEGORIES.values() if get(f"{name}_qa_before") is not None}
     return summary
@@ -50,16 +58,33 @@ def main(argv=None) -> dict:
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--custom-config-path", default=str(HERE / "mem_update.yaml"))
     parser.add_argument("--force", action="store_true", help="run every episode again")
+    parser.add_argument("--reader-model", default=None,
+                        help="score QA with this model as the reader (an engine of its own, the same for every "
+                             "model evaluated) instead of the settings' scorer")
+    parser.add_argument("--reader-memory", type=float, default=0.15,
+                        help="the reader engine's share of GPU memory (vLLM on a GPU)")
     own, vllm_args = split_vllm_args(sys.argv[1:] if argv is None else list(argv))
     args = parser.parse_args(own)
     name = args.save_file or Path(args.model_path).name
-    metrics = evaluate(args.model_path, args.test_data, "examples.mem_update.reward.reward", args.engine_backend,
-                       1, args.max_response_len, args.temperature, engine_args=vllm_args,
-                       generate_path="examples.mem_update.rollout.generate",
-                       custom_config_path=args.custom_config_path, dtype=args.engine_dtype,
-                       max_model_len=args.max_model_len, results=str(Path(args.save_dir) / f"{name}.samples.jsonl"),
-                       force=args.force)
-    summary = {"model": args.model_path, "test_data": args.test_data, **summarize(metrics)}
+    with contextlib.ExitStack() as stack:
+        override = {}
+        if args.reader_model:
+            gpu = args.engine_backend == "vllm" and torch.cuda.is_available()
+            reader = EngineConfig(args.reader_model, backend=args.engine_backend, dtype=args.engine_dtype,
+                                  max_model_len=args.max_model_len, rl_routes=False,
+                                  extra_args=["--gpu-memory-utilization", str(args.reader_memory)] if gpu else [])
+            override = {"memup_scorer": "reader", "memup_reader_url": stack.enter_context(served(reader)),
+                        "memup_reader_tokenizer": args.reader_model}
+        metrics = evaluate(args.model_path, args.test_data, "examples.mem_update.reward.reward", args.engine_backend,
+                           1, args.max_response_len, args.temperature, engine_args=vllm_args,
+                           generate_path="examples.mem_update.rollout.generate",
+                           custom_config_path=args.custom_config_path, dtype=args.engine_dtype,
+                           max_model_len=args.max_model_len,
+                           results=str(Path(args.save_dir) / f"{name}.samples.jsonl"), force=args.force,
+                           settings_override=override)
+    summary = {"model": args.model_path, "test_data": args.test_data,
+               "scorer": f"reader {args.reader_model}" if args.reader_model else "from the settings",
+               **summarize(metrics)}
     out = Path(args.save_dir) / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(summary, indent=1))

@@ -44,6 +44,7 @@ async def _episode(args, sample, sampling_params, settings: MemUpdateSettings, n
     box = ToolBox(namespace, make_retriever(settings.retriever), seed=sample.index)
     chat = Trajectory(args.tokenizer, episode_messages(sample, settings, len(namespace)), tools=TOOLS)
     calls = errors = edits = 0
+    used = {tool["function"]["name"]: 0 for tool in TOOLS}  # calls that ran, by tool
     finished = False
     if settings.first_reply_prefix:  # written for the policy, not trained: a small model's first call
         chat.prefill(settings.first_reply_prefix)
@@ -72,11 +73,16 @@ async def _episode(args, sample, sampling_params, settings: MemUpdateSettings, n
             result = box.run(item)
             errors += result.error
             edits += not result.error and result.name in CHANGES_STORE
+            if not result.error:
+                used[result.name] = used.get(result.name, 0) + 1
             results.append(tool_message(result.content))
         chat.append_messages(results)
     out = chat.to_sample(sample)
     out.metadata.update(memory_namespace=namespace.name, finished=finished)
     out.metrics.update(num_turns=float(len(chat.turns)), tool_calls=float(calls), tool_errors=float(errors),
-                       store_edits=float(edits), initial_memory_count=float(len(namespace.initial)),
-                       final_memory_count=float(len(namespace)))
+                       valid_tool_calls=float(calls - errors), store_edits=float(edits),
+                       initial_memory_count=float(len(namespace.initial)), final_memory_count=float(len(namespace)),
+                       initial_memory_chars=float(sum(len(m.content) for m in namespace.initial)),
+                       final_memory_chars=float(sum(len(m.content) for m in namespace.memories())),
+                       **{f"calls_{name}": float(n) for name, n in used.items()})
     return out

@@ -228,6 +228,12 @@ def test_the_episode_ends_after_max_turns_replies(tmp_path):
     assert policy.replies == 3 and out.metrics["num_turns"] == 3.0
     assert out.metrics["tool_calls"] == 4.0 and out.metrics["tool_errors"] == 0.0  # the third reply's two: not run
     assert out.metadata["finished"] is False
+    # Per tool, the calls that ran; the store's size, unchanged by reading it.
+    assert out.metrics["valid_tool_calls"] == 4.0
+    assert out.metrics["calls_search_memory"] == out.metrics["calls_sample_memory"] == 2.0
+    assert out.metrics["calls_manage_memory"] == out.metrics["calls_merge_memory"] == 0.0
+    assert out.metrics["final_memory_chars"] == out.metrics["initial_memory_chars"] == sum(
+        len(m["content"]) for m in MEMORIES)
 
 
 # ---- the parser --------------------------------------------------------------------------------------------
@@ -380,3 +386,30 @@ def test_locomo_loader_split_and_bad_records(tmp_path):
     path.write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):
         load_locomo(path)
+
+
+def test_the_evaluation_scores_with_a_fixed_reader_and_counts_each_tool(tmp_path):
+    """eval_mem_update --reader-model: the QA scores come from a reader engine of their own (the same for every
+    model evaluated), whatever scorer the settings name; the summary says which, and counts the calls per tool.
+    Real engines (the transformers backend) serving a tiny random Qwen3: its episodes are noise, the plumbing is
+    what is checked."""
+    from examples.mem_update.eval_mem_update import TOOL_NAMES, main
+    from examples.mem_update.prepare_data import main as prepare
+    from tests.conftest import make_tiny_hf_dir
+
+    prepare(["--generate", "--num-conversations", "4", "--seed", "0", "--out-dir", str(tmp_path / "data")])
+    test = tmp_path / "data/test.jsonl"
+    test.write_text("".join(test.read_text().splitlines(keepends=True)[:2]))
+    (tmp_path / "settings.json").write_text(json.dumps({"memup_retriever": "bm25", "memup_max_turns": 2,
+                                                        "memup_scorer": "proxy", "memup_reader_max_tokens": 4}))
+    model = str(make_tiny_hf_dir("qwen3", tmp_path / "qwen3", max_position_embeddings=2048))  # the tool list fits
+    summary = main(["--model-path", model, "--test-data", str(test), "--save-dir", str(tmp_path / "out"),
+                    "--engine-backend", "hf", "--engine-dtype", "float32", "--max-response-len", "16",
+                    "--custom-config-path", str(tmp_path / "settings.json"), "--reader-model", model])
+    assert summary["scorer"] == f"reader {model}" and summary["episodes"] == 2 and summary["failed"] == 0
+    assert sorted(summary["calls_per_tool"]) == sorted(TOOL_NAMES)
+    assert summary["valid_tool_calls"] == pytest.approx(summary["tool_calls"] - summary["tool_errors"])
+    assert summary["initial_memory_chars"] > 0 and summary["final_memory_chars"] > 0
+    # The reader's token F1, not the proxy's clipped word share (which is never below 0.1): a random model's
+    # answers share no word with the gold ones.
+    assert summary["qa_before"] < 0.1 and summary["qa_after"] < 0.1
