@@ -160,3 +160,44 @@ grpo_qwen3_4b_train() {
     --n-samples-per-prompt "${N_SAMPLES_PER_PROMPT}" --global-batch-size "${GLOBAL_BATCH_SIZE}" \
     --rollout-temperature 1.0 "${extra[@]}" "$@"
 }
+
+# The examples' small-model learning recipes (run-smollm2-gpu.sh) share these two.
+# sft_warm_start HF_DIR CHATS SAVE SEED LR EPOCHS [train.py flags]: supervised fine-tuning on demonstration chats
+# (one chat a JSONL line), SFT_BATCH (64) chats a step for EPOCHS passes, no engine; with SFT_HELDOUT (a chats
+# file) its loss before and after.
+sft_warm_start() {
+  local hf=$1 chats=$2 save=$3 seed=$4 lr=$5 epochs=$6 batch=${SFT_BATCH:-64} rollouts extra=()
+  shift 6
+  rollouts=$(( (epochs * $(wc -l <"${chats}") + batch - 1) / batch ))
+  if [ -n "${SFT_HELDOUT:-}" ]; then
+    extra+=(--eval-prompt-data heldout "${SFT_HELDOUT}" --eval-interval "${rollouts}")
+  fi
+  if [ "${NUM_GPUS}" -gt 0 ]; then extra+=(--bf16); fi
+  python train.py --hf-checkpoint "${hf}" --prompt-data "${chats}" --input-key messages \
+    --loss-type sft_loss --rollout-function-path vime_ext.rollout.sft_rollout.generate_rollout \
+    --n-samples-per-prompt 1 --rollout-batch-size "${batch}" --global-batch-size "${batch}" \
+    --num-rollout "${rollouts}" --rollout-shuffle --seed "${seed}" --lr "${lr}" --lr-decay-style cosine --min-lr 0 \
+    --use-dynamic-batch-size --max-tokens-per-gpu 32768 --save "${save}" --no-save-optim "${extra[@]}" "$@"
+}
+
+# seeds_on_gpus SCRIPT LOG_DIR [ARGS]: `SEED=s bash SCRIPT seed ARGS` for every s of SEEDS at once, one GPU each
+# (those of CUDA_VISIBLE_DEVICES, else the machine's), logged to LOG_DIR/seed_s.log; fails if any seed failed
+seeds_on_gpus() {
+  local script=$1 logs=$2 seeds=(${SEEDS}) gpus pids=() i status=0
+  shift 2
+  gpus=(${CUDA_VISIBLE_DEVICES:-$(seq -s ' ' 0 $(( NUM_GPUS > 0 ? NUM_GPUS - 1 : 0 )))})
+  gpus=(${gpus[@]//,/ })
+  if (( ${#seeds[@]} > ${#gpus[@]} )); then
+    echo "$(basename "${script}"): ${#seeds[@]} seeds (SEEDS) for ${#gpus[@]} GPU(s): at most one per GPU" >&2
+    return 2
+  fi
+  mkdir -p "${logs}"
+  for i in "${!seeds[@]}"; do
+    CUDA_VISIBLE_DEVICES=${gpus[i]} SEED=${seeds[i]} bash "${script}" seed "$@" >"${logs}/seed_${seeds[i]}.log" 2>&1 &
+    pids+=($!)
+  done
+  for i in "${!pids[@]}"; do
+    wait "${pids[i]}" || { echo "seed ${seeds[i]} failed: ${logs}/seed_${seeds[i]}.log" >&2; status=1; }
+  done
+  return "${status}"
+}

@@ -1,7 +1,7 @@
 """The GPU launch scripts' train.py command lines, on a machine without GPUs: ``nvidia-smi`` and ``ray`` are
 stand-ins that report four GPUs, and ``python train.py`` parses and checks its arguments with train.py's own
 parser (as on a CUDA machine) and records them instead of training (a save it was asked for gets a tracker
-file and an empty iteration); the RULER-HQA evaluation and the conversion to HF record their arguments too (the
+file and an empty iteration); the examples' evaluations and the conversion to HF record their arguments too (the
 conversion writes the config alone); every other python call (data generation, the scaling table) is real."""
 
 import json
@@ -47,7 +47,7 @@ if "--tensorboard-dir" in args:
 ' {record} "${{@:2}}"
 fi
 if [ "$1" = tools/convert_hf_to_torch_dist.py ]; then exit 3; fi  # the stand-in checkpoint has no weights
-if [ "$1" = -m ] && [ "$2" = examples.mem_agent.eval_ruler_hqa ]; then
+if [ "$1" = -m ] && [[ "$2" == examples.*.eval_* ]]; then
   exec {python} -c 'import json, sys; open(sys.argv[1] + ".eval", "a").write(json.dumps(sys.argv[2:]) + "\\n")' \
     {record} "${{@:3}}"
 fi
@@ -252,3 +252,38 @@ def test_the_smollm2_learning_recipe_chains_sft_rl_and_both_evaluations(tiny_hf_
         assert "--lengths-at-once" in a and a[a.index("--length") + 1:a.index("--length") + 3] == ["20", "40"]
         assert last(a, "--save-dir") == str(work / "eval") and last(a, "--n-proc") == "2"
         assert last(a, "--model-path").startswith(str(work / "seed_1")) and last(a, "--max-model-len") == "4096"
+
+
+def test_the_mem_update_smollm2_recipe_chains_sft_rl_and_both_evaluations(tiny_hf_dirs, tmp_path):
+    """examples/mem_update/run-smollm2-gpu.sh on one GPU: prepare (real: conversations, the split, the held-out
+    questions, the SFT chats), then a seed's SFT run, its GRPO run through the Qwen3-4B launch script from the
+    SFT save, and both saves converted and evaluated with the base model as the reader."""
+    model, work = tiny_hf_dirs["qwen3"], tmp_path / "work"
+    env = {"VIME_EXT_OUT": str(work), "HF_CKPT": str(model), "STAND_IN_GPUS": "1", "CONVERSATIONS": "5",
+           "N_TEST": "2", "EVAL_NUM": "7", "MEMUP_RETRIEVER": "bm25", "SEED": "2"}
+    record = tmp_path / "train_args.json"
+    full = {**os.environ, **env, "PATH": f"{stand_ins(tmp_path, record)}{os.pathsep}{os.environ['PATH']}"}
+    full.pop("CUDA_VISIBLE_DEVICES", None)
+    for stage in ("prepare", "seed"):
+        done = subprocess.run(["bash", str(ROOT / "examples/mem_update/run-smollm2-gpu.sh"), stage], env=full,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    data = work / "data"
+    test, chosen = (data / "test.jsonl").read_text().splitlines(), (data / "test_eval.jsonl").read_text().splitlines()
+    assert len(chosen) == 7 and set(chosen) <= set(test) and chosen == sorted(chosen, key=test.index)
+    test_conversations = {json.loads(line)["metadata"]["sample_id"] for line in test}
+    sft_chats = [json.loads(line) for line in (data / "sft.jsonl").read_text().splitlines()]
+    assert sft_chats and not {c["metadata"]["sample_id"] for c in sft_chats} & test_conversations
+
+    sft, rl = [json.loads(line) for line in (tmp_path / "train_args.json.all").read_text().splitlines()]
+    assert last(sft, "--loss-type") == "sft_loss" and last(sft, "--save") == str(work / "seed_2/sft")
+    assert last(sft, "--num-rollout") == str(-(-2 * len(sft_chats) // 64)) and last(sft, "--sft-max-len") == "8192"
+    assert last(rl, "--ref-load") == str(work / "seed_2/sft") and last(rl, "--save") == str(work / "seed_2/rl")
+    assert last(rl, "--custom-generate-function-path") == "examples.mem_update.rollout.generate"
+    assert "--colocate" in rl and last(rl, "--rollout-max-response-len") == "256" and last(rl, "--seed") == "2"
+    evals = sorted((json.loads(line) for line in (tmp_path / "train_args.json.eval").read_text().splitlines()),
+                   key=lambda a: last(a, "--save-file"))
+    assert [last(a, "--save-file") for a in evals] == ["rl_s2", "sft_s2"]
+    for a in evals:
+        assert last(a, "--reader-model") == str(model) and last(a, "--test-data") == str(data / "test_eval.jsonl")
+        assert last(a, "--model-path").startswith(str(work / "seed_2")) and last(a, "--save-dir") == str(work / "eval")

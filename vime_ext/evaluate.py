@@ -84,6 +84,24 @@ Row = Callable[[str, Sample], Awaitable[dict]]
 LOOP_KEYS = ("_id", "seconds")  # what evaluate_items adds to each row
 
 
+def model_groups(specs: list[str], found: list[str]) -> dict[str, list[str]]:
+    """Result names grouped into models for a table: each spec ``NAME=PATTERN`` takes the names of ``found``
+    that match the glob pattern (a model's seeds, say ``rl_s*``), in spec order; a spec that is malformed or
+    matches nothing is an error that lists what was found."""
+    import fnmatch
+
+    groups = {}
+    for spec in specs:
+        name, sep, pattern = spec.partition("=")
+        if not sep or not name or not pattern:
+            raise ValueError(f"model {spec!r}: write NAME=PATTERN")
+        matched = sorted(f for f in found if fnmatch.fnmatchcase(f, pattern))
+        if not matched:
+            raise ValueError(f"--model {spec}: no result matches; found {sorted(found)}")
+        groups[name] = matched
+    return groups
+
+
 async def evaluate_items(args: PluginArgs, url: str, items: list[tuple[str, Sample]], generate: Callable,
                          row: Row, params: SamplingParams, out: Path, n_proc: int = 16, force: bool = False,
                          desc: str = "eval", timeout_s: float | None = None) -> EvalPass:

@@ -11,11 +11,12 @@ with its seeds' spread shaded).
 """
 
 import argparse
-import fnmatch
 import json
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from vime_ext.evaluate import model_groups
 
 JUDGES = ("sub_em", "em", "f1")
 
@@ -37,7 +38,7 @@ class Cell:
         values = self.values()
         if not values:
             return "-"
-        if len(values) == 1:
+        if min(values) == max(values):
             return f"{values[0]:.1f}"
         return f"{statistics.fmean(values):.1f} ({min(values):.1f}-{max(values):.1f})"
 
@@ -51,13 +52,10 @@ def read_summaries(save_dir: Path) -> dict[str, dict[int, dict]]:
     return found
 
 
-def build(summaries: dict[str, dict[int, dict]], models: list[tuple[str, str]]) -> dict[str, dict[int, Cell]]:
-    """model name -> length -> its seeds' summaries; a pattern that matches nothing is an error."""
+def build(summaries: dict[str, dict[int, dict]], specs: list[str]) -> dict[str, dict[int, Cell]]:
+    """model name -> length -> its seeds' summaries (``model_groups``: a spec that matches nothing is an error)."""
     table: dict[str, dict[int, Cell]] = {}
-    for name, pattern in models:
-        files = sorted(f for f in summaries if fnmatch.fnmatchcase(f, pattern))
-        if not files:
-            raise ValueError(f"--model {name}={pattern}: no SAVE_FILE matches; found {sorted(summaries)}")
+    for name, files in model_groups(specs, list(summaries)).items():
         for save_file in files:
             for n, summary in summaries[save_file].items():
                 table.setdefault(name, {}).setdefault(n, Cell()).seeds[save_file] = summary
@@ -83,7 +81,7 @@ def markdown(table: dict[str, dict[int, Cell]], train_length: int | None) -> str
         seeds = len({f for cell in cells.values() for f in cell.seeds})
         lines.append(f"| {name} | {seeds} | " + " | ".join(cells[n].text() if n in cells else "-" for n in lengths)
                      + " |")
-    lines += ["", "sub-EM x 100; with several seeds, their mean and (min-max)."]
+    lines += ["", "sub-EM x 100; with several seeds, their mean and (min-max) where they differ."]
     if train_length is not None:
         lines.append(f"Training length: {train_length} documents ({length_label(table, train_length)} tokens).")
     return "\n".join(lines)
@@ -155,14 +153,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--cost-of", default=None, help="a SAVE_FILE whose cost per item is tabled")
     parser.add_argument("--out", required=True, help="path stem of the .md, .json and .png written")
     args = parser.parse_args(argv)
-    models = []
-    for spec in args.model:
-        name, sep, pattern = spec.partition("=")
-        if not sep or not name or not pattern:
-            parser.error(f"--model {spec!r}: write NAME=PATTERN")
-        models.append((name, pattern))
     summaries = read_summaries(Path(args.save_dir))
-    table = build(summaries, models)
+    table = build(summaries, args.model)
     parts = [markdown(table, args.train_length)]
     if args.train_length is not None:
         parts.append("\n".join(goals(table, args.sft, args.rl, args.train_length)))

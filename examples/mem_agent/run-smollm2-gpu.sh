@@ -38,8 +38,6 @@ if [ -z "${HF_CKPT:-}" ]; then
 fi
 need "${HF_CKPT}/config.json" HF_CKPT
 export HF_CKPT
-GPU_FLAGS=()
-if [ "${NUM_GPUS}" -gt 0 ]; then GPU_FLAGS+=(--bf16); fi
 
 prepare() {
   python -m examples.mem_agent.prepare_data --generate --num "${TRAIN_NUM}" --num-docs "${TRAIN_DOCS}" --hops 2 \
@@ -52,18 +50,10 @@ prepare() {
     --chunk-tokens "${MEM_CHUNK_TOKENS}" --entities heldout --seed 2000 --out "${DATA_ROOT}/sft_heldout.jsonl"
 }
 
-# sft SEED: the warm start, SFT_EPOCHS passes over the demonstrations in steps of 64 chats, no engine; the
-# held-out demonstrations' loss before and after
+# sft SEED: the warm start (sft_warm_start in _common.sh), the held-out demonstrations' loss before and after
 sft() {
-  local chats rollouts
-  chats=$(wc -l <"${DATA_ROOT}/sft.jsonl")
-  rollouts=$(( (SFT_EPOCHS * chats + 63) / 64 ))
-  python train.py --hf-checkpoint "${HF_CKPT}" --prompt-data "${DATA_ROOT}/sft.jsonl" --input-key messages \
-    --loss-type sft_loss --rollout-function-path vime_ext.rollout.sft_rollout.generate_rollout \
-    --n-samples-per-prompt 1 --rollout-batch-size 64 --global-batch-size 64 --num-rollout "${rollouts}" \
-    --rollout-shuffle --seed "$1" --lr "${SFT_LR}" --lr-decay-style cosine --min-lr 0 \
-    --use-dynamic-batch-size --max-tokens-per-gpu 32768 --save "${WORK}/seed_$1/sft" --no-save-optim \
-    --eval-prompt-data heldout "${DATA_ROOT}/sft_heldout.jsonl" --eval-interval "${rollouts}" "${GPU_FLAGS[@]}"
+  SFT_HELDOUT=${DATA_ROOT}/sft_heldout.jsonl sft_warm_start "${HF_CKPT}" "${DATA_ROOT}/sft.jsonl" \
+    "${WORK}/seed_$1/sft" "$1" "${SFT_LR}" "${SFT_EPOCHS}"
 }
 
 # rl SEED ARGS...: GRPO from the SFT save through the Qwen3-4B launch script, colocated on this GPU
@@ -106,22 +96,11 @@ table() {
     --out "${WORK}/table/mem_agent_smollm2"
 }
 
-# all ARGS...: prepare, then one seed per visible GPU at once (logs in WORK/seed_S.log), then the base model, table
+# all ARGS...: prepare, then one seed per GPU at once (logs in WORK/seed_S.log), then the base model, the table
 everything() {
-  local gpus=(${CUDA_VISIBLE_DEVICES:-$(seq -s ' ' 0 $(( NUM_GPUS > 0 ? NUM_GPUS - 1 : 0 )))})
-  local seeds=(${SEEDS}) pids=() i
-  gpus=(${gpus[@]//,/ })
-  if (( ${#seeds[@]} > ${#gpus[@]} )); then
-    echo "run-smollm2-gpu.sh all: ${#seeds[@]} seeds for ${#gpus[@]} GPU(s); set SEEDS to at most one per GPU" >&2
-    exit 2
-  fi
   prepare
-  for i in "${!seeds[@]}"; do
-    CUDA_VISIBLE_DEVICES=${gpus[i]} SEED=${seeds[i]} bash "$0" seed "$@" >"${WORK}/seed_${seeds[i]}.log" 2>&1 &
-    pids+=($!)
-  done
-  for pid in "${pids[@]}"; do wait "${pid}" || echo "a seed failed: see ${WORK}/seed_*.log" >&2; done
-  CUDA_VISIBLE_DEVICES=${gpus[0]} evaluate base
+  seeds_on_gpus "$0" "${WORK}" "$@" || true
+  CUDA_VISIBLE_DEVICES=$(cut -d, -f1 <<<"${CUDA_VISIBLE_DEVICES:-0}") evaluate base
   table
 }
 

@@ -45,5 +45,5 @@ def test_the_table_averages_seeds_checks_the_goals_and_tables_the_cost(tmp_path)
 
 def test_a_model_pattern_that_matches_nothing_is_named(tmp_path):
     write(tmp_path, "base", 170, 5, 8192, 2.0)
-    with pytest.raises(ValueError, match=r"--model SFT=sft_s\*: no SAVE_FILE matches; found \['base'\]"):
+    with pytest.raises(ValueError, match=r"--model SFT=sft_s\*: no result matches; found \['base'\]"):
         main(["--save-dir", str(tmp_path), "--model", "SFT=sft_s*", "--out", str(tmp_path / "t")])
