@@ -7,7 +7,7 @@
 #   SEED=0 bash examples/mem_agent/run-smollm2-gpu.sh seed   # on one GPU: SFT, GRPO from it, both evaluated
 #   bash examples/mem_agent/run-smollm2-gpu.sh base          # the base model evaluated
 #   bash examples/mem_agent/run-smollm2-gpu.sh table         # base / SFT / SFT + RL over the seeds: .md .json .png
-#   SEEDS="0 1" bash examples/mem_agent/run-smollm2-gpu.sh all   # prepare, a seed per GPU at once, base, table
+#   SEEDS="0 1" bash examples/mem_agent/run-smollm2-gpu.sh all   # prepare, a seed per GPU and base at once, table
 # Everything goes under VIME_EXT_OUT (default runs/mem_agent_smollm2): data/, seed_S/{sft,rl}, eval/ (one
 # SAVE_FILE per model: base, sft_sS, rl_sS; resumable), table/. Extra arguments go to the GRPO run's train.py.
 #
@@ -96,11 +96,17 @@ table() {
     --out "${WORK}/table/mem_agent_smollm2"
 }
 
-# all ARGS...: prepare, then one seed per GPU at once (logs in WORK/seed_S.log), then the base model, the table
+# all ARGS...: prepare, then one seed per GPU at once (logs in WORK/seed_S.log) and, beside the first seed, the
+# base model's evaluation in a smaller share of its GPU (its longest length sets the time: it starts first), then
+# the table
 everything() {
+  local base_pid
   prepare
+  CUDA_VISIBLE_DEVICES=$(cut -d, -f1 <<<"${CUDA_VISIBLE_DEVICES:-0}") EVAL_ENGINE_MEMORY=0.25 evaluate base \
+    >"${WORK}/base.log" 2>&1 &
+  base_pid=$!
   seeds_on_gpus "$0" "${WORK}" "$@" || true
-  CUDA_VISIBLE_DEVICES=$(cut -d, -f1 <<<"${CUDA_VISIBLE_DEVICES:-0}") evaluate base
+  wait "${base_pid}" || echo "the base model's evaluation failed: ${WORK}/base.log" >&2
   table
 }
 
