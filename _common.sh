@@ -161,7 +161,46 @@ grpo_qwen3_4b_train() {
     --rollout-temperature 1.0 "${extra[@]}" "$@"
 }
 
-# The examples' small-model learning recipes (run-smollm2-gpu.sh) share these two.
+# The examples' small-model learning recipes (run-smollm2-gpu.sh) share what follows.
+# smollm2_recipe_defaults: HF_CKPT (default SmolLM2-135M-Instruct, from its package), the seeds and the GRPO run's
+# size; the caller's values win.
+smollm2_recipe_defaults() {
+  if [ -z "${HF_CKPT:-}" ]; then
+    HF_CKPT=$(python -c "from vime_ext.models.packaged import smollm2_hf_dir; print(smollm2_hf_dir())" | tail -1)
+  fi
+  need "${HF_CKPT}/config.json" HF_CKPT
+  export HF_CKPT
+  SEED=${SEED:-0} SEEDS=${SEEDS:-"0 1 2"}
+  RL_ROLLOUTS=${RL_ROLLOUTS:-30} RL_LR=${RL_LR:-1e-5}
+  ROLLOUT_BATCH_SIZE=${ROLLOUT_BATCH_SIZE:-16} N_SAMPLES_PER_PROMPT=${N_SAMPLES_PER_PROMPT:-8}
+}
+
+# grpo_from_sft LAUNCH_SCRIPT WORK SEED [train.py flags]: an example's Qwen3-4B launch script through its variables,
+# scaled to the small model: colocated on this GPU, from the SFT save WORK/seed_SEED/sft (the starting weights
+# and the KL reference) to WORK/seed_SEED/rl, RL_ROLLOUTS rollouts of ROLLOUT_BATCH_SIZE x N_SAMPLES_PER_PROMPT,
+# one optimizer step each, lr RL_LR, contexts of MAX_MODEL_LEN, a Ray head on RAY_PORT_BASE + SEED (seeds run at
+# once on one machine). The caller sets TRAIN_DATA.
+grpo_from_sft() {
+  local script=$1 work=$2 seed=$3
+  shift 3
+  TORCH_DIST=${work}/seed_${seed}/sft MODEL_ARGS_SCRIPT="" COLOCATE=1 ACTOR_GPUS=1 OPTIMIZER_OFFLOAD=0 \
+    SAVE_PATH=${work}/seed_${seed}/rl NUM_ROLLOUT=${RL_ROLLOUTS} ROLLOUT_BATCH_SIZE=${ROLLOUT_BATCH_SIZE} \
+    N_SAMPLES_PER_PROMPT=${N_SAMPLES_PER_PROMPT} GLOBAL_BATCH_SIZE=$(( ROLLOUT_BATCH_SIZE * N_SAMPLES_PER_PROMPT )) \
+    SAVE_INTERVAL=${RL_ROLLOUTS} SAVE_OPTIM=0 ENGINE_MEMORY=${ENGINE_MEMORY:-0.5} RAY_PORT=$(( ${RAY_PORT_BASE:-6380} + seed )) \
+    bash "${script}" --lr "${RL_LR}" --seed "${seed}" --engine-max-model-len "${MAX_MODEL_LEN}" \
+    --max-tokens-per-gpu 32768 --recompute-granularity selective "$@"
+}
+
+# evaluate_saves EVALUATE WORK SEED: the caller's EVALUATE SAVE_FILE SAVE_PATH for the seed's SFT and RL saves at
+# once (sft_sSEED, rl_sSEED), an engine each on this GPU; fails if either did
+evaluate_saves() {
+  local evaluate=$1 work=$2 seed=$3 pids=() pid status=0
+  "${evaluate}" "sft_s${seed}" "${work}/seed_${seed}/sft" & pids+=($!)
+  "${evaluate}" "rl_s${seed}" "${work}/seed_${seed}/rl" & pids+=($!)
+  for pid in "${pids[@]}"; do wait "${pid}" || status=1; done
+  return "${status}"
+}
+
 # sft_warm_start HF_DIR CHATS SAVE SEED LR EPOCHS [train.py flags]: supervised fine-tuning on demonstration chats
 # (one chat a JSONL line), SFT_BATCH (64) chats a step for EPOCHS passes, no engine; with SFT_HELDOUT (a chats
 # file) its loss before and after.

@@ -109,17 +109,24 @@ def plot(save_dir: Path) -> Path | None:
     for name, points in sorted(curves.items()):
         points.sort()
         ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
+    path = save_dir / "ruler_hqa_sub_em.png"
+    save_sub_em_figure(fig, ax, "documents per question (RULER-HQA length)", path)
+    return path
+
+
+def save_sub_em_figure(fig, ax, xlabel: str, path: Path) -> None:
+    """The axes of a sub-EM against length plot (length on a log-2 scale, sub-EM 0-100), saved to ``path``."""
+    import matplotlib.pyplot as plt
+
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("documents per question (RULER-HQA length)")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("sub-EM (%)")
     ax.set_ylim(0, 100)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    path = save_dir / "ruler_hqa_sub_em.png"
     fig.savefig(path, dpi=120)
     plt.close(fig)
-    return path
 
 
 def main(argv=None) -> list[dict]:

@@ -16,6 +16,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from examples.mem_agent.eval_ruler_hqa import save_sub_em_figure
 from vime_ext.evaluate import model_groups
 
 JUDGES = ("sub_em", "em", "f1")
@@ -131,15 +132,7 @@ def plot(table: dict[str, dict[int, Cell]], path: Path) -> Path:
         if any(len(cells[n].values()) > 1 for n in lengths):
             ax.fill_between(xs, [min(cells[n].values()) for n in lengths], [max(cells[n].values()) for n in lengths],
                             alpha=0.2)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("document tokens (log scale)")
-    ax.set_ylabel("sub-EM (%)")
-    ax.set_ylim(0, 100)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_sub_em_figure(fig, ax, "document tokens", path)
     return path
 
 

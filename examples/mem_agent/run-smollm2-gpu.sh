@@ -25,19 +25,12 @@ shift
 WORK=${VIME_EXT_OUT:-runs/mem_agent_smollm2}
 DATA_ROOT=${DATA_ROOT:-${WORK}/data}
 EVAL_DIR=${EVAL_DIR:-${WORK}/eval}
-SEED=${SEED:-0} SEEDS=${SEEDS:-"0 1 2"}
 TRAIN_DOCS=${TRAIN_DOCS:-170} TRAIN_NUM=${TRAIN_NUM:-1024}
 LENGTH=${LENGTH:-"170 340 680 1360 2720 5440 10880 21760"}  # about 8.8K to 1.1M tokens, doubling
 EVAL_NUM=${EVAL_NUM:-32}
 SFT_NUM=${SFT_NUM:-512} SFT_EPOCHS=${SFT_EPOCHS:-1} SFT_LR=${SFT_LR:-2e-5}
-RL_ROLLOUTS=${RL_ROLLOUTS:-30} RL_LR=${RL_LR:-1e-5}
-ROLLOUT_BATCH_SIZE=${ROLLOUT_BATCH_SIZE:-16} N_SAMPLES_PER_PROMPT=${N_SAMPLES_PER_PROMPT:-8}
 MAX_MODEL_LEN=${MAX_MODEL_LEN:-4096}  # a chat: the prompt, a 256-token memory, a 2048-token chunk, the reply
-if [ -z "${HF_CKPT:-}" ]; then
-  HF_CKPT=$(python -c "from vime_ext.models.packaged import smollm2_hf_dir; print(smollm2_hf_dir())" | tail -1)
-fi
-need "${HF_CKPT}/config.json" HF_CKPT
-export HF_CKPT
+smollm2_recipe_defaults
 
 prepare() {
   python -m examples.mem_agent.prepare_data --generate --num "${TRAIN_NUM}" --num-docs "${TRAIN_DOCS}" --hops 2 \
@@ -56,19 +49,6 @@ sft() {
     "${WORK}/seed_$1/sft" "$1" "${SFT_LR}" "${SFT_EPOCHS}"
 }
 
-# rl SEED ARGS...: GRPO from the SFT save through the Qwen3-4B launch script, colocated on this GPU
-rl() {
-  local seed=$1
-  shift
-  HF_CKPT=${HF_CKPT} TORCH_DIST=${WORK}/seed_${seed}/sft MODEL_ARGS_SCRIPT="" COLOCATE=1 ACTOR_GPUS=1 \
-    OPTIMIZER_OFFLOAD=0 TRAIN_DATA=${DATA_ROOT}/train.jsonl SAVE_PATH=${WORK}/seed_${seed}/rl \
-    NUM_ROLLOUT=${RL_ROLLOUTS} ROLLOUT_BATCH_SIZE=${ROLLOUT_BATCH_SIZE} N_SAMPLES_PER_PROMPT=${N_SAMPLES_PER_PROMPT} \
-    GLOBAL_BATCH_SIZE=$(( ROLLOUT_BATCH_SIZE * N_SAMPLES_PER_PROMPT )) SAVE_INTERVAL=${RL_ROLLOUTS} SAVE_OPTIM=0 \
-    ENGINE_MEMORY=${ENGINE_MEMORY:-0.5} RAY_PORT=$(( 6380 + seed )) \
-    bash "${MEM_AGENT_DIR}/run-qwen3-4b-train.sh" --lr "${RL_LR}" --seed "${seed}" \
-    --engine-max-model-len "${MAX_MODEL_LEN}" --max-tokens-per-gpu 32768 --recompute-granularity selective "$@"
-}
-
 # evaluate SAVE_FILE [SAVE_PATH]: every length at once, the base model or (with a save) its last iteration
 evaluate() {
   local convert=0
@@ -78,16 +58,13 @@ evaluate() {
     bash "${MEM_AGENT_DIR}/run-eval.sh" --vllm-gpu-memory-utilization "${EVAL_ENGINE_MEMORY:-0.4}"
 }
 
-# seed SEED ARGS...: SFT, GRPO from it, then both evaluated at once (an engine each)
+# seed SEED ARGS...: SFT, GRPO from it (grpo_from_sft in _common.sh), then both evaluated at once
 one_seed() {
-  local seed=$1 pids=() status=0
+  local seed=$1
   shift
   sft "${seed}"
-  rl "${seed}" "$@"
-  evaluate "sft_s${seed}" "${WORK}/seed_${seed}/sft" & pids+=($!)
-  evaluate "rl_s${seed}" "${WORK}/seed_${seed}/rl" & pids+=($!)
-  for pid in "${pids[@]}"; do wait "${pid}" || status=1; done
-  return "${status}"
+  TRAIN_DATA=${DATA_ROOT}/train.jsonl grpo_from_sft "${MEM_AGENT_DIR}/run-qwen3-4b-train.sh" "${WORK}" "${seed}" "$@"
+  evaluate_saves evaluate "${WORK}" "${seed}"
 }
 
 table() {

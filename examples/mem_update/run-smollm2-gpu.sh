@@ -20,17 +20,12 @@ shift
 WORK=${VIME_EXT_OUT:-runs/mem_update_smollm2}
 DATA_ROOT=${DATA_ROOT:-${WORK}/data}
 RESULTS=${RESULTS:-${WORK}/eval}
-SEED=${SEED:-0} SEEDS=${SEEDS:-"0 1 2"}
 CONVERSATIONS=${CONVERSATIONS:-40} N_TEST=${N_TEST:-10} EVAL_NUM=${EVAL_NUM:-64}
 SFT_EPOCHS=${SFT_EPOCHS:-2} SFT_LR=${SFT_LR:-2e-5}
-RL_ROLLOUTS=${RL_ROLLOUTS:-30} RL_LR=${RL_LR:-1e-5}
-ROLLOUT_BATCH_SIZE=${ROLLOUT_BATCH_SIZE:-16} N_SAMPLES_PER_PROMPT=${N_SAMPLES_PER_PROMPT:-8}
-TURN_TOKENS=${TURN_TOKENS:-256} MAX_MODEL_LEN=${MAX_MODEL_LEN:-8192}  # SmolLM2's context: an episode's bound
-if [ -z "${HF_CKPT:-}" ]; then
-  HF_CKPT=$(python -c "from vime_ext.models.packaged import smollm2_hf_dir; print(smollm2_hf_dir())" | tail -1)
-fi
-need "${HF_CKPT}/config.json" HF_CKPT
-export HF_CKPT
+export TURN_TOKENS=${TURN_TOKENS:-256}  # a reply's budget, in the launch script too
+MAX_MODEL_LEN=${MAX_MODEL_LEN:-8192}  # SmolLM2's context: an episode's bound
+RAY_PORT_BASE=${RAY_PORT_BASE:-6390}  # beside MemAgent's seeds (6380 + seed) on one machine
+smollm2_recipe_defaults
 
 prepare() {
   python -m examples.mem_update.prepare_data --generate --num-conversations "${CONVERSATIONS}" --n-test "${N_TEST}" \
@@ -43,19 +38,6 @@ open(sys.argv[2], "w").writelines(sorted(random.Random(0).sample(lines, n), key=
     --out "${DATA_ROOT}/sft.jsonl" --retriever "${MEMUP_RETRIEVER:-embedding}" --n-test "${N_TEST}" --seed 42
 }
 
-# rl SEED ARGS...: GRPO from the SFT save through the Qwen3-4B launch script, colocated on this GPU
-rl() {
-  local seed=$1
-  shift
-  HF_CKPT=${HF_CKPT} TORCH_DIST=${WORK}/seed_${seed}/sft MODEL_ARGS_SCRIPT="" COLOCATE=1 ACTOR_GPUS=1 \
-    OPTIMIZER_OFFLOAD=0 TRAIN_DATA=${DATA_ROOT}/train.jsonl SAVE_PATH=${WORK}/seed_${seed}/rl \
-    NUM_ROLLOUT=${RL_ROLLOUTS} ROLLOUT_BATCH_SIZE=${ROLLOUT_BATCH_SIZE} N_SAMPLES_PER_PROMPT=${N_SAMPLES_PER_PROMPT} \
-    GLOBAL_BATCH_SIZE=$(( ROLLOUT_BATCH_SIZE * N_SAMPLES_PER_PROMPT )) SAVE_INTERVAL=${RL_ROLLOUTS} SAVE_OPTIM=0 \
-    ENGINE_MEMORY=${ENGINE_MEMORY:-0.5} TURN_TOKENS=${TURN_TOKENS} RAY_PORT=$(( 6390 + seed )) \
-    bash "${MEM_UPDATE_DIR}/run-qwen3-4b-train.sh" --lr "${RL_LR}" --seed "${seed}" \
-    --engine-max-model-len "${MAX_MODEL_LEN}" --max-tokens-per-gpu 32768 --recompute-granularity selective "$@"
-}
-
 # evaluate SAVE_FILE [SAVE_PATH]: the held-out episodes of the base model or (with a save) its last iteration
 evaluate() {
   local convert=0
@@ -66,17 +48,15 @@ evaluate() {
     --vllm-gpu-memory-utilization "${EVAL_ENGINE_MEMORY:-0.3}"
 }
 
-# seed SEED ARGS...: SFT, GRPO from it, then both evaluated at once (an engine and a reader each)
+# seed SEED ARGS...: SFT, GRPO from it (grpo_from_sft in _common.sh), then both evaluated at once (an engine
+# and a reader each)
 one_seed() {
-  local seed=$1 pids=() status=0
+  local seed=$1
   shift
   sft_warm_start "${HF_CKPT}" "${DATA_ROOT}/sft.jsonl" "${WORK}/seed_${seed}/sft" "${seed}" "${SFT_LR}" \
     "${SFT_EPOCHS}" --sft-max-len "${MAX_MODEL_LEN}" --sft-overlong skip
-  rl "${seed}" "$@"
-  evaluate "sft_s${seed}" "${WORK}/seed_${seed}/sft" & pids+=($!)
-  evaluate "rl_s${seed}" "${WORK}/seed_${seed}/rl" & pids+=($!)
-  for pid in "${pids[@]}"; do wait "${pid}" || status=1; done
-  return "${status}"
+  TRAIN_DATA=${DATA_ROOT}/train.jsonl grpo_from_sft "${MEM_UPDATE_DIR}/run-qwen3-4b-train.sh" "${WORK}" "${seed}" "$@"
+  evaluate_saves evaluate "${WORK}" "${seed}"
 }
 
 table() {
