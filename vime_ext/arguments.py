@@ -56,6 +56,9 @@ class ClusterConfig:
     rollout_num_gpus_per_engine: int = _help("GPUs per engine (its tensor-parallel size)", 1)
     colocate: bool = field(default=False, metadata={"help": "engines share the actors' GPUs; they sleep while "
                                                             "the actors train"})
+    engine_sleep_level: Literal[1, 2] = field(default=1, metadata={
+        "help": "colocated vLLM's sleep: 1 copies the weights to host memory and back; 2 drops them (and keeps "
+                "the model's buffers), since the weight push after every wake replaces them all"})
     engine_backend: Literal["vllm", "hf"] = field(default="vllm", metadata={
         "help": "vllm, or the transformers engine (same routes) for machines without vLLM"})
     engine_host: str = _help("address the engines and the router listen on", "127.0.0.1")
@@ -436,6 +439,9 @@ def _check(config: TrainConfig) -> None:
                         f"policy (--num-rollout {config.data.num_rollout})")
     if cl.colocate and cl.rollout_num_gpus is not None:
         problems.append("--colocate puts the engines on the actors' GPUs; drop --rollout-num-gpus")
+    if cl.engine_sleep_level != 1 and not cl.colocate:
+        problems.append(f"--engine-sleep-level {cl.engine_sleep_level} sets how colocated engines sleep; these "
+                        "engines have GPUs of their own and never sleep: add --colocate or drop it")
     if r.async_training and (config.sft or d.debug_train_only or d.debug_rollout_only):
         problems.append("--async-training overlaps generation with training; it cannot be combined with "
                         "--loss-type sft_loss (no engines) or --debug-train-only/--debug-rollout-only (one side "

@@ -219,7 +219,8 @@ class RolloutManager:
         weights until the next push, and nothing is generated before then), and sleeps with the others."""
         self.restart_dead_engines()
         self._post_all("/pause", mode="abort")
-        self._post_all("/sleep", level=1)
+        # Level 2 drops the weights instead of copying them out and back: every wake is followed by a full push.
+        self._post_all("/sleep", level=self.config.cluster.engine_sleep_level)
         self.fresh.clear()  # every engine sleeps now, one restarted during these calls too: all are to be woken
 
     def wake_up(self, tags: list[str] | None = None) -> None:

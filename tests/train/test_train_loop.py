@@ -287,7 +287,10 @@ def test_training_survives_a_crashed_engine(mode, tiny_model, tmp_path):
     out = tmp_path / "tb"
     marker = tmp_path / "engine_killed"
     flags = with_reward(common_flags(tiny_model, data), "even_token_share_killing_an_engine")
-    flags += ["--colocate"] if mode == "colocated_one_engine" else ["--rollout-num-gpus", "2"]
+    # Colocated, the engine sleeps at level 2: its weights are dropped (NaN) and the push after each wake must
+    # replace every one, or rollout 3's log-probs would not match the trainer's (asserted below).
+    flags += ["--colocate", "--engine-sleep-level", "2"] if mode == "colocated_one_engine" \
+        else ["--rollout-num-gpus", "2"]
     flags += ["--async-training"] if mode == "async_two_engines" else []
     env = {"VIME_TEST_ENGINE_KILLED": str(marker)}
     if mode == "two_engines":

@@ -130,9 +130,15 @@ class HFEngine:
                 params[name].copy_(tensor)
 
 
-    def sleep(self) -> None:
-        """Free the accelerator for training (colocated mode): weights move to host memory."""
+    def sleep(self, level: int = 1) -> None:
+        """Free the accelerator for training (colocated mode): weights move to host memory. Level 2, as vLLM's,
+        drops the weights' values (NaN here; buffers are kept), so the push after the wake must replace every
+        one: a weight it missed shows as NaN."""
         with self._lock:
+            if level == 2:
+                with torch.no_grad():
+                    for param in self.model.parameters():
+                        param.fill_(float("nan"))
             self.model.to("cpu")
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
@@ -226,7 +232,7 @@ def build_app(engine: HFEngine) -> FastAPI:
     @app.post("/sleep")
     async def sleep(level: int = 1):
         engine.paused = True
-        await asyncio.get_running_loop().run_in_executor(None, engine.sleep)
+        await asyncio.get_running_loop().run_in_executor(None, engine.sleep, level)
         return {"status": "sleeping", "level": level}
 
     @app.post("/wake_up")
