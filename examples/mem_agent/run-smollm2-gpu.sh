@@ -49,13 +49,14 @@ sft() {
     "${WORK}/seed_$1/sft" "$1" "${SFT_LR}" "${SFT_EPOCHS}"
 }
 
-# evaluate SAVE_FILE [SAVE_PATH]: every length at once, the base model or (with a save) its last iteration
+# evaluate SAVE_FILE [SAVE_PATH]: every length at once, the base model or (with a save) its last iteration, in
+# EVAL_ENGINE_MEMORY (0.3) of the GPU: a seed's two evaluations and the base model's (0.25, in all) fit at once
 evaluate() {
   local convert=0
   if [ -n "${2:-}" ]; then convert=1; fi
   CONVERT=${convert} SAVE_PATH=${2:-} MODEL_PATH=${HF_CKPT} SAVE_FILE=$1 DATA_ROOT=${DATA_ROOT}/ruler_hqa \
     LENGTH=${LENGTH} SAVE_DIR=${EVAL_DIR} N_PROC=${EVAL_NUM} LENGTHS_AT_ONCE=1 MAX_MODEL_LEN=${MAX_MODEL_LEN} \
-    bash "${MEM_AGENT_DIR}/run-eval.sh" --vllm-gpu-memory-utilization "${EVAL_ENGINE_MEMORY:-0.4}"
+    bash "${MEM_AGENT_DIR}/run-eval.sh" --vllm-gpu-memory-utilization "${EVAL_ENGINE_MEMORY:-0.3}"
 }
 
 # seed SEED ARGS...: SFT, GRPO from it (grpo_from_sft in _common.sh), then both evaluated at once
