@@ -84,6 +84,15 @@ Row = Callable[[str, Sample], Awaitable[dict]]
 LOOP_KEYS = ("_id", "seconds")  # what evaluate_items adds to each row
 
 
+def mean_and_range(values: list[float], digits: int) -> str:
+    """A table cell for one model's seeds: their mean and, where they differ, (min-max); "-" for none."""
+    if not values:
+        return "-"
+    if min(values) == max(values):
+        return f"{values[0]:.{digits}f}"
+    return f"{sum(values) / len(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
+
+
 def model_groups(specs: list[str], found: list[str]) -> dict[str, list[str]]:
     """Result names grouped into models for a table: each spec ``NAME=PATTERN`` takes the names of ``found``
     that match the glob pattern (a model's seeds, say ``rl_s*``), in spec order; a spec that is malformed or

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from examples.mem_agent.eval_ruler_hqa import save_sub_em_figure
-from vime_ext.evaluate import model_groups
+from vime_ext.evaluate import mean_and_range, model_groups
 
 JUDGES = ("sub_em", "em", "f1")
 
@@ -36,12 +36,7 @@ class Cell:
         return statistics.fmean(values) if values else None
 
     def text(self) -> str:
-        values = self.values()
-        if not values:
-            return "-"
-        if min(values) == max(values):
-            return f"{values[0]:.1f}"
-        return f"{statistics.fmean(values):.1f} ({min(values):.1f}-{max(values):.1f})"
+        return mean_and_range(self.values(), 1)
 
 
 def read_summaries(save_dir: Path) -> dict[str, dict[int, dict]]:

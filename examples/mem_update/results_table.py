@@ -15,7 +15,7 @@ import statistics
 from pathlib import Path
 
 from examples.mem_update.eval_mem_update import TOOL_NAMES
-from vime_ext.evaluate import model_groups
+from vime_ext.evaluate import mean_and_range, model_groups
 
 COLUMNS = [("qa_before", "QA before", 3), ("qa_after", "QA after", 3), ("qa_delta", "QA delta", 3),
            ("reward", "reward", 3), ("final_memory_count", "memories after", 1),
@@ -30,12 +30,7 @@ def value(summary: dict, key: str) -> float | None:
 
 
 def cell(summaries: list[dict], key: str, digits: int) -> str:
-    values = [v for v in (value(s, key) for s in summaries) if v is not None]
-    if not values:
-        return "-"
-    if min(values) == max(values):
-        return f"{values[0]:.{digits}f}"
-    return f"{statistics.fmean(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
+    return mean_and_range([v for v in (value(s, key) for s in summaries) if v is not None], digits)
 
 
 def mean(summaries: list[dict], key: str) -> float | None:
