@@ -202,8 +202,8 @@ evaluate_saves() {
 }
 
 # sft_warm_start HF_DIR CHATS SAVE SEED LR EPOCHS [train.py flags]: supervised fine-tuning on demonstration chats
-# (one chat a JSONL line), SFT_BATCH (64) chats a step for EPOCHS passes, no engine; with SFT_HELDOUT (a chats
-# file) its loss before and after.
+# (one chat a JSONL line), SFT_BATCH (64) chats a step for EPOCHS passes in micro-batches of at most
+# SFT_MAX_TOKENS (32768) tokens, no engine; with SFT_HELDOUT (a chats file) its loss before and after.
 sft_warm_start() {
   local hf=$1 chats=$2 save=$3 seed=$4 lr=$5 epochs=$6 batch=${SFT_BATCH:-64} rollouts extra=()
   shift 6
@@ -216,7 +216,7 @@ sft_warm_start() {
     --loss-type sft_loss --rollout-function-path vime_ext.rollout.sft_rollout.generate_rollout \
     --n-samples-per-prompt 1 --rollout-batch-size "${batch}" --global-batch-size "${batch}" \
     --num-rollout "${rollouts}" --rollout-shuffle --seed "${seed}" --lr "${lr}" --lr-decay-style cosine --min-lr 0 \
-    --use-dynamic-batch-size --max-tokens-per-gpu 32768 --save "${save}" --no-save-optim "${extra[@]}" "$@"
+    --use-dynamic-batch-size --max-tokens-per-gpu "${SFT_MAX_TOKENS:-32768}" --save "${save}" --no-save-optim "${extra[@]}" "$@"
 }
 
 # seeds_on_gpus SCRIPT LOG_DIR [ARGS]: `SEED=s bash SCRIPT seed ARGS` for every s of SEEDS at once, one GPU each

@@ -287,3 +287,27 @@ def test_the_mem_update_smollm2_recipe_chains_sft_rl_and_both_evaluations(tiny_h
     for a in evals:
         assert last(a, "--reader-model") == str(model) and last(a, "--test-data") == str(data / "test_eval.jsonl")
         assert last(a, "--model-path").startswith(str(work / "seed_2")) and last(a, "--save-dir") == str(work / "eval")
+
+
+def test_the_learning_runs_results_pack_leaves_weights_and_data_out(tmp_path):
+    """tools/gpu_learning.sh pack: what a person reads comes back from the GPU machine, the weights (hundreds of
+    MB a save) and the regenerable data do not."""
+    import tarfile
+    out = tmp_path / "out"
+    wanted = ["learning.log", "mem_agent.log", "mem_agent/eval/ruler_hqa_170/rl_s0.jsonl",
+              "mem_agent/eval/ruler_hqa_170/rl_s0.summary.json", "mem_agent/table/mem_agent_smollm2.md",
+              "mem_agent/table/mem_agent_smollm2.png", "mem_agent/seed_0/rl/tensorboard/metrics.jsonl",
+              "mem_agent/seed_0/rl/tensorboard/events.out.tfevents.1.vm",
+              "mem_agent/seed_0/rl/latest_checkpointed_iteration.txt", "mem_update/seed_0.log"]
+    left_out = ["mem_agent/data/train.jsonl", "mem_agent/data/ruler_hqa/eval_170.json",
+                "mem_agent/seed_0/rl/iter_0000016/common.pt", "mem_agent/seed_0/rl/iter_0000016/metadata.json",
+                "mem_agent/seed_0/rl/hf/iter_0000016/config.json",
+                "mem_agent/seed_0/rl/hf/iter_0000016/tokenizer.json"]
+    for name in wanted + left_out:
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text("x")
+    done = subprocess.run(["bash", str(ROOT / "tools/gpu_learning.sh"), "pack", str(tmp_path / "results")],
+                          env={**os.environ, "VIME_EXT_OUT": str(out)}, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    with tarfile.open(tmp_path / "results.tar.gz") as tar:
+        assert sorted(n.removeprefix("./") for n in tar.getnames() if tar.getmember(n).isfile()) == sorted(wanted)
