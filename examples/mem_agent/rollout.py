@@ -10,6 +10,7 @@ sequence, so ``generate`` returns one Sample per chat; the reward judges the las
 Settings (``--custom-config-path``; the launch scripts fill them from ``MEM_*`` variables): see ``MemSettings``.
 """
 
+import asyncio
 import logging
 from dataclasses import dataclass, replace
 from typing import NamedTuple
@@ -66,7 +67,10 @@ async def generate(args, sample, sampling_params, evaluation: bool = False):
         raise ValueError(f"sample {sample.index}: metadata['context'] must hold the document text "
                          f"(prepare the data with examples/mem_agent/prepare_data.py)")
     cap = settings.eval_max_chunks if evaluation else settings.max_chunks
-    chunks, cut, doc_tokens = split_chunks(args.tokenizer, context, settings.chunk_tokens, cap)
+    # In a thread: a million-token document takes seconds to tokenize, and on the event loop that would stall
+    # every other item in flight (an evaluation of several lengths at once waited minutes before its first turn).
+    chunks, cut, doc_tokens = await asyncio.to_thread(split_chunks, args.tokenizer, context, settings.chunk_tokens,
+                                                      cap)
     if cut:
         log.warning("sample %s: document cut after %d chunks of %d tokens; %d tokens unread", sample.index,
                     len(chunks), settings.chunk_tokens, cut)
@@ -75,9 +79,10 @@ async def generate(args, sample, sampling_params, evaluation: bool = False):
     for k, chunk in enumerate(chunks):
         chat = Trajectory(args.tokenizer, [{"role": "user", "content": memory_prompt(question, memory, chunk)}])
         reply = await chat.generate(args.rollout_client, memory_params, session_id=f"{sample.index}")
-        out.append(chat.to_sample(sample))
         if reply is None:  # the engine failed: the trajectory is marked failed or aborted
-            return out
+            return out + [chat.to_sample(sample)]
+        if not evaluation:  # training sequences; an evaluation scores the final answer alone (and at a million
+            out.append(chat.to_sample(sample))  # tokens, 500 kept chats an item would be gigabytes)
         memory = reply.strip() or memory
     chat = Trajectory(args.tokenizer, [{"role": "user",
                                         "content": final_prompt(question, memory, settings.answer_format)}])

@@ -250,6 +250,53 @@ def test_one_sequence_per_chat_with_masks_and_advantages(engine, tmp_path):
         assert seq.loss_mask == [0] * (len(tokens) - reply - 1) + [1] * reply
 
 
+def test_an_evaluation_keeps_the_final_chat_and_a_long_document_does_not_stall_the_loop(engine):
+    """In evaluation ``generate`` returns the final chat alone (with the memory it answered from): an item of a
+    million tokens would otherwise hold 500 chats. The document is tokenized off the event loop, so the other
+    items in flight keep going meanwhile (a loop that ticks every 5 ms sees no gap near the split's time)."""
+    import asyncio
+    import random
+    import time
+
+    from examples.mem_agent.data import generate_item
+    from examples.mem_agent.rollout import generate, split_chunks
+    from vime_ext.agent.sample import Sample
+    from vime_ext.engines.client import RolloutClient
+    from vime_ext.engines.protocol import SamplingParams
+
+    model, url = engine
+    args = mem_args(model, mem_eval_max_chunks=2)
+    item = generate_item(random.Random(3), 6000, 0)
+    start = time.perf_counter()
+    split_chunks(args.tokenizer, item.context, 40, None)
+    split_s = time.perf_counter() - start
+
+    async def run(evaluation: bool):
+        args.rollout_client = RolloutClient(url, max_concurrency=4, timeout_s=300)
+        ticks, done = [], asyncio.Event()
+
+        async def ticker():
+            while not done.is_set():
+                ticks.append(time.perf_counter())
+                await asyncio.sleep(0.005)
+
+        slot = Sample(prompt=item.question, label=item.answers, index=0, metadata={"context": item.context})
+        tick = asyncio.create_task(ticker())
+        try:
+            out = await generate(args, slot, SamplingParams(max_new_tokens=4), evaluation=evaluation)
+        finally:
+            done.set()
+            await tick
+            await args.rollout_client.close()
+        return out, max(b - a for a, b in zip(ticks, ticks[1:]))
+
+    (final,), gap = asyncio.run(run(evaluation=True))
+    assert final.metadata["chunks"] == 2 and isinstance(final.metadata["memory"], str)
+    assert gap < split_s / 3, (gap, split_s)
+    training, _ = asyncio.run(run(evaluation=False))
+    assert len(training) == 4  # a memory chat for each of mem_max_chunks (3) and the final one
+
+
 def test_the_answer_prefix_starts_the_final_reply_and_is_not_trained(engine, tmp_path):
     args, groups = mem_rollout(engine, tmp_path, 1, 2, {"mem_chunk_tokens": 400, "mem_answer_format": "answer_is",
                                                         "mem_answer_prefix": "The answer is"})
@@ -281,7 +328,7 @@ def test_a_resumed_eval_scores_every_item_once(engine, tmp_path):
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert summary["scored"] == 6 and summary["failed"] == 0 and sorted(r["_id"] for r in rows) == list("012345")
     assert set(rows[0]) >= {"_id", "answer", "pred", "judge_f1", "judge_em", "judge_sub_em", "response", "input",
-                            "answers", "num_docs", "index"} and "context" not in rows[0]
+                            "answers", "num_docs", "index", "memory"} and "context" not in rows[0]
     # What each item cost: its document's tokens (the tokenizer's count of the whole context) and chunks, its time.
     tokens = [len(model_tokenizer(e["context"], add_special_tokens=False)["input_ids"])
               for e in json.loads((tmp_path / "data/eval_3.json").read_text())]
