@@ -219,7 +219,7 @@ def test_the_smollm2_learning_recipe_chains_sft_rl_and_both_evaluations(tiny_hf_
     record = tmp_path / "train_args.json"
     full = {**os.environ, **env, "PATH": f"{stand_ins(tmp_path, record)}{os.pathsep}{os.environ['PATH']}"}
     full.pop("CUDA_VISIBLE_DEVICES", None)
-    for stage in ("prepare", "seed"):
+    for stage in ("prepare", "seed", "ceiling"):
         done = subprocess.run(["bash", str(ROOT / "examples/mem_agent/run-smollm2-gpu.sh"), stage, "--eps-clip", "0.1"],
                               env=full, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
@@ -229,6 +229,9 @@ def test_the_smollm2_learning_recipe_chains_sft_rl_and_both_evaluations(tiny_hf_
     assert sorted(p.name for p in (data / "ruler_hqa").iterdir()) == ["eval_20.json", "eval_40.json"]
     sft_chats = (data / "sft.jsonl").read_text().splitlines()
     assert len(sft_chats) > 3 and (data / "sft_heldout.jsonl").is_file()
+    # The ceiling stage (real): the share of each eval file a reader of what it has read answers, for the table.
+    ceiling = json.loads((work / "table/ceiling.json").read_text())
+    assert ceiling["memory_tokens"] == 248 and sorted(ceiling["sub_em_by_num_docs"]) == ["20", "40"]
 
     sft, rl = [json.loads(line) for line in (tmp_path / "train_args.json.all").read_text().splitlines()]
     assert last(sft, "--loss-type") == "sft_loss" and last(sft, "--save") == str(work / "seed_1/sft")

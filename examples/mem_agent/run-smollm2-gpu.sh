@@ -6,20 +6,25 @@
 #   bash examples/mem_agent/run-smollm2-gpu.sh prepare       # training items, SFT chats, held-out eval files
 #   SEED=0 bash examples/mem_agent/run-smollm2-gpu.sh seed   # on one GPU: SFT, GRPO from it, both evaluated
 #   bash examples/mem_agent/run-smollm2-gpu.sh base          # the base model evaluated
+#   bash examples/mem_agent/run-smollm2-gpu.sh ceiling       # per eval length, the share a reader that keeps only
+#                                                            # what it has read can answer (CPU; the table's row)
 #   bash examples/mem_agent/run-smollm2-gpu.sh table         # base / SFT / SFT + RL over the seeds: .md .json .png
-#   SEEDS="0 1" bash examples/mem_agent/run-smollm2-gpu.sh all   # prepare, a seed per GPU and base at once, table
+#   SEEDS="0 1" bash examples/mem_agent/run-smollm2-gpu.sh all   # prepare, a seed per GPU, base and ceiling at
+#                                                                # once, table
 # Everything goes under VIME_EXT_OUT (default runs/mem_agent_smollm2): data/, seed_S/{sft,rl}, eval/ (one
 # SAVE_FILE per model: base, sft_sS, rl_sS; resumable), table/. Extra arguments go to the GRPO run's train.py.
 #
 # Scaled to SmolLM2's 8K context (MemAgent trains Qwen2.5 with 5000-token chunks, a 1024-token memory and
 # 32K-token items): chunks of 2048 tokens, a memory of at most 256 tokens, a final answer of 64; training items
-# of 170 generated documents (about 8.8K tokens, 5 chunks).
+# of 170 generated documents (about 8.8K tokens, 5 chunks). The demonstrations' memories keep what a reader that
+# knows only what it has read keeps, within the memory (MEM_MAX_MEMORY less a margin for the end of the reply):
+# the author is unknown until the novel's sentence is read, so until then, the most recent writers' birthplaces.
 set -euo pipefail
 export MEM_CHUNK_TOKENS=${MEM_CHUNK_TOKENS:-2048} MEM_MAX_MEMORY=${MEM_MAX_MEMORY:-256}
 export MEM_MAX_FINAL=${MEM_MAX_FINAL:-64} MEM_MAX_CHUNKS=${MEM_MAX_CHUNKS:-16}
 export MEM_ANSWER_FORMAT=${MEM_ANSWER_FORMAT:-boxed} MEM_ANSWER_PREFIX=${MEM_ANSWER_PREFIX-}
 source "$(dirname "$0")/common.sh"
-STAGE=${1:?usage: run-smollm2-gpu.sh prepare|seed|base|table|all [train.py flags for the GRPO run]}
+STAGE=${1:?usage: run-smollm2-gpu.sh prepare|seed|base|ceiling|table|all [train.py flags for the GRPO run]}
 shift
 
 WORK=${VIME_EXT_OUT:-runs/mem_agent_smollm2}
@@ -30,6 +35,7 @@ LENGTH=${LENGTH:-"170 340 680 1360 2720 5440 10880 21760"}  # about 8.8K to 1.1M
 EVAL_NUM=${EVAL_NUM:-32}
 SFT_NUM=${SFT_NUM:-512} SFT_EPOCHS=${SFT_EPOCHS:-1} SFT_LR=${SFT_LR:-2e-5}
 MAX_MODEL_LEN=${MAX_MODEL_LEN:-4096}  # a chat: the prompt, a 256-token memory, a 2048-token chunk, the reply
+DEMO_MEMORY=$(( MEM_MAX_MEMORY - 8 ))
 smollm2_recipe_defaults
 
 prepare() {
@@ -37,10 +43,12 @@ prepare() {
     --entities train --seed 0 --out "${DATA_ROOT}/train.jsonl" --eval-dir "${DATA_ROOT}/ruler_hqa" \
     --eval-lengths ${LENGTH} --eval-entities heldout --eval-num "${EVAL_NUM}"
   python -m examples.mem_agent.demonstrations --tokenizer "${HF_CKPT}" --num "${SFT_NUM}" --num-docs "${TRAIN_DOCS}" \
-    --chunk-tokens "${MEM_CHUNK_TOKENS}" --entities train --seed 1000 --out "${DATA_ROOT}/sft.jsonl"
+    --chunk-tokens "${MEM_CHUNK_TOKENS}" --memory-tokens "${DEMO_MEMORY}" --entities train --seed 1000 \
+    --out "${DATA_ROOT}/sft.jsonl"
   # The same demonstrations on held-out names: the SFT run's held-out loss.
   python -m examples.mem_agent.demonstrations --tokenizer "${HF_CKPT}" --num 32 --num-docs "${TRAIN_DOCS}" \
-    --chunk-tokens "${MEM_CHUNK_TOKENS}" --entities heldout --seed 2000 --out "${DATA_ROOT}/sft_heldout.jsonl"
+    --chunk-tokens "${MEM_CHUNK_TOKENS}" --memory-tokens "${DEMO_MEMORY}" --entities heldout --seed 2000 \
+    --out "${DATA_ROOT}/sft_heldout.jsonl"
 }
 
 # sft SEED: the warm start (sft_warm_start in _common.sh), the held-out demonstrations' loss before and after
@@ -68,23 +76,34 @@ one_seed() {
   evaluate_saves evaluate "${WORK}" "${seed}"
 }
 
+ceiling() {
+  mkdir -p "${WORK}/table"
+  python -m examples.mem_agent.demonstrations --tokenizer "${HF_CKPT}" --chunk-tokens "${MEM_CHUNK_TOKENS}" \
+    --memory-tokens "${DEMO_MEMORY}" --ceiling "${DATA_ROOT}/ruler_hqa" >"${WORK}/table/ceiling.json"
+}
+
 table() {
+  local extra=()
+  if [ -s "${WORK}/table/ceiling.json" ]; then extra+=(--ceiling "${WORK}/table/ceiling.json"); fi
   python -m examples.mem_agent.length_table --save-dir "${EVAL_DIR}" --model base=base --model "SFT=sft_s*" \
     --model "SFT + RL=rl_s*" --train-length "${TRAIN_DOCS}" --cost-of "${COST_OF:-base}" \
-    --out "${WORK}/table/mem_agent_smollm2"
+    --out "${WORK}/table/mem_agent_smollm2" "${extra[@]}"
 }
 
 # all ARGS...: prepare, then one seed per GPU at once (logs in WORK/seed_S.log) and, beside the first seed, the
 # base model's evaluation in a smaller share of its GPU (its longest length sets the time: it starts first), then
 # the table
 everything() {
-  local base_pid
+  local base_pid ceiling_pid
   prepare
   CUDA_VISIBLE_DEVICES=$(cut -d, -f1 <<<"${CUDA_VISIBLE_DEVICES:-0}") EVAL_ENGINE_MEMORY=0.25 evaluate base \
     >"${WORK}/base.log" 2>&1 &
   base_pid=$!
+  ceiling >"${WORK}/ceiling.log" 2>&1 &
+  ceiling_pid=$!
   seeds_on_gpus "$0" "${WORK}" "$@" || true
   wait "${base_pid}" || echo "the base model's evaluation failed: ${WORK}/base.log" >&2
+  wait "${ceiling_pid}" || echo "the ceiling failed: ${WORK}/ceiling.log" >&2
   table
 }
 
@@ -93,7 +112,8 @@ case "${STAGE}" in
   prepare) prepare ;;
   seed) one_seed "${SEED}" "$@" ;;
   base) evaluate base ;;
+  ceiling) ceiling ;;
   table) table ;;
   all) everything "$@" ;;
-  *) echo "usage: run-smollm2-gpu.sh prepare|seed|base|table|all" >&2; exit 2 ;;
+  *) echo "usage: run-smollm2-gpu.sh prepare|seed|base|ceiling|table|all" >&2; exit 2 ;;
 esac
