@@ -61,3 +61,15 @@ def test_the_ceiling_is_a_row_of_its_own(tmp_path):
     text = out.with_suffix(".md").read_text()
     assert "| ceiling: a reader of what it has read | 1 | 71.9 | 62.5 |" in text and "| SFT | 1 | 30.0 | - |" in text
     assert result["ceiling: a reader of what it has read"]["340"]["sub_em_mean"] == 62.5
+
+
+def test_a_flat_line_at_zero_does_not_meet_the_length_goal(tmp_path):
+    for save_file in ("sft_s0", "rl_s0"):
+        write(tmp_path, save_file, 170, 0, 8192, 2.0)
+        write(tmp_path, save_file, 340, 0, 16384, 4.0)
+    out = tmp_path / "table"
+    main(["--save-dir", str(tmp_path), "--model", "SFT=sft_s*", "--model", "SFT + RL=rl_s*", "--train-length", "170",
+          "--out", str(out)])
+    text = out.with_suffix(".md").read_text()
+    assert "+0.0 points (goal: +10 or more): missed." in text
+    assert "(goal: a loss of 10 or less): not met: nothing to keep (0 at the shortest length)." in text
