@@ -187,12 +187,17 @@ def generate_item(rng: random.Random, num_docs: int, index: Any, hops: int = 2,
     gold = [_work_doc(rng, work, author)] + ([_person_doc(rng, author, city)] if hops == 2 else [])
     distractors, people = [], len(entities.first) * len(entities.last)
     other_cities = [c for c in entities.cities if c != city]
+    # Past the name pool, distractors reuse names, but never the author's (a second birthplace for the author
+    # would make the question ambiguous), and a reused writer keeps the birthplace first given: one world.
+    born_in: dict[str, str] = {}
     for k in range(num_docs - len(gold)):
-        other = _person(rng, used, entities) if len(used) < people else rng.choice(sorted(used))
+        other = _person(rng, used, entities) if len(used) < people else rng.choice(sorted(used - {author}))
         if k % 2 == 0:
             distractors.append(_work_doc(rng, f"{works[1 + (k // 2) % (len(works) - 1)]} (vol. {k // 2 + 1})", other))
         else:
-            distractors.append(_person_doc(rng, other, rng.choice(other_cities)))
+            if other not in born_in:
+                born_in[other] = rng.choice(other_cities)
+            distractors.append(_person_doc(rng, other, born_in[other]))
     docs = distractors
     for doc in gold:
         docs.insert(rng.randint(0, len(docs)), doc)

@@ -132,6 +132,26 @@ def test_generated_items_hide_the_facts_among_distractors():
     assert sum(item.answers[0] in d for d in docs) >= 1 and "born" in item.question
 
 
+def test_past_the_name_pool_the_world_stays_consistent():
+    """Long items need more writers than the pool has names: a reused name keeps its one birthplace, and the
+    author is never reused, so the question has one answer (before, at a million tokens the author had dozens of
+    birthplaces)."""
+    import re
+
+    from examples.mem_agent.data import ENTITY_POOLS
+
+    pool = ENTITY_POOLS["heldout"]
+    for seed in range(3):
+        item = generate_item(random.Random(seed), 800, seed, entities=pool)  # 144 names in the pool
+        author = re.search(r"written by (.+?)\.", item.supporting[0]).group(1)
+        born = {}
+        for person, city in re.findall(r"^(.+?) is a writer who was born in (.+?)\.", item.context, re.MULTILINE):
+            assert born.setdefault(person, city) == city
+        assert born[author] == item.answers[0] and item.context.count(f"{author} is a writer") == 1
+        assert item.context.count(f"written by {author}.") == 1
+        assert len(born) < 400  # names were reused
+
+
 def test_held_out_items_name_nothing_a_training_item_names(tmp_path):
     """prepare_data --entities train --eval-entities heldout: the eval files' novels, people and cities (gold and
     distractors alike) appear in no training row, and the default pool draws exactly as before the split."""
