@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from examples.mem_update.locomo import CATEGORIES
+from examples.mem_update.rollout import ERROR_KINDS
 from examples.mem_update.tools import TOOLS
 from vime_ext.engines.servers import EngineConfig, split_vllm_args
 from vime_ext.evaluate import evaluate, served
@@ -39,7 +40,9 @@ def summarize(metrics: dict[str, float]) -> dict:
                "initial_memory_count": get("initial_memory_count"), "final_memory_count": get("final_memory_count"),
                "initial_memory_chars": get("initial_memory_chars"), "final_memory_chars": get("final_memory_chars"),
                "calls_per_tool": {name: get(f"calls_{name}") for name in TOOL_NAMES
-                                  if get(f"calls_{name}") is not None}}
+                                  if get(f"calls_{name}") is not None},
+               "errors_per_kind": {kind: get(f"errors_{kind}") for kind in ERROR_KINDS
+                                   if get(f"errors_{kind}") is not None}}
     summary["categories"] = {name: {"qa_before": get(f"{name}_qa_before"), "qa_after": get(f"{name}_qa_after")}
                              for name in CATEGORIES.values() if get(f"{name}_qa_before") is not None}
     return summary

@@ -15,6 +15,7 @@ import statistics
 from pathlib import Path
 
 from examples.mem_update.eval_mem_update import TOOL_NAMES
+from examples.mem_update.rollout import ERROR_KINDS
 from vime_ext.evaluate import mean_and_range, model_groups
 
 COLUMNS = [("qa_before", "QA before", 3), ("qa_after", "QA after", 3), ("qa_delta", "QA delta", 3),
@@ -26,6 +27,8 @@ COLUMNS = [("qa_before", "QA before", 3), ("qa_after", "QA after", 3), ("qa_delt
 def value(summary: dict, key: str) -> float | None:
     if key.startswith("calls_"):
         return (summary.get("calls_per_tool") or {}).get(key.removeprefix("calls_"))
+    if key.startswith("errors_"):
+        return (summary.get("errors_per_kind") or {}).get(key.removeprefix("errors_"))
     return summary.get(key)
 
 
@@ -51,6 +54,8 @@ def markdown(models: dict[str, list[dict]], sft: str, rl: str) -> str:
     scorers = sorted({s.get("scorer", "from the settings") for summaries in models.values() for s in summaries})
     parts = table(COLUMNS) + ["", "Calls per episode by tool (those that ran):", ""]
     parts += table([(f"calls_{name}", name, 2) for name in TOOL_NAMES])
+    parts += ["", "Failed calls per episode by what was wrong:", ""]
+    parts += table([(f"errors_{kind}", kind, 2) for kind in ERROR_KINDS])
     parts += ["", f"Means over the seeds, (min-max) where they differ. QA scored by: {'; '.join(scorers)}."]
     if sft in models and rl in models:
         for key in ("qa_delta", "reward"):

@@ -40,11 +40,17 @@ async def generate(args, sample, sampling_params, evaluation: bool = False):
         raise
 
 
+# What a failed call got wrong: the <tool_call> block (unclosed, not JSON, no name), the tool's name, the
+# arguments against its schema, or the call itself (an unknown memory id, a split of one sentence, ...).
+ERROR_KINDS = ("format", "unknown_tool", "arguments", "tool")
+
+
 async def _episode(args, sample, sampling_params, settings: MemUpdateSettings, namespace):
     box = ToolBox(namespace, make_retriever(settings.retriever), seed=sample.index)
     chat = Trajectory(args.tokenizer, episode_messages(sample, settings, len(namespace)), tools=TOOLS)
     calls = errors = edits = 0
     used = {tool["function"]["name"]: 0 for tool in TOOLS}  # calls that ran, by tool
+    failed = dict.fromkeys(ERROR_KINDS, 0)  # calls that did not, by what was wrong
     finished = False
     if settings.first_reply_prefix:  # written for the policy, not trained: a small model's first call
         chat.prefill(settings.first_reply_prefix)
@@ -68,10 +74,13 @@ async def _episode(args, sample, sampling_params, settings: MemUpdateSettings, n
             calls += 1
             if isinstance(item, ToolCallError):
                 errors += 1
+                failed["format"] += 1
                 results.append(tool_message({"error": item.message}))
                 continue
             result = box.run(item)
             errors += result.error
+            if result.error:
+                failed[result.error_kind] += 1
             edits += not result.error and result.name in CHANGES_STORE
             if not result.error:
                 used[result.name] = used.get(result.name, 0) + 1
@@ -84,5 +93,6 @@ async def _episode(args, sample, sampling_params, settings: MemUpdateSettings, n
                        initial_memory_count=float(len(namespace.initial)), final_memory_count=float(len(namespace)),
                        initial_memory_chars=float(sum(len(m.content) for m in namespace.initial)),
                        final_memory_chars=float(sum(len(m.content) for m in namespace.memories())),
-                       **{f"calls_{name}": float(n) for name, n in used.items()})
+                       **{f"calls_{name}": float(n) for name, n in used.items()},
+                       **{f"errors_{kind}": float(n) for kind, n in failed.items()})
     return out

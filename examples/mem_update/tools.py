@@ -76,6 +76,7 @@ class ToolResult:
     name: str
     content: dict[str, Any]  # the tool message's JSON
     error: bool
+    error_kind: str = ""  # unknown_tool, arguments (against the schema) or tool (the call cannot be done)
 
     @property
     def text(self) -> str:
@@ -192,14 +193,14 @@ class ToolBox:
     def run(self, call: ToolCall) -> ToolResult:
         if call.name not in SCHEMAS:
             return ToolResult(call.name, {"error": f"unknown tool {call.name!r}; the tools are {sorted(SCHEMAS)}"},
-                              True)
+                              True, "unknown_tool")
         problem = check_arguments(SCHEMAS[call.name], call.arguments)
         if problem:
-            return ToolResult(call.name, {"error": f"{call.name}: {problem}"}, True)
+            return ToolResult(call.name, {"error": f"{call.name}: {problem}"}, True, "arguments")
         try:
             return ToolResult(call.name, getattr(self, call.name)(**call.arguments), False)
         except ToolError as err:
-            return ToolResult(call.name, {"error": f"{call.name}: {err}"}, True)
+            return ToolResult(call.name, {"error": f"{call.name}: {err}"}, True, "tool")
 
     def _memory(self, memory_id: str) -> Memory:
         if memory_id not in self.namespace:

@@ -236,6 +236,37 @@ def test_the_episode_ends_after_max_turns_replies(tmp_path):
         len(m["content"]) for m in MEMORIES)
 
 
+def test_failed_calls_are_counted_by_what_was_wrong(tmp_path):
+    """``errors_<kind>``: a block that is not JSON, an unknown tool, arguments against the schema, and a call the
+    store cannot do (an unknown id), one reply each, then a reply without a call. Scripted replies: the counting
+    is under test, not the model."""
+    from examples.mem_update.rollout import ERROR_KINDS, generate
+    from tests.conftest import real_tokenizer
+    from vime_ext.engines.protocol import GenerateResult, SamplingParams
+    from vime_ext.rollout.plugins import PluginArgs
+
+    tokenizer = real_tokenizer("llama", tmp_path)
+    replies = ['<tool_call>\n{"name": "search_memory", "arguments": {"query": \n</tool_call>',
+               '<tool_call>\n{"name": "forget_everything", "arguments": {}}\n</tool_call>',
+               '<tool_call>\n{"name": "search_memory", "arguments": {"query": "Rex", "top_k": "five"}}\n</tool_call>',
+               '<tool_call>\n{"name": "delete_memory", "arguments": {"memory_id": "no-such-id"}}\n</tool_call>',
+               '<tool_call>\n{"name": "sample_memory", "arguments": {"k": 1}}\n</tool_call>',
+               "Done."]
+
+    class Scripted:
+        async def generate(self, tokens, params, session_id=None):
+            ids = tokenizer(replies.pop(0), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+            return GenerateResult(ids, [0.0] * len(ids), "stop")
+
+    args = PluginArgs(memup_retriever="bm25", tokenizer=tokenizer, rollout_client=Scripted())
+    out = asyncio.run(generate(args, Sample(prompt="Where did Caroline get Rex?", metadata={"memories": MEMORIES}),
+                               SamplingParams(max_new_tokens=64)))
+    STORE.drop(out.metadata["memory_namespace"])
+    assert [out.metrics[f"errors_{kind}"] for kind in ERROR_KINDS] == [1.0, 1.0, 1.0, 1.0]
+    assert (out.metrics["tool_calls"], out.metrics["tool_errors"], out.metrics["valid_tool_calls"]) == (5.0, 4.0, 1.0)
+    assert out.metadata["finished"] is True
+
+
 # ---- the parser --------------------------------------------------------------------------------------------
 
 def test_parser_against_malformed_and_several_calls():
@@ -409,6 +440,7 @@ def test_the_evaluation_scores_with_a_fixed_reader_and_counts_each_tool(tmp_path
     assert summary["scorer"] == f"reader {model}" and summary["episodes"] == 2 and summary["failed"] == 0
     assert sorted(summary["calls_per_tool"]) == sorted(TOOL_NAMES)
     assert summary["valid_tool_calls"] == pytest.approx(summary["tool_calls"] - summary["tool_errors"])
+    assert summary["tool_errors"] == pytest.approx(sum(summary["errors_per_kind"].values()))
     assert summary["initial_memory_chars"] > 0 and summary["final_memory_chars"] > 0
     # The reader's token F1, not the proxy's clipped word share (which is never below 0.1): a random model's
     # answers share no word with the gold ones.

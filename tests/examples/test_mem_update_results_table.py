@@ -13,7 +13,8 @@ def summary(qa_before, qa_after, reward, calls):
             "unfinished": 0.25, "tool_calls": calls + 1, "tool_errors": 1.0, "valid_tool_calls": calls,
             "store_edits": 2.0, "initial_memory_count": 32.0, "final_memory_count": 33.0,
             "initial_memory_chars": 1000.0, "final_memory_chars": 1100.0,
-            "calls_per_tool": {name: (calls if name == "search_memory" else 0.0) for name in TOOL_NAMES}}
+            "calls_per_tool": {name: (calls if name == "search_memory" else 0.0) for name in TOOL_NAMES},
+            "errors_per_kind": {"format": 1.0, "unknown_tool": 0.0, "arguments": 0.0, "tool": 0.0}}
 
 
 def test_seeds_are_averaged_and_the_goal_is_checked(tmp_path):
@@ -32,6 +33,7 @@ def test_seeds_are_averaged_and_the_goal_is_checked(tmp_path):
     assert "| base | 1 | 64 | 0.00 | 0.00 | 0.00 |" in text  # calls per tool: search, manage, delete, ...
     assert "| SFT + RL | 2 | 64 | 5.00 (4.00-6.00) | 0.00 |" in text
     assert "QA scored by: reader /models/SmolLM2." in text
+    assert "Failed calls per episode by what was wrong:" in text and "| SFT | 2 | 64 | 1.00 | 0.00 | 0.00 | 0.00 |" in text
     assert "- SFT + RL against SFT, qa_delta: 0.120 against 0.050 (above; goal: above)." in text
     assert "- SFT + RL against SFT, reward: 0.120 against 0.050 (above; goal: above)." in text
     assert sorted(result["SFT"]["seeds"]) == ["sft_s0", "sft_s1"]
