@@ -38,14 +38,15 @@ open(sys.argv[2], "w").writelines(sorted(random.Random(0).sample(lines, n), key=
     --out "${DATA_ROOT}/sft.jsonl" --retriever "${MEMUP_RETRIEVER:-embedding}" --n-test "${N_TEST}" --seed 42
 }
 
-# evaluate SAVE_FILE [SAVE_PATH]: the held-out episodes of the base model or (with a save) its last iteration
+# evaluate SAVE_FILE [SAVE_PATH]: the held-out episodes of the base model or (with a save) its last iteration, in
+# EVAL_ENGINE_MEMORY (0.25) of the GPU and the reader in 0.15: a seed's two evaluations share one GPU
 evaluate() {
   local convert=0
   if [ -n "${2:-}" ]; then convert=1; fi
   CONVERT=${convert} SAVE_PATH=${2:-} MODEL_PATH=${HF_CKPT} SAVE_FILE=$1 TEST_DATA=${DATA_ROOT}/test_eval.jsonl \
     RESULTS=${RESULTS} bash "${MEM_UPDATE_DIR}/run-eval.sh" --reader-model "${HF_CKPT}" \
     --max-response-len "${TURN_TOKENS}" --max-model-len "${MAX_MODEL_LEN}" \
-    --vllm-gpu-memory-utilization "${EVAL_ENGINE_MEMORY:-0.3}"
+    --vllm-gpu-memory-utilization "${EVAL_ENGINE_MEMORY:-0.25}"
 }
 
 # seed SEED ARGS...: SFT, GRPO from it (grpo_from_sft in _common.sh), then both evaluated at once (an engine
