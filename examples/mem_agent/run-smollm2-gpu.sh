@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # MemAgent's own task learned by SmolLM2-135M-Instruct on GPUs: 2-hop questions (novel -> author -> birthplace)
-# over documents of 5 chunks among distractors, the last \boxed{} of the final reply rewarded, a supervised warm
+# over documents of 4 chunks among distractors, the last \boxed{} of the final reply rewarded, a supervised warm
 # start from demonstrations, then GRPO through this example's Qwen3-4B launch script (its variables scaled to the
 # small model), then RULER-HQA-format evaluation from 8K to 1M tokens on names no training item has. Stages:
 #   bash examples/mem_agent/run-smollm2-gpu.sh prepare       # training items, SFT chats, held-out eval files
@@ -16,7 +16,7 @@
 #
 # Scaled to SmolLM2's 8K context (MemAgent trains Qwen2.5 with 5000-token chunks, a 1024-token memory and
 # 32K-token items): chunks of 2048 tokens, a memory of at most 256 tokens, a final answer of 64; training items
-# of 170 generated documents (about 8.8K tokens, 5 chunks). The demonstrations' memories keep what a reader that
+# of 170 generated documents (about 8.1K tokens, 4 chunks). The demonstrations' memories keep what a reader that
 # knows only what it has read keeps, within the memory (MEM_MAX_MEMORY less a margin for the end of the reply):
 # the author is unknown until the novel's sentence is read, so until then, the most recent writers' birthplaces.
 set -euo pipefail
@@ -31,7 +31,7 @@ WORK=${VIME_EXT_OUT:-runs/mem_agent_smollm2}
 DATA_ROOT=${DATA_ROOT:-${WORK}/data}
 EVAL_DIR=${EVAL_DIR:-${WORK}/eval}
 TRAIN_DOCS=${TRAIN_DOCS:-170} TRAIN_NUM=${TRAIN_NUM:-1024}
-LENGTH=${LENGTH:-"170 340 680 1360 2720 5440 10880 21760"}  # about 8.8K to 1.1M tokens, doubling
+LENGTH=${LENGTH:-"170 340 680 1360 2720 5440 10880 21760"}  # about 8.1K to 1.1M tokens, doubling
 EVAL_NUM=${EVAL_NUM:-32}
 SFT_NUM=${SFT_NUM:-512} SFT_EPOCHS=${SFT_EPOCHS:-1} SFT_LR=${SFT_LR:-2e-5}
 MAX_MODEL_LEN=${MAX_MODEL_LEN:-4096}  # a chat: the prompt, a 256-token memory, a 2048-token chunk, the reply
