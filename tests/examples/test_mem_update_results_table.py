@@ -33,7 +33,8 @@ def test_seeds_are_averaged_and_the_goal_is_checked(tmp_path):
     assert "| base | 1 | 64 | 0.00 | 0.00 | 0.00 |" in text  # calls per tool: search, manage, delete, ...
     assert "| SFT + RL | 2 | 64 | 5.00 (4.00-6.00) | 0.00 |" in text
     assert "QA scored by: reader /models/SmolLM2." in text
-    assert "Failed calls per episode by what was wrong:" in text and "| SFT | 2 | 64 | 1.00 | 0.00 | 0.00 | 0.00 |" in text
+    assert "Failed calls per episode by what was wrong:" in text
+    assert "| SFT | 2 | 64 | 1.00 | 0.00 | 0.00 | 0.00 |" in text
     assert "- SFT + RL against SFT, qa_delta: 0.120 against 0.050 (above; goal: above)." in text
     assert "- SFT + RL against SFT, reward: 0.120 against 0.050 (above; goal: above)." in text
     assert sorted(result["SFT"]["seeds"]) == ["sft_s0", "sft_s1"]
