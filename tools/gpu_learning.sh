@@ -28,6 +28,9 @@ recipe() {
 
 run() {
   local pids=() status=0 pid
+  if command -v nvidia-smi >/dev/null; then  # the machine, for the record beside the figures
+    log "machine: $(nvidia-smi -L | wc -l) x $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+  fi
   recipe mem_agent "${MEM_AGENT_GPUS:-0,1,2}" "${SEEDS:-0 1 2}" "${MEM_AGENT_ENV:-}" & pids+=($!)
   recipe mem_update "${MEM_UPDATE_GPUS:-3}" "${MEM_UPDATE_SEEDS:-0}" "${MEM_UPDATE_ENV:-}" & pids+=($!)
   for pid in "${pids[@]}"; do wait "${pid}" || status=1; done
