@@ -216,7 +216,8 @@ sft_warm_start() {
     --loss-type sft_loss --rollout-function-path vime_ext.rollout.sft_rollout.generate_rollout \
     --n-samples-per-prompt 1 --rollout-batch-size "${batch}" --global-batch-size "${batch}" \
     --num-rollout "${rollouts}" --rollout-shuffle --seed "${seed}" --lr "${lr}" --lr-decay-style cosine --min-lr 0 \
-    --use-dynamic-batch-size --max-tokens-per-gpu "${SFT_MAX_TOKENS:-32768}" --save "${save}" --no-save-optim "${extra[@]}" "$@"
+    --use-dynamic-batch-size --max-tokens-per-gpu "${SFT_MAX_TOKENS:-32768}" --save "${save}" --no-save-optim \
+    "${extra[@]}" "$@"
 }
 
 # seeds_on_gpus SCRIPT LOG_DIR [ARGS]: `SEED=s bash SCRIPT seed ARGS` for every s of SEEDS at once, one GPU each

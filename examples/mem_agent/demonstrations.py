@@ -28,9 +28,9 @@ One chat per JSONL line, as the SFT reader expects (``--input-key messages``):
 
 import argparse
 import json
-from bisect import bisect_right
 import random
 import re
+from bisect import bisect_right
 from dataclasses import replace
 from pathlib import Path
 

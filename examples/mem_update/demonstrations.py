@@ -55,6 +55,11 @@ def _call(name: str, **arguments) -> ToolCall:
     return ToolCall(name, arguments)
 
 
+def _evidence(memory) -> set[str]:
+    """The dia_ids a memory records as its evidence."""
+    return set(memory.metadata.get("evidence", []))
+
+
 def plan_and_play(conversation: Conversation, item: dict, box: ToolBox) -> list[tuple[ToolCall, dict]]:
     """The calls for ``item`` (chosen as the module says) and each one's real result, in order."""
     played = []
@@ -71,12 +76,11 @@ def plan_and_play(conversation: Conversation, item: dict, box: ToolBox) -> list[
     # Only memories the search showed are acted on: an id the chat never showed is one the policy cannot know
     # (the first demonstrations updated evidence memories that no result had shown; the model trained on them
     # called ids that did not exist).
-    shown = [hit["id"] for hit in found]
-    needed = lambda memory: set(memory.metadata.get("evidence", [])) & set(item["evidence"])  # noqa: E731
-    evidence = [box.namespace.get(i) for i in shown if needed(box.namespace.get(i))]
+    shown = [box.namespace.get(hit["id"]) for hit in found]
+    evidence = [m for m in shown if _evidence(m) & set(item["evidence"])]
     # Part of the evidence shown (the other part out of the results): stating that part as the answer misleads
     # the reader, so the episode leaves the evidence as it is.
-    if len(evidence) < sum(1 for m in box.namespace.memories() if needed(m)):
+    if len(evidence) < sum(1 for m in box.namespace.memories() if _evidence(m) & set(item["evidence"])):
         evidence = []
     kept, text = [], {}
     for memory in evidence:
@@ -92,8 +96,7 @@ def plan_and_play(conversation: Conversation, item: dict, box: ToolBox) -> list[
     if kept:  # the answer, in the question's words, from what the chat shows (the evidence as now written)
         play(_call("manage_memory", operation="create", memory_type="semantic",
                    content=f"Asked \"{item['question']}\", the conversation says: {text[kept[0]]}"))
-    noise = [i for i in shown if i in box.namespace
-             and not set(box.namespace.get(i).metadata.get("evidence", [])) & asked]
+    noise = [m.id for m in shown if m.id in box.namespace and not _evidence(m) & asked]  # merges removed some
     for memory_id in noise[:MAX_DELETES]:
         play(_call("delete_memory", memory_id=memory_id, reason="says nothing any question needs"))
     return played

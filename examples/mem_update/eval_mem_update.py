@@ -20,8 +20,7 @@ from pathlib import Path
 import torch
 
 from examples.mem_update.locomo import CATEGORIES
-from examples.mem_update.rollout import ERROR_KINDS
-from examples.mem_update.tools import TOOLS
+from examples.mem_update.tools import ERROR_KINDS, TOOLS
 from vime_ext.engines.servers import EngineConfig, split_vllm_args
 from vime_ext.evaluate import evaluate, served
 

@@ -15,7 +15,7 @@ import statistics
 from pathlib import Path
 
 from examples.mem_update.eval_mem_update import TOOL_NAMES
-from examples.mem_update.rollout import ERROR_KINDS
+from examples.mem_update.tools import ERROR_KINDS
 from vime_ext.evaluate import mean_and_range, model_groups
 
 COLUMNS = [("qa_before", "QA before", 3), ("qa_after", "QA after", 3), ("qa_delta", "QA delta", 3),

@@ -15,7 +15,7 @@ from examples.mem_update.prompts import SYSTEM, USER, speakers
 from examples.mem_update.retrieval import make_retriever
 from examples.mem_update.settings import MemUpdateSettings
 from examples.mem_update.store import STORE
-from examples.mem_update.tools import CHANGES_STORE, TOOLS, ToolBox
+from examples.mem_update.tools import CHANGES_STORE, ERROR_KINDS, TOOLS, ToolBox
 from vime_ext.agent.tool_calls import ToolCallError, parse_tool_calls, tool_message
 from vime_ext.agent.trajectory import Trajectory
 
@@ -40,15 +40,10 @@ async def generate(args, sample, sampling_params, evaluation: bool = False):
         raise
 
 
-# What a failed call got wrong: the <tool_call> block (unclosed, not JSON, no name), the tool's name, the
-# arguments against its schema, or the call itself (an unknown memory id, a split of one sentence, ...).
-ERROR_KINDS = ("format", "unknown_tool", "arguments", "tool")
-
-
 async def _episode(args, sample, sampling_params, settings: MemUpdateSettings, namespace):
     box = ToolBox(namespace, make_retriever(settings.retriever), seed=sample.index)
     chat = Trajectory(args.tokenizer, episode_messages(sample, settings, len(namespace)), tools=TOOLS)
-    calls = errors = edits = 0
+    calls = edits = 0
     used = {tool["function"]["name"]: 0 for tool in TOOLS}  # calls that ran, by tool
     failed = dict.fromkeys(ERROR_KINDS, 0)  # calls that did not, by what was wrong
     finished = False
@@ -73,21 +68,20 @@ async def _episode(args, sample, sampling_params, settings: MemUpdateSettings, n
         for item in parsed:
             calls += 1
             if isinstance(item, ToolCallError):
-                errors += 1
                 failed["format"] += 1
                 results.append(tool_message({"error": item.message}))
                 continue
             result = box.run(item)
-            errors += result.error
             if result.error:
                 failed[result.error_kind] += 1
-            edits += not result.error and result.name in CHANGES_STORE
-            if not result.error:
-                used[result.name] = used.get(result.name, 0) + 1
+            else:
+                used[result.name] += 1
+                edits += result.name in CHANGES_STORE
             results.append(tool_message(result.content))
         chat.append_messages(results)
     out = chat.to_sample(sample)
     out.metadata.update(memory_namespace=namespace.name, finished=finished)
+    errors = sum(failed.values())
     out.metrics.update(num_turns=float(len(chat.turns)), tool_calls=float(calls), tool_errors=float(errors),
                        valid_tool_calls=float(calls - errors), store_edits=float(edits),
                        initial_memory_count=float(len(namespace.initial)), final_memory_count=float(len(namespace)),

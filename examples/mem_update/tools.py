@@ -71,12 +71,17 @@ class ToolError(Exception):
     """A call the tool refuses; its message goes back to the policy."""
 
 
+# What a failed call got wrong: the <tool_call> block (unclosed, not JSON, no name), the tool's name, the
+# arguments against its schema, or the call itself (an unknown memory id, a split of one sentence, ...).
+ERROR_KINDS = ("format", "unknown_tool", "arguments", "tool")
+
+
 @dataclass
 class ToolResult:
     name: str
     content: dict[str, Any]  # the tool message's JSON
     error: bool
-    error_kind: str = ""  # unknown_tool, arguments (against the schema) or tool (the call cannot be done)
+    error_kind: str = ""  # one of ERROR_KINDS but "format" (the parser's, before a call reaches the box)
 
     @property
     def text(self) -> str:

@@ -240,7 +240,8 @@ def test_failed_calls_are_counted_by_what_was_wrong(tmp_path):
     """``errors_<kind>``: a block that is not JSON, an unknown tool, arguments against the schema, and a call the
     store cannot do (an unknown id), one reply each, then a reply without a call. Scripted replies: the counting
     is under test, not the model."""
-    from examples.mem_update.rollout import ERROR_KINDS, generate
+    from examples.mem_update.rollout import generate
+    from examples.mem_update.tools import ERROR_KINDS
     from tests.conftest import real_tokenizer
     from vime_ext.engines.protocol import GenerateResult, SamplingParams
     from vime_ext.rollout.plugins import PluginArgs
