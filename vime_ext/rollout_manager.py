@@ -150,7 +150,8 @@ class RolloutManager:
     def _check_engines(self) -> None:
         dead = [e for e in self.engines if not e.alive()]
         if dead and len(dead) == len(self.engines):
-            raise RuntimeError("every engine has exited; last log lines of the first:\n" + dead[0].log_tail())
+            raise RuntimeError(f"every engine has exited; the first: log {dead[0].log_path}, "
+                               f"{dead[0].failure_report()}")
 
     # ---- weights and memory, around a training step -----------------------------------------------------
 

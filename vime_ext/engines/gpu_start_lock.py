@@ -1,0 +1,87 @@
+"""One vLLM engine at a time starts on a GPU, across processes.
+
+vLLM sizes its KV cache from whole-device free-memory deltas taken around its profile run, so memory that another
+process takes or gives back on the same GPU meanwhile is counted as this engine's own: two engines started at
+once on one GPU mis-size each other, and one of them may fail with "No available memory for the cache blocks" or
+"Error in memory profiling" (vllm-project/vllm issues 55827 and 56830). That is how a MemUpdate evaluation and a
+MemAgent evaluation failed on an H200, where a seed's two evaluations and the base model's share a GPU. An engine
+therefore holds a file lock per GPU it uses from its launch until it serves or dies, and an engine on a GPU is
+stopped under the same lock, so that its memory does not come free inside another's profile run.
+"""
+
+import fcntl
+import os
+import tempfile
+import time
+from pathlib import Path
+
+# The GPUs whose lock this process holds: a second engine on one of them from this process would wait for
+# itself, so that is refused instead.
+_HELD: set[str] = set()
+
+
+def lock_dir() -> Path:
+    folder = Path(os.environ.get("VIME_EXT_LOCK_DIR", Path(tempfile.gettempdir()) / "vime_ext_locks"))
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+class GpuStartLock:
+    """Exclusive locks on ``gpus`` (CUDA_VISIBLE_DEVICES entries), taken in sorted order so that engines of
+    several GPUs each cannot deadlock; a wait longer than ``report_every_s`` says who holds the lock."""
+
+    def __init__(self, gpus: list[str], what: str = "engine start", report_every_s: float = 15.0):
+        self.gpus = sorted(set(gpus))
+        self.what = what
+        self.report_every_s = report_every_s
+        self._files: list = []
+
+    @property
+    def held(self) -> bool:
+        return bool(self._files)
+
+    def acquire(self, timeout_s: float | None = None) -> bool:
+        """Take every GPU's lock; False (holding none) if ``timeout_s`` passed first."""
+        taken = [g for g in self.gpus if g in _HELD]
+        if taken:
+            raise RuntimeError(f"this process already starts an engine on GPU {', '.join(taken)}: start engines "
+                               f"that share a GPU one after another (wait_until_serving the first)")
+        start = time.time()
+        next_report = start + self.report_every_s
+        for gpu in self.gpus:
+            handle = open(lock_dir() / f"gpu_{gpu.replace('/', '_')}.lock", "a+")  # noqa: SIM115 (held until release)
+            while True:
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    now = time.time()
+                    if timeout_s is not None and now - start > timeout_s:
+                        handle.close()
+                        self.release()
+                        return False
+                    if now >= next_report:
+                        next_report += self.report_every_s
+                        handle.seek(0)
+                        holder = handle.read().strip() or "another process"
+                        print(f"{self.what} on GPU {gpu} waits ({now - start:.0f} s) for {holder}", flush=True)
+                    time.sleep(0.2)
+            handle.seek(0)
+            handle.truncate()
+            handle.write(f"pid {os.getpid()} ({self.what})")
+            handle.flush()
+            self._files.append(handle)
+            _HELD.add(gpu)
+        return True
+
+    def release(self) -> None:
+        for handle in self._files:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+            handle.close()
+        _HELD.difference_update(self.gpus)
+        self._files = []
+
+
+def holds(gpus: list[str]) -> bool:
+    """Whether this process holds the lock of every GPU in ``gpus``."""
+    return set(gpus) <= _HELD
