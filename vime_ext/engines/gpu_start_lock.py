@@ -21,7 +21,10 @@ _HELD: set[str] = set()
 
 
 def lock_dir() -> Path:
-    folder = Path(os.environ.get("VIME_EXT_LOCK_DIR", Path(tempfile.gettempdir()) / "vime_ext_locks"))
+    """VIME_EXT_LOCK_DIR, else a folder of this user's in the temporary directory (another user's lock files
+    could not be opened): engines of different users on one GPU are not kept apart."""
+    default = Path(tempfile.gettempdir()) / f"vime_ext_locks_{os.getuid()}"
+    folder = Path(os.environ.get("VIME_EXT_LOCK_DIR", default))
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 
