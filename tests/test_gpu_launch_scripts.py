@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from examples.mem_agent.demonstrations import NOTHING_YET
+
 ROOT = Path(__file__).resolve().parents[1]
 
 NVIDIA_SMI = """#!/bin/bash
@@ -230,12 +232,19 @@ def test_the_smollm2_learning_recipe_chains_sft_rl_and_both_evaluations(tiny_hf_
     sft_chats = (data / "sft.jsonl").read_text().splitlines()
     assert len(sft_chats) > 3 and (data / "sft_heldout.jsonl").is_file()
     # The ceiling stage (real): the share of each eval file a reader of what it has read answers, for the table.
-    ceiling = json.loads((work / "table/ceiling.json").read_text())
-    assert ceiling["memory_tokens"] == 248 and sorted(ceiling["sub_em_by_num_docs"]) == ["20", "40"]
+    for keep in ("recent", "relevant"):  # both readers, a row each
+        ceiling = json.loads((work / f"table/ceiling_{keep}.json").read_text())
+        assert ceiling["memory_tokens"] == 248 and ceiling["keep"] == keep
+        assert sorted(ceiling["sub_em_by_num_docs"]) == ["20", "40"]
+    # The demonstrations keep nothing before the novel's sentence is read (DEMO_KEEP=relevant, the default).
+    replies = [json.loads(line)["messages"][-1]["content"] for line in sft_chats]
+    assert NOTHING_YET in replies and not any("is a writer who was born in" in r and "novel" not in r
+                                              for r in replies)
 
     sft, rl = [json.loads(line) for line in (tmp_path / "train_args.json.all").read_text().splitlines()]
     assert last(sft, "--loss-type") == "sft_loss" and last(sft, "--save") == str(work / "seed_1/sft")
-    assert last(sft, "--num-rollout") == last(sft, "--eval-interval") == str(-(-len(sft_chats) // 64))
+    assert last(sft, "--num-rollout") == last(sft, "--eval-interval") == str(-(-3 * len(sft_chats) // 64))  # 3 passes
+    assert last(sft, "--lr") == "1e-4"
     assert "--bf16" in sft and last(sft, "--seed") == "1" and last(sft, "--hf-checkpoint") == str(model)
     # GRPO: the example's own launch script, colocated on the one GPU, from the SFT save, boxed answers.
     assert last(rl, "--ref-load") == str(work / "seed_1/sft") and last(rl, "--save") == str(work / "seed_1/rl")
@@ -280,7 +289,8 @@ def test_the_mem_update_smollm2_recipe_chains_sft_rl_and_both_evaluations(tiny_h
 
     sft, rl = [json.loads(line) for line in (tmp_path / "train_args.json.all").read_text().splitlines()]
     assert last(sft, "--loss-type") == "sft_loss" and last(sft, "--save") == str(work / "seed_2/sft")
-    assert last(sft, "--num-rollout") == str(-(-2 * len(sft_chats) // 64)) and last(sft, "--sft-max-len") == "8192"
+    assert last(sft, "--num-rollout") == str(-(-6 * len(sft_chats) // 64)) and last(sft, "--sft-max-len") == "8192"
+    assert last(sft, "--lr") == "1e-4"  # 6 passes at 1e-4
     assert last(rl, "--ref-load") == str(work / "seed_2/sft") and last(rl, "--save") == str(work / "seed_2/rl")
     assert last(rl, "--custom-generate-function-path") == "examples.mem_update.rollout.generate"
     assert "--colocate" in rl and last(rl, "--rollout-max-response-len") == "256" and last(rl, "--seed") == "2"

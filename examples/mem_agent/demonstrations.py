@@ -7,15 +7,18 @@ reader that knows only what it has read (what a model could learn; replies writt
 of the answer would keep the author's birthplace before anything says who the author is):
 
 - a sentence counts as read in the chunk where it ends;
-- until the sentence naming the question's novel is read, the author is unknown, so the memory keeps every writer's
-  birthplace read so far, the most recent ones that fit ``--memory-tokens``; before any is read it says so;
+- until the sentence naming the question's novel is read, the author is unknown. With ``--keep recent`` the memory
+  keeps every writer's birthplace read so far, the most recent ones that fit ``--memory-tokens``; with ``--keep
+  relevant`` it keeps nothing (a reply that says so), which answers only the items whose birthplace comes after
+  the novel's sentence, but asks the model for two targeted copies instead of some twenty look-alike sentences;
 - once the novel's sentence is read, the memory keeps it and the author's birthplace (from the notes or the chunk
   in view, or later when it is read), and nothing else;
 - the final answer restates the two facts and gives the answer in ``\\boxed{}`` (or, with ``--answer-format
   answer_is``, as "The answer is ..."). A question whose author's birthplace was dropped from a full memory before
   the author was known cannot be answered by such a reader: its memory chats are kept, its final chat is not.
 
-The share of items such a reader can answer is the task's ceiling for a memory of that size (``--ceiling``).
+The share of items such a reader can answer is the task's ceiling for a memory of that size (``--ceiling``; the
+``recent`` reader's is the higher one).
 
 One chat per JSONL line, as the SFT reader expects (``--input-key messages``):
 
@@ -39,13 +42,17 @@ from examples.mem_agent.prompts import NO_MEMORY, final_prompt, memory_prompt
 from examples.mem_agent.rollout import split_chunks
 
 NOTHING_YET = "Nothing relevant to the question yet."
+KEEPS = ("recent", "relevant")  # what the memory keeps before the author is known (the module's docstring)
 
 
 WRITER = re.compile(r"^.+? is a writer who was born in [^\n]+?\.", re.MULTILINE)  # data._person_doc's sentence
 
 
-def memory_after_each_chunk(item: QAItem, chunks: list[str], tokenizer, memory_tokens: int) -> list[str]:
+def memory_after_each_chunk(item: QAItem, chunks: list[str], tokenizer, memory_tokens: int,
+                            keep: str = "recent") -> list[str]:
     """The memory after each chunk of a reader that knows only what it has read (the module's docstring)."""
+    if keep not in KEEPS:
+        raise ValueError(f"keep {keep!r} is not one of {KEEPS}")
     work, author = item.supporting[0], (item.supporting[1] if len(item.supporting) > 1 else None)
     work_end = item.context.index(work) + len(work)
     writers = list(WRITER.finditer(item.context)) if author else []
@@ -60,7 +67,7 @@ def memory_after_each_chunk(item: QAItem, chunks: list[str], tokenizer, memory_t
         elif work_end <= end:
             known = True
             notes = [work] + ([author] if author in in_view else [])
-        else:
+        elif keep == "recent":
             notes = most_recent_that_fit(in_view, tokenizer, memory_tokens)
         memories.append(" ".join(notes) or NOTHING_YET)
         start = end
@@ -87,14 +94,14 @@ def final_reply(item: QAItem, answer_format: str) -> str:
 
 
 def demonstration_chats(item: QAItem, tokenizer, chunk_tokens: int, answer_format: str = "boxed",
-                        memory_tokens: int = 256) -> list[list]:
+                        memory_tokens: int = 256, keep: str = "recent") -> list[list]:
     """The chats of one question as the rollout would hold them, each with its demonstrated reply (no final chat
     where the reader could not answer)."""
     chunks = split_chunks(tokenizer, item.context, chunk_tokens, None).texts
     if "".join(chunks) != item.context:
         raise ValueError(f"item {item.index}: the tokenizer's chunks do not join back into the document")
     chats, memory = [], NO_MEMORY
-    for chunk, new_memory in zip(chunks, memory_after_each_chunk(item, chunks, tokenizer, memory_tokens)):
+    for chunk, new_memory in zip(chunks, memory_after_each_chunk(item, chunks, tokenizer, memory_tokens, keep)):
         chats.append([{"role": "user", "content": memory_prompt(item.question, memory, chunk)},
                       {"role": "assistant", "content": new_memory}])
         memory = new_memory
@@ -117,19 +124,19 @@ def with_supporting(item: QAItem, where: str | Path) -> QAItem:
     return replace(item, supporting=(work.group(), person.group()))
 
 
-def ceiling(eval_file: str | Path, tokenizer, chunk_tokens: int, memory_tokens: int) -> float:
+def ceiling(eval_file: str | Path, tokenizer, chunk_tokens: int, memory_tokens: int, keep: str = "recent") -> float:
     """The share (%) of an eval file's generated items that the demonstrations' reader answers."""
     items = [with_supporting(item, eval_file) for item, _ in read_eval_file(eval_file)[0]]
     hits = 0
     for item in items:
         chunks = split_chunks(tokenizer, item.context, chunk_tokens, None).texts
-        hits += answerable(item, memory_after_each_chunk(item, chunks, tokenizer, memory_tokens)[-1])
+        hits += answerable(item, memory_after_each_chunk(item, chunks, tokenizer, memory_tokens, keep)[-1])
     return 100.0 * hits / max(len(items), 1)
 
 
 def write_demonstrations(path: str | Path, tokenizer, num: int, num_docs: int, chunk_tokens: int, seed: int = 0,
                          hops: int = 2, answer_format: str = "boxed", entities: Entities = ALL_ENTITIES,
-                         memory_tokens: int = 256) -> tuple[Path, int]:
+                         memory_tokens: int = 256, keep: str = "recent") -> tuple[Path, int]:
     """``num`` generated questions' chats to ``path``; returns the path and the number of chats."""
     rng = random.Random(seed)
     path = Path(path)
@@ -139,7 +146,7 @@ def write_demonstrations(path: str | Path, tokenizer, num: int, num_docs: int, c
         for i in range(num):
             item = generate_item(rng, num_docs, f"demo-{seed}-{i}", hops, entities)
             for k, chat in enumerate(demonstration_chats(item, tokenizer, chunk_tokens, answer_format,
-                                                         memory_tokens)):
+                                                         memory_tokens, keep)):
                 f.write(json.dumps({"messages": chat, "metadata": {"index": item.index, "chat": k}}) + "\n")
                 count += 1
     return path, count
@@ -152,6 +159,8 @@ def main(argv=None) -> None:
     parser.add_argument("--ceiling", metavar="EVAL_DIR",
                         help="instead: for each generated eval_{N}.json there, the share of items the reader answers")
     parser.add_argument("--memory-tokens", type=int, default=256, help="as MEM_MAX_MEMORY in the RL run")
+    parser.add_argument("--keep", choices=KEEPS, default="recent",
+                        help="what the memory keeps before the novel's author is known (the module's docstring)")
     parser.add_argument("--num", type=int, default=256, help="generated questions (each gives chunks + 1 chats)")
     parser.add_argument("--num-docs", type=int, default=8)
     parser.add_argument("--chunk-tokens", type=int, default=2048, help="as MEM_CHUNK_TOKENS in the RL run")
@@ -168,14 +177,14 @@ def main(argv=None) -> None:
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
     if args.ceiling:
         files = sorted(Path(args.ceiling).glob("eval_*.json"), key=lambda p: int(p.stem.split("_")[1]))
-        result = {int(f.stem.split("_")[1]): round(ceiling(f, tokenizer, args.chunk_tokens, args.memory_tokens), 2)
-                  for f in files}
-        print(json.dumps({"chunk_tokens": args.chunk_tokens, "memory_tokens": args.memory_tokens,
+        result = {int(f.stem.split("_")[1]): round(ceiling(f, tokenizer, args.chunk_tokens, args.memory_tokens,
+                                                           args.keep), 2) for f in files}
+        print(json.dumps({"chunk_tokens": args.chunk_tokens, "memory_tokens": args.memory_tokens, "keep": args.keep,
                           "sub_em_by_num_docs": result}))
         return
     path, count = write_demonstrations(args.out, tokenizer, args.num, args.num_docs, args.chunk_tokens, args.seed,
                                        args.hops, args.answer_format, ENTITY_POOLS[args.entities],
-                                       args.memory_tokens)
+                                       args.memory_tokens, args.keep)
     print(f"{path}: {count} chats from {args.num} questions")
 
 

@@ -2,7 +2,7 @@
 model are averaged (mean, and the spread as min..max), from the summaries ``run-eval.sh`` wrote.
 
     python -m examples.mem_agent.length_table --save-dir SAVE_DIR --model base=base --model "SFT=sft_s*" \
-        --model "SFT + RL=rl_s*" [--train-length 170] [--cost-of rl_s0] [--ceiling ceiling.json]
+        --model "SFT + RL=rl_s*" [--train-length 170] [--cost-of rl_s0] [--ceiling ceiling.json ...]
         [--out docs/runs/mem_agent_smollm2]
 
 A model is ``NAME=PATTERN``: every ``SAVE_FILE`` matching the glob pattern is one of its seeds. Writes ``OUT.md``
@@ -21,7 +21,9 @@ from examples.mem_agent.eval_ruler_hqa import save_sub_em_figure
 from vime_ext.evaluate import mean_and_range, model_groups
 
 JUDGES = ("sub_em", "em", "f1")
-CEILING = "ceiling: a reader of what it has read"
+# The ceiling rows' names, by what the reader keeps before the novel's author is known (demonstrations.KEEPS)
+CEILINGS = {"recent": "ceiling: a reader of what it has read",
+            "relevant": "ceiling: a reader that keeps only the novel's facts"}
 
 
 @dataclass
@@ -145,16 +147,18 @@ def main(argv=None) -> dict:
     parser.add_argument("--sft", default="SFT", help="the model the goals compare against")
     parser.add_argument("--rl", default="SFT + RL", help="the model the goals are about")
     parser.add_argument("--cost-of", default=None, help="a SAVE_FILE whose cost per item is tabled")
-    parser.add_argument("--ceiling", default=None,
-                        help="a row more: the JSON of `demonstrations --ceiling` (the share a reader that keeps "
-                             "only what it has read can answer, per length)")
+    parser.add_argument("--ceiling", action="append", default=[],
+                        help="a row more (repeatable): the JSON of `demonstrations --ceiling` (the share a reader "
+                             "that keeps only what it has read can answer, per length)")
     parser.add_argument("--out", required=True, help="path stem of the .md, .json and .png written")
     args = parser.parse_args(argv)
     summaries = read_summaries(Path(args.save_dir))
     table = build(summaries, args.model)
-    if args.ceiling:
-        shares = json.loads(Path(args.ceiling).read_text())["sub_em_by_num_docs"]
-        table[CEILING] = {int(n): Cell({"ceiling": {judge: share for judge in JUDGES}}) for n, share in shares.items()}
+    for path in args.ceiling:
+        ceiling = json.loads(Path(path).read_text())
+        table[CEILINGS[ceiling.get("keep", "recent")]] = {
+            int(n): Cell({"ceiling": {judge: share for judge in JUDGES}})
+            for n, share in ceiling["sub_em_by_num_docs"].items()}
     parts = [markdown(table, args.train_length)]
     if args.train_length is not None:
         parts.append("\n".join(goals(table, args.sft, args.rl, args.train_length)))

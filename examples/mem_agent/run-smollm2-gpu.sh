@@ -19,7 +19,10 @@
 # 32K-token items): chunks of 2048 tokens, a memory of at most 256 tokens, a final answer of 64; training items
 # of 170 generated documents (about 8.1K tokens, 4 chunks). The demonstrations' memories keep what a reader that
 # knows only what it has read keeps, within the memory (MEM_MAX_MEMORY less a margin for the end of the reply):
-# the author is unknown until the novel's sentence is read, so until then, the most recent writers' birthplaces.
+# the author is unknown until the novel's sentence is read; until then (DEMO_KEEP) nothing (relevant, the default)
+# or the most recent writers' birthplaces (recent). The recent reader answers a few more items at 8K-33K (75.0
+# against 68.8 of 32 at 8K, the same from 66K on), but a model taught it copied only a quarter to a third of its
+# memory's sentences faithfully (twenty look-alike sentences per chunk); the relevant one asks for two copies.
 set -euo pipefail
 export MEM_CHUNK_TOKENS=${MEM_CHUNK_TOKENS:-2048} MEM_MAX_MEMORY=${MEM_MAX_MEMORY:-256}
 export MEM_MAX_FINAL=${MEM_MAX_FINAL:-64} MEM_MAX_CHUNKS=${MEM_MAX_CHUNKS:-16}
@@ -39,7 +42,7 @@ EVAL_NUM=${EVAL_NUM:-32}
 # a quarter of their memory's sentences from the document and made up the rest.
 SFT_NUM=${SFT_NUM:-512} SFT_EPOCHS=${SFT_EPOCHS:-3} SFT_LR=${SFT_LR:-1e-4}
 MAX_MODEL_LEN=${MAX_MODEL_LEN:-4096}  # a chat: the prompt, a 256-token memory, a 2048-token chunk, the reply
-DEMO_MEMORY=$(( MEM_MAX_MEMORY - 8 ))
+DEMO_MEMORY=$(( MEM_MAX_MEMORY - 8 )) DEMO_KEEP=${DEMO_KEEP:-relevant}
 smollm2_recipe_defaults
 
 prepare() {
@@ -47,12 +50,12 @@ prepare() {
     --entities train --seed 0 --out "${DATA_ROOT}/train.jsonl" --eval-dir "${DATA_ROOT}/ruler_hqa" \
     --eval-lengths ${LENGTH} --eval-entities heldout --eval-num "${EVAL_NUM}"
   python -m examples.mem_agent.demonstrations --tokenizer "${HF_CKPT}" --num "${SFT_NUM}" --num-docs "${TRAIN_DOCS}" \
-    --chunk-tokens "${MEM_CHUNK_TOKENS}" --memory-tokens "${DEMO_MEMORY}" --entities train --seed 1000 \
-    --out "${DATA_ROOT}/sft.jsonl"
+    --chunk-tokens "${MEM_CHUNK_TOKENS}" --memory-tokens "${DEMO_MEMORY}" --keep "${DEMO_KEEP}" --entities train \
+    --seed 1000 --out "${DATA_ROOT}/sft.jsonl"
   # The same demonstrations on held-out names: the SFT run's held-out loss.
   python -m examples.mem_agent.demonstrations --tokenizer "${HF_CKPT}" --num 32 --num-docs "${TRAIN_DOCS}" \
-    --chunk-tokens "${MEM_CHUNK_TOKENS}" --memory-tokens "${DEMO_MEMORY}" --entities heldout --seed 2000 \
-    --out "${DATA_ROOT}/sft_heldout.jsonl"
+    --chunk-tokens "${MEM_CHUNK_TOKENS}" --memory-tokens "${DEMO_MEMORY}" --keep "${DEMO_KEEP}" --entities heldout \
+    --seed 2000 --out "${DATA_ROOT}/sft_heldout.jsonl"
 }
 
 # sft SEED: the warm start (sft_warm_start in _common.sh), the held-out demonstrations' loss before and after
@@ -80,15 +83,22 @@ one_seed() {
   evaluate_saves evaluate "${WORK}" "${seed}"
 }
 
+# ceiling: both readers' shares (table/ceiling_recent.json, table/ceiling_relevant.json), a row each in the table
 ceiling() {
+  local keep
   mkdir -p "${WORK}/table"
-  python -m examples.mem_agent.demonstrations --tokenizer "${HF_CKPT}" --chunk-tokens "${MEM_CHUNK_TOKENS}" \
-    --memory-tokens "${DEMO_MEMORY}" --ceiling "${DATA_ROOT}/ruler_hqa" >"${WORK}/table/ceiling.json"
+  for keep in recent relevant; do
+    python -m examples.mem_agent.demonstrations --tokenizer "${HF_CKPT}" --chunk-tokens "${MEM_CHUNK_TOKENS}" \
+      --memory-tokens "${DEMO_MEMORY}" --keep "${keep}" --ceiling "${DATA_ROOT}/ruler_hqa" \
+      >"${WORK}/table/ceiling_${keep}.json"
+  done
 }
 
 table() {
-  local extra=()
-  if [ -s "${WORK}/table/ceiling.json" ]; then extra+=(--ceiling "${WORK}/table/ceiling.json"); fi
+  local extra=() file
+  for file in "${WORK}"/table/ceiling_*.json; do
+    if [ -s "${file}" ]; then extra+=(--ceiling "${file}"); fi
+  done
   python -m examples.mem_agent.length_table --save-dir "${EVAL_DIR}" --model base=base --model "SFT=sft_s*" \
     --model "SFT + RL=rl_s*" --train-length "${TRAIN_DOCS}" --cost-of "${COST_OF:-base}" \
     --out "${WORK}/table/mem_agent_smollm2" "${extra[@]}"

@@ -77,6 +77,33 @@ def test_memories_hold_only_sentences_already_read(tokenizer):
     assert unanswerable[1000] == 0 < unanswerable[48]  # a memory for all writers answers all
 
 
+def test_a_reader_that_keeps_only_the_novels_facts(tokenizer):
+    """keep="relevant": nothing until the novel's sentence is read, then that sentence, and the author's birthplace
+    when it ends in the novel's chunk or later (one read earlier was not kept). It answers no more items than the
+    recent reader with the same memory."""
+    rng, answered = random.Random(17), {"recent": 0, "relevant": 0}
+    for index in range(30):
+        item = generate_item(rng, 12, index)
+        work, author = item.supporting
+        chunks = split_chunks(tokenizer, item.context, 24, None).texts
+        starts = [sum(len(c) for c in chunks[:k]) for k in range(len(chunks))]
+        work_end = item.context.index(work) + len(work)
+        author_end = item.context.index(author) + len(author)
+        work_start = max(s for s in starts if s < work_end)  # the start of the chunk the novel's sentence ends in
+        memories = memory_after_each_chunk(item, chunks, tokenizer, 48, keep="relevant")
+        for start, chunk, memory in zip(starts, chunks, memories):
+            end = start + len(chunk)
+            if end < work_end:
+                assert memory == NOTHING_YET
+            else:
+                assert memory == (f"{work} {author}" if work_start < author_end <= end else work)
+        for keep in answered:
+            answered[keep] += author in memory_after_each_chunk(item, chunks, tokenizer, 48, keep=keep)[-1]
+    assert 0 < answered["relevant"] <= answered["recent"]
+    with pytest.raises(ValueError, match="keep 'all' is not one of"):
+        memory_after_each_chunk(item, chunks, tokenizer, 48, keep="all")
+
+
 def test_the_ceiling_of_an_eval_file_is_the_share_the_reader_answers(tokenizer, tmp_path):
     """The eval file keeps no supporting sentences: the ceiling finds them again in each document, and gives the
     share the reader answers when it is handed the generator's own."""

@@ -49,17 +49,21 @@ def test_a_model_pattern_that_matches_nothing_is_named(tmp_path):
         main(["--save-dir", str(tmp_path), "--model", "SFT=sft_s*", "--out", str(tmp_path / "t")])
 
 
-def test_the_ceiling_is_a_row_of_its_own(tmp_path):
+def test_each_ceiling_is_a_row_of_its_own(tmp_path):
+    """A ceiling file without "keep" (written before it existed) is the recent reader's."""
     for save_file in ("sft_s0", "rl_s0"):
         write(tmp_path, save_file, 170, 30, 8192, 2.0)
-    ceiling = tmp_path / "ceiling.json"
-    ceiling.write_text(json.dumps({"chunk_tokens": 2048, "memory_tokens": 248,
-                                   "sub_em_by_num_docs": {"170": 71.88, "340": 62.5}}))
+    recent, relevant = tmp_path / "ceiling_recent.json", tmp_path / "ceiling_relevant.json"
+    recent.write_text(json.dumps({"chunk_tokens": 2048, "memory_tokens": 248,
+                                  "sub_em_by_num_docs": {"170": 71.88, "340": 62.5}}))
+    relevant.write_text(json.dumps({"chunk_tokens": 2048, "memory_tokens": 248, "keep": "relevant",
+                                    "sub_em_by_num_docs": {"170": 68.75, "340": 40.62}}))
     out = tmp_path / "table"
     result = main(["--save-dir", str(tmp_path), "--model", "SFT=sft_s*", "--model", "SFT + RL=rl_s*",
-                   "--ceiling", str(ceiling), "--out", str(out)])
+                   "--ceiling", str(recent), "--ceiling", str(relevant), "--out", str(out)])
     text = out.with_suffix(".md").read_text()
     assert "| ceiling: a reader of what it has read | 1 | 71.9 | 62.5 |" in text and "| SFT | 1 | 30.0 | - |" in text
+    assert "| ceiling: a reader that keeps only the novel's facts | 1 | 68.8 | 40.6 |" in text
     assert result["ceiling: a reader of what it has read"]["340"]["sub_em_mean"] == 62.5
 
 
