@@ -13,6 +13,8 @@ and a generator of HotpotQA-style multi-hop data for offline use and tests.
 
 import json
 import random
+import re
+import string
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -166,12 +168,30 @@ def _person(rng: random.Random, used: set[str], names: Entities) -> str:
             return name
 
 
+# The generator's sentences and questions; demonstrations.py finds an item's facts again by the same forms.
+WORK_SENTENCE = "{work} is a novel written by {person}."
+PERSON_SENTENCE = "{person} is a writer who was born in {city}."
+QUESTION_2HOP = "In which city was the author of the novel {work} born?"
+QUESTION_1HOP = "Who wrote the novel {work}?"
+
+
+def form_pattern(form: str, **known: str) -> str:
+    """A regex of one of the forms above: the fields given match their value, the others one line's text each
+    (a named group)."""
+    parts = []
+    for literal, field, _, _ in string.Formatter().parse(form):
+        parts.append(re.escape(literal))
+        if field is not None:
+            parts.append(re.escape(known[field]) if field in known else f"(?P<{field}>[^\n]+?)")
+    return "".join(parts)
+
+
 def _work_doc(rng, work: str, person: str) -> tuple[str, str]:
-    return work, (f"{work} is a novel written by {person}. " + " ".join(rng.sample(_FILLER, 2)))
+    return work, WORK_SENTENCE.format(work=work, person=person) + " " + " ".join(rng.sample(_FILLER, 2))
 
 
 def _person_doc(rng, person: str, city: str) -> tuple[str, str]:
-    return person, (f"{person} is a writer who was born in {city}. " + " ".join(rng.sample(_FILLER, 1)))
+    return person, PERSON_SENTENCE.format(person=person, city=city) + " " + " ".join(rng.sample(_FILLER, 1))
 
 
 def generate_item(rng: random.Random, num_docs: int, index: Any, hops: int = 2,
@@ -202,9 +222,9 @@ def generate_item(rng: random.Random, num_docs: int, index: Any, hops: int = 2,
     for doc in gold:
         docs.insert(rng.randint(0, len(docs)), doc)
     if hops == 2:
-        question, answer = f"In which city was the author of the novel {work} born?", city
+        question, answer = QUESTION_2HOP.format(work=work), city
     else:
-        question, answer = f"Who wrote the novel {work}?", author
+        question, answer = QUESTION_1HOP.format(work=work), author
     supporting = tuple(text.split(". ")[0] + "." for _, text in gold)
     return QAItem(index, question, [answer], format_documents(docs), num_docs, supporting=supporting)
 

@@ -37,7 +37,8 @@ from bisect import bisect_right
 from dataclasses import replace
 from pathlib import Path
 
-from examples.mem_agent.data import ALL_ENTITIES, ENTITY_POOLS, Entities, QAItem, generate_item, read_eval_file
+from examples.mem_agent.data import (ALL_ENTITIES, ENTITY_POOLS, PERSON_SENTENCE, QUESTION_2HOP, WORK_SENTENCE,
+                                     Entities, QAItem, form_pattern, generate_item, read_eval_file)
 from examples.mem_agent.prompts import NO_MEMORY, final_prompt, memory_prompt
 from examples.mem_agent.rollout import split_chunks
 
@@ -45,7 +46,7 @@ NOTHING_YET = "Nothing relevant to the question yet."
 KEEPS = ("recent", "relevant")  # what the memory keeps before the author is known (the module's docstring)
 
 
-WRITER = re.compile(r"^.+? is a writer who was born in [^\n]+?\.", re.MULTILINE)  # data._person_doc's sentence
+WRITER = re.compile("^" + form_pattern(PERSON_SENTENCE), re.MULTILINE)  # any writer's birthplace
 
 
 def memory_after_each_chunk(item: QAItem, chunks: list[str], tokenizer, memory_tokens: int,
@@ -113,11 +114,11 @@ def demonstration_chats(item: QAItem, tokenizer, chunk_tokens: int, answer_forma
 
 def with_supporting(item: QAItem, where: str | Path) -> QAItem:
     """A generated eval item (its files keep no supporting sentences) with them found again in its document."""
-    question = re.fullmatch(r"In which city was the author of the novel (.+) born\?", item.question)
-    work = question and re.search(rf"^{re.escape(question.group(1))} is a novel written by (.+?)\.", item.context,
+    question = re.fullmatch(form_pattern(QUESTION_2HOP), item.question)
+    work = question and re.search("^" + form_pattern(WORK_SENTENCE, work=question["work"]), item.context,
                                   re.MULTILINE)
-    person = work and re.search(rf"^{re.escape(work.group(1))} is a writer who was born in [^\n]+?\.",
-                                item.context, re.MULTILINE)
+    person = work and re.search("^" + form_pattern(PERSON_SENTENCE, person=work["person"]), item.context,
+                                re.MULTILINE)
     if not person:
         raise ValueError(f"{where}: item {item.index} is not a generated 2-hop item (its novel's author or the "
                          "author's birthplace is not in its document)")

@@ -76,7 +76,7 @@ async def generate(args, sample, sampling_params, evaluation: bool = False):
                     len(chunks), settings.chunk_tokens, cut)
     question, memory, out = str(sample.prompt), NO_MEMORY, []
     memory_params = replace(sampling_params, max_new_tokens=settings.max_memory)
-    for k, chunk in enumerate(chunks):
+    for chunk in chunks:
         chat = Trajectory(args.tokenizer, [{"role": "user", "content": memory_prompt(question, memory, chunk)}])
         reply = await chat.generate(args.rollout_client, memory_params, session_id=f"{sample.index}")
         if reply is None:  # the engine failed: the trajectory is marked failed or aborted
