@@ -265,6 +265,28 @@ def test_the_smollm2_learning_recipe_chains_sft_rl_and_both_evaluations(tiny_hf_
         assert last(a, "--save-dir") == str(work / "eval") and last(a, "--n-proc") == "2"
         assert last(a, "--model-path").startswith(str(work / "seed_1")) and last(a, "--max-model-len") == "4096"
 
+    # `all` with the base model's rows copied from an earlier run (BASE_FROM): no base evaluation, and its row in
+    # the table. The stand-in evaluations write no summaries: written here as run-eval.sh writes them.
+    from examples.mem_agent.eval_ruler_hqa import summarize
+    earlier = tmp_path / "earlier"
+    for save_file, where in (("base", earlier), ("sft_s1", work / "eval"), ("rl_s1", work / "eval")):
+        for n in (20, 40):
+            (where / f"ruler_hqa_{n}").mkdir(parents=True, exist_ok=True)
+            summary = summarize([{"judge_f1": 0.5, "judge_em": 0.5, "judge_sub_em": 0.5}], 0, 0, n, save_file, 2)
+            (where / f"ruler_hqa_{n}" / f"{save_file}.summary.json").write_text(json.dumps(summary))
+    calls = len((tmp_path / "train_args.json.eval").read_text().splitlines())
+    done = subprocess.run(["bash", str(ROOT / "examples/mem_agent/run-smollm2-gpu.sh"), "all"],
+                          env={**full, "SEEDS": "1", "BASE_FROM": str(earlier)}, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    evals = [json.loads(line) for line in (tmp_path / "train_args.json.eval").read_text().splitlines()[calls:]]
+    assert sorted(last(a, "--save-file") for a in evals) == ["rl_s1", "sft_s1"]  # no base
+    assert (work / "eval/ruler_hqa_40/base.summary.json").read_text() == \
+        (earlier / "ruler_hqa_40/base.summary.json").read_text()
+    table = (work / "table/mem_agent_smollm2.md").read_text()
+    assert "| base | 1 | 50.0 | 50.0 |" in table and "| ceiling: a reader that keeps only the novel's facts |" in table
+    assert (work / "table/memory_audit.md").is_file()
+
 
 def test_the_mem_update_smollm2_recipe_chains_sft_rl_and_both_evaluations(tiny_hf_dirs, tmp_path):
     """examples/mem_update/run-smollm2-gpu.sh on one GPU: prepare (real: conversations, the split, the held-out
@@ -300,6 +322,22 @@ def test_the_mem_update_smollm2_recipe_chains_sft_rl_and_both_evaluations(tiny_h
     for a in evals:
         assert last(a, "--reader-model") == str(model) and last(a, "--test-data") == str(data / "test_eval.jsonl")
         assert last(a, "--model-path").startswith(str(work / "seed_2")) and last(a, "--save-dir") == str(work / "eval")
+
+    # `all` with the base model's result copied from an earlier run (BASE_FROM): no base evaluation, its row in
+    # the table. The stand-in evaluations write no results: the 4 x H200 run's stand in for them.
+    run = ROOT / "docs/runs/mem_update_smollm2_h200x4_run2/eval"
+    (work / "eval").mkdir(exist_ok=True)
+    for save_file in ("sft_s2", "rl_s2"):
+        (work / "eval" / f"{save_file}.json").write_text((run / "rl_s0.json").read_text())
+    calls = len((tmp_path / "train_args.json.eval").read_text().splitlines())
+    done = subprocess.run(["bash", str(ROOT / "examples/mem_update/run-smollm2-gpu.sh"), "all"],
+                          env={**full, "SEEDS": "2", "BASE_FROM": str(run)}, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    evals = [json.loads(line) for line in (tmp_path / "train_args.json.eval").read_text().splitlines()[calls:]]
+    assert sorted(last(a, "--save-file") for a in evals) == ["rl_s2", "sft_s2"]  # no base
+    assert (work / "eval/base.json").read_text() == (run / "base.json").read_text()
+    assert "| base | 1 | 64 | 0.249 | 0.244 |" in (work / "table/mem_update_smollm2.md").read_text()
 
 
 def test_the_learning_runs_results_pack_leaves_weights_and_data_out(tmp_path):

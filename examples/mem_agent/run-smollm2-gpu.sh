@@ -11,7 +11,8 @@
 #   bash examples/mem_agent/run-smollm2-gpu.sh table         # base / SFT / SFT + RL over the seeds: .md .json .png,
 #                                                            # and what the memories held (memory_audit.md/.json)
 #   SEEDS="0 1" bash examples/mem_agent/run-smollm2-gpu.sh all   # prepare, a seed per GPU, base and ceiling at
-#                                                                # once, table
+#                                                                # once, table (BASE_FROM=DIR: the base model's
+#                                                                # rows copied from an earlier run's eval folder)
 # Everything goes under VIME_EXT_OUT (default runs/mem_agent_smollm2): data/, seed_S/{sft,rl}, eval/ (one
 # SAVE_FILE per model: base, sft_sS, rl_sS; resumable), table/. Extra arguments go to the GRPO run's train.py.
 #
@@ -107,19 +108,34 @@ table() {
     --out "${WORK}/table/memory_audit.json" >"${WORK}/table/memory_audit.md"
 }
 
+# copy_base DIR: the base model's rows and summaries of every length in DIR (an earlier run's eval folder)
+copy_base() {
+  local folder
+  for folder in "$1"/ruler_hqa_*/; do
+    mkdir -p "${EVAL_DIR}/$(basename "${folder}")"
+    cp "${folder}"base.* "${EVAL_DIR}/$(basename "${folder}")/"
+  done
+}
+
 # all ARGS...: prepare, then one seed per GPU at once (logs in WORK/seed_S.log) and, beside the first seed, the
 # base model's evaluation in a smaller share of its GPU (its longest length sets the time: it starts first), then
 # the table
 everything() {
-  local base_pid ceiling_pid
+  local base_pid="" ceiling_pid
   prepare
-  CUDA_VISIBLE_DEVICES=$(cut -d, -f1 <<<"${CUDA_VISIBLE_DEVICES:-0}") EVAL_ENGINE_MEMORY=0.25 evaluate base \
-    >"${WORK}/base.log" 2>&1 &
-  base_pid=$!
+  if [ -n "${BASE_FROM:-}" ]; then  # the base model's rows from an earlier run's SAVE_DIR, on the same files
+    copy_base "${BASE_FROM}"
+  else
+    CUDA_VISIBLE_DEVICES=$(cut -d, -f1 <<<"${CUDA_VISIBLE_DEVICES:-0}") EVAL_ENGINE_MEMORY=0.25 evaluate base \
+      >"${WORK}/base.log" 2>&1 &
+    base_pid=$!
+  fi
   ceiling >"${WORK}/ceiling.log" 2>&1 &
   ceiling_pid=$!
   seeds_on_gpus "$0" "${WORK}" "$@" || true
-  wait "${base_pid}" || echo "the base model's evaluation failed: ${WORK}/base.log" >&2
+  if [ -n "${base_pid}" ]; then
+    wait "${base_pid}" || echo "the base model's evaluation failed: ${WORK}/base.log" >&2
+  fi
   wait "${ceiling_pid}" || echo "the ceiling failed: ${WORK}/ceiling.log" >&2
   table
 }

@@ -9,6 +9,7 @@
 #   bash examples/mem_update/run-smollm2-gpu.sh base          # the base model evaluated
 #   bash examples/mem_update/run-smollm2-gpu.sh table         # base / SFT / SFT + RL over the seeds: .md .json
 #   SEEDS="0 1" bash examples/mem_update/run-smollm2-gpu.sh all   # prepare, a seed per GPU at once, base, table
+#                                                                 # (BASE_FROM=DIR: base copied from a RESULTS)
 # Everything goes under VIME_EXT_OUT (default runs/mem_update_smollm2): data/, seed_S/{sft,rl}, eval/ (one
 # SAVE_FILE per model: base, sft_sS, rl_sS; resumable), table/. Extra arguments go to the GRPO run's train.py.
 # The training reward's scorer is the settings' (MEMUP_SCORER, default proxy); the evaluation's is the reader.
@@ -76,7 +77,11 @@ case "${STAGE}" in
   all)
     prepare
     seeds_on_gpus "$0" "${WORK}" "$@" || true
-    CUDA_VISIBLE_DEVICES=$(cut -d, -f1 <<<"${CUDA_VISIBLE_DEVICES:-0}") evaluate base
+    if [ -n "${BASE_FROM:-}" ]; then  # the base model's result from an earlier run's RESULTS, on the same files
+      mkdir -p "${RESULTS}" && cp "${BASE_FROM}"/base.* "${RESULTS}/"
+    else
+      CUDA_VISIBLE_DEVICES=$(cut -d, -f1 <<<"${CUDA_VISIBLE_DEVICES:-0}") evaluate base
+    fi
     table ;;
   *) echo "usage: run-smollm2-gpu.sh prepare|seed|base|table|all" >&2; exit 2 ;;
 esac
