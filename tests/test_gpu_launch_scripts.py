@@ -210,6 +210,14 @@ def test_the_async_benchmark_runs_the_script_in_either_layout(layout, tmp_path):
         assert "--colocate" in args and last(args, "--vllm-gpu-memory-utilization") == "0.3"
 
 
+def evaluations_of_all(script: str, env: dict, record: Path) -> list[list[str]]:
+    """Run SCRIPT's `all` stage with the stand-ins; the evaluations it started (their arguments)."""
+    calls = len(record.read_text().splitlines())
+    done = subprocess.run(["bash", str(ROOT / script), "all"], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    return [json.loads(line) for line in record.read_text().splitlines()[calls:]]
+
+
 def test_the_smollm2_learning_recipe_chains_sft_rl_and_both_evaluations(tiny_hf_dirs, tmp_path):
     """run-smollm2-gpu.sh on one GPU: prepare writes the held-out split (real), then a seed's SFT run, its GRPO
     run through the Qwen3-4B launch script starting from the SFT save, and both saves converted and evaluated at
@@ -274,12 +282,8 @@ def test_the_smollm2_learning_recipe_chains_sft_rl_and_both_evaluations(tiny_hf_
             (where / f"ruler_hqa_{n}").mkdir(parents=True, exist_ok=True)
             summary = summarize([{"judge_f1": 0.5, "judge_em": 0.5, "judge_sub_em": 0.5}], 0, 0, n, save_file, 2)
             (where / f"ruler_hqa_{n}" / f"{save_file}.summary.json").write_text(json.dumps(summary))
-    calls = len((tmp_path / "train_args.json.eval").read_text().splitlines())
-    done = subprocess.run(["bash", str(ROOT / "examples/mem_agent/run-smollm2-gpu.sh"), "all"],
-                          env={**full, "SEEDS": "1", "BASE_FROM": str(earlier)}, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
-    evals = [json.loads(line) for line in (tmp_path / "train_args.json.eval").read_text().splitlines()[calls:]]
+    evals = evaluations_of_all("examples/mem_agent/run-smollm2-gpu.sh",
+                               {**full, "SEEDS": "1", "BASE_FROM": str(earlier)}, tmp_path / "train_args.json.eval")
     assert sorted(last(a, "--save-file") for a in evals) == ["rl_s1", "sft_s1"]  # no base
     assert (work / "eval/ruler_hqa_40/base.summary.json").read_text() == \
         (earlier / "ruler_hqa_40/base.summary.json").read_text()
@@ -329,12 +333,8 @@ def test_the_mem_update_smollm2_recipe_chains_sft_rl_and_both_evaluations(tiny_h
     (work / "eval").mkdir(exist_ok=True)
     for save_file in ("sft_s2", "rl_s2"):
         (work / "eval" / f"{save_file}.json").write_text((run / "rl_s0.json").read_text())
-    calls = len((tmp_path / "train_args.json.eval").read_text().splitlines())
-    done = subprocess.run(["bash", str(ROOT / "examples/mem_update/run-smollm2-gpu.sh"), "all"],
-                          env={**full, "SEEDS": "2", "BASE_FROM": str(run)}, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
-    evals = [json.loads(line) for line in (tmp_path / "train_args.json.eval").read_text().splitlines()[calls:]]
+    evals = evaluations_of_all("examples/mem_update/run-smollm2-gpu.sh", {**full, "SEEDS": "2", "BASE_FROM": str(run)},
+                               tmp_path / "train_args.json.eval")
     assert sorted(last(a, "--save-file") for a in evals) == ["rl_s2", "sft_s2"]  # no base
     assert (work / "eval/base.json").read_text() == (run / "base.json").read_text()
     assert "| base | 1 | 64 | 0.249 | 0.244 |" in (work / "table/mem_update_smollm2.md").read_text()
