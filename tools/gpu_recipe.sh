@@ -9,7 +9,9 @@
 #   EXAMPLE=mem_agent bash tools/gpu_recipe.sh eval      # CONVERT=1 run-eval.sh on the last iteration
 # or, on a machine of 2 or more GPUs, both examples at once (prepare each first):
 #   bash tools/gpu_recipe.sh both        # one Ray head for both, each example colocated on a GPU of its own,
-#                                        # then each one's eval; stage logs in VIME_EXT_OUT/<example>_stage.log
+#                                        # then each one's eval; stage logs in VIME_EXT_OUT/<example>_<stage>_stage.log
+# or, on one GPU, each example's prepare, loop (colocated: the script's one-GPU default) and eval in turn:
+#   bash tools/gpu_recipe.sh one_gpu     # progress in VIME_EXT_OUT/all.log
 # and the loop's parts alone on the same GPU, then the table (tools/loop_efficiency.py):
 #   ... gpu_recipe.sh train_only   # the saved rollouts through the same script's trainer, no engine
 #   ... gpu_recipe.sh replay       # rollout 1's requests on the loop's engine flags, the engine alone, with
@@ -31,7 +33,7 @@
 # (one GPU: colocated, optimizer offload); any of the script's variables may be set around this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-STAGE=${1:?usage: gpu_recipe.sh prepare|train|eval|train_only|replay|weight_sync|table|both|async_bench|async_split|all [flags]}
+STAGE=${1:?usage: gpu_recipe.sh prepare|train|eval|train_only|replay|weight_sync|table|both|async_bench|async_split|one_gpu|all [flags]}
 shift
 EXAMPLE=${EXAMPLE:-mem_agent}
 WORK=${WORK:-/tmp/gpu_recipe}
@@ -98,7 +100,8 @@ both_train() {
 side_by_side() {
   local pids=() status=0 example
   for example in mem_agent mem_update; do
-    COLOCATE=1 ACTOR_GPUS=1 stage "${example}" "${CUDA_VISIBLE_DEVICES}" "${example}_$1" "$@" & pids+=($!)
+    # "_stage": the stage itself tees its own log to <example>_<stage>.log
+    COLOCATE=1 ACTOR_GPUS=1 stage "${example}" "${CUDA_VISIBLE_DEVICES}" "${example}_$1_stage" "$@" & pids+=($!)
   done
   for pid in "${pids[@]}"; do wait "${pid}" || status=1; done
   return "${status}"
@@ -107,8 +110,8 @@ side_by_side() {
 # Then both evaluations at once, one per GPU (an engine each, outside Ray).
 both_eval() {
   local gpus=(${CUDA_VISIBLE_DEVICES//,/ }) pids=() status=0
-  stage mem_agent "${gpus[0]:-0}" mem_agent_eval eval & pids+=($!)
-  stage mem_update "${gpus[1]:-1}" mem_update_eval eval & pids+=($!)
+  stage mem_agent "${gpus[0]:-0}" mem_agent_eval_stage eval & pids+=($!)
+  stage mem_update "${gpus[1]:-1}" mem_update_eval_stage eval & pids+=($!)
   for pid in "${pids[@]}"; do wait "${pid}" || status=1; done
   return "${status}"
 }
@@ -150,6 +153,21 @@ everything() {
     loop_parts 0,1 0,1 "$@"
   fi
   log "all: done"
+}
+
+# one_gpu ARGS...: on one GPU, each example in turn as a user with one GPU runs it: prepare, the launch script's
+# loop as written (colocated, the optimizer on the host), CONVERT=1 evaluation of its save; every step is tried
+one_gpu() {
+  local example status=0
+  : >"${OUT_DIR}/all.log"
+  log "one_gpu: $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1)"
+  for example in mem_agent mem_update; do
+    stage "${example}" "" "${example}_prepare" prepare || status=1
+    stage "${example}" "" "${example}_train_stage" train "$@" || status=1
+    stage "${example}" "" "${example}_eval_stage" eval || status=1
+  done
+  log "one_gpu: done, exit ${status}"
+  return "${status}"
 }
 
 # side_checks GPUS: on two GPUs, the two-GPU tests, MemAgent's sync and async runs (SIDE_CHECKS=0 skips these
@@ -279,8 +297,10 @@ case "${STAGE}" in
     # Both halves of async_bench at once with ASYNC_LAYOUT=split on 4 GPUs: K = 0 and K = 1, each on a trainer
     # GPU and an engine GPU of its own, one Ray head over all four.
     ASYNC_LAYOUT=split on_ray "${CUDA_VISIBLE_DEVICES:-0,1,2,3}" 6393 async_pair "$@" ;;
+  one_gpu)
+    one_gpu "$@" ;;
   all)
     everything "$@" ;;
-  *) echo "usage: gpu_recipe.sh prepare|train|eval|train_only|replay|weight_sync|table|both|async_bench|async_split|all" >&2
+  *) echo "usage: gpu_recipe.sh prepare|train|eval|train_only|replay|weight_sync|table|both|async_bench|async_split|one_gpu|all" >&2
      exit 2 ;;
 esac
