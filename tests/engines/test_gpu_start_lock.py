@@ -144,7 +144,60 @@ def test_a_failed_start_names_the_error_far_above_the_tail(tmp_path):
     assert "exited with code 1" in text
     assert text.index("No available memory for the cache blocks") < text.index("last output")
     assert "See root cause above" in text
+    assert server.tries == 1  # not a failure another try fixes
     assert free_elsewhere("3")
+
+
+PROFILE_ERROR = ("(EngineCore pid=1) AssertionError: Error in memory profiling. Initial free memory 67.64 GiB, "
+                 "current free memory 137.35 GiB. This happens when other processes sharing the same container "
+                 "release GPU memory while vLLM is profiling during initialization.")
+
+
+def flaky_server(tmp_path, fails: int) -> ServerProcess:
+    """A stand-in that dies of vLLM's profile-run error on its first ``fails`` starts, then serves /health, with
+    GPU 4's start lock held as launch_engine leaves it."""
+    (tmp_path / "www").mkdir(exist_ok=True)
+    (tmp_path / "www" / "health").write_text("ok")
+    port = free_port()
+    code = textwrap.dedent(f"""
+        import pathlib, subprocess, sys
+        starts = pathlib.Path({str(tmp_path / "starts")!r})
+        starts.write_text(str(int(starts.read_text()) + 1 if starts.exists() else 1))
+        if int(starts.read_text()) <= {fails}:
+            print({PROFILE_ERROR!r}, flush=True)
+            sys.exit(1)
+        subprocess.run([sys.executable, "-m", "http.server", "{port}", "--bind", "127.0.0.1",
+                        "--directory", {str(tmp_path / "www")!r}])
+    """)
+    lock = GpuStartLock(["4"])
+    lock.acquire()
+    server = servers._start("stand_in", [sys.executable, "-c", code], "127.0.0.1", port, {}, str(tmp_path / "logs"))
+    server.gpus, server.start_lock = ["4"], lock
+    return server
+
+
+def test_a_start_spoiled_by_another_process_freeing_memory_is_tried_again(tmp_path, capsys):
+    """vLLM's profile-run error (another process on the GPU freed memory meanwhile) is what a second start fixes:
+    the engine starts again on its port, its lock held throughout, and serves."""
+    server = flaky_server(tmp_path, fails=1)
+    try:
+        wait_until_serving([server], timeout_s=60)
+        assert server.tries == 2 and (tmp_path / "starts").read_text() == "2"
+        assert "start 2 of 3" in capsys.readouterr().out
+        log = server.log_path.read_text()
+        assert "Error in memory profiling" in log and "start 2 of 3" in log  # both starts in one log
+        assert free_elsewhere("4")  # released once it served
+    finally:
+        server.stop()
+
+
+def test_a_start_that_keeps_failing_is_given_up_after_three(tmp_path):
+    server = flaky_server(tmp_path, fails=5)
+    with pytest.raises(RuntimeError) as error:
+        wait_until_serving([server], timeout_s=60)
+    assert server.tries == 3 and (tmp_path / "starts").read_text() == "3"
+    assert "Error in memory profiling" in str(error.value)
+    assert free_elsewhere("4")
 
 
 def test_which_gpus_an_engine_uses(monkeypatch):

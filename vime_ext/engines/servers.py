@@ -39,6 +39,11 @@ class EngineConfig:
 
 # A log line that names a failure: a Python exception, vLLM's ERROR level, a CUDA out-of-memory.
 ERROR_LINE = re.compile(r"(\w+(Error|Exception)\b|\bERROR\b|out of memory)")
+# A failed start that another try can fix: vLLM sizes its KV cache from the GPU's free memory before and after a
+# profile run, and gives up when another process (a trainer beside it on the GPU, which the start lock does not
+# cover) freed memory in between. Seen on an H200 with a second recipe's SFT run on the same GPU.
+RETRYABLE_START = re.compile(r"Error in memory profiling")
+START_TRIES = 3
 
 ROUTER_POLICIES = ("round_robin", "consistent_hash", "random", "power_of_two", "cache_aware")
 
@@ -53,6 +58,10 @@ class ServerProcess:
     log_path: Path
     gpus: list[str] = field(default_factory=list)  # the GPUs it runs on (an engine start lock each; none on CPU)
     start_lock: GpuStartLock | None = None  # held from launch until it serves or dies
+    command: list[str] = field(default_factory=list)  # what started it, and its environment: to start it again
+    env: dict[str, str] = field(default_factory=dict)
+    tries: int = 1  # starts so far
+    log_offset: int = 0  # where the latest start's output begins in log_path
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -67,6 +76,24 @@ class ServerProcess:
         errors = [line for line in text.splitlines() if ERROR_LINE.search(line)]
         head = "error lines:\n" + "\n".join(dict.fromkeys(errors[-lines:])) + "\n" if errors else ""
         return f"{head}last output:\n{text[-3000:]}"
+
+    def may_start_again(self) -> bool:
+        """Whether it died starting for a reason that another try can fix (RETRYABLE_START), with tries left."""
+        if self.alive() or self.tries >= START_TRIES or not self.log_path.is_file():
+            return False
+        with open(self.log_path, "rb") as log:
+            log.seek(self.log_offset)
+            return RETRYABLE_START.search(log.read().decode(errors="replace")) is not None
+
+    def start_again(self) -> None:
+        """The same command on the same port, its output appended to the same log, the start lock still held."""
+        self.log_offset = self.log_path.stat().st_size if self.log_path.is_file() else 0
+        self.tries += 1
+        with open(self.log_path, "a") as log:
+            log.write(f"\n--- {self.name}: start {self.tries} of {START_TRIES} ---\n")
+            log.flush()
+            self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
+                                            env={**os.environ, **self.env})
 
     def release_start_lock(self) -> None:
         if self.start_lock is not None:
@@ -191,7 +218,7 @@ def _start(name: str, command: list[str], host: str, port: int, env: dict[str, s
     log_path = folder / f"{name}_{port}.log"
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env})
-    return ServerProcess(name, process, f"http://{host}:{port}", log_path)
+    return ServerProcess(name, process, f"http://{host}:{port}", log_path, command=command, env=env)
 
 
 def launch_engine(config: EngineConfig) -> ServerProcess:
@@ -254,13 +281,21 @@ def wait_until_serving(engines: list[ServerProcess], timeout_s: float = 600.0,
     """Block until every engine answers /health; an engine that exits or stays silent raises with its log. A
     vLLM engine on a GPU takes a minute or two to start (loading weights, torch.compile, CUDA-graph capture, the
     KV cache's profile run): every ``progress_every_s`` the wait prints how long it has been and each pending
-    server's latest log line. Each engine's GPU start lock is released once it serves, dies or is given up on."""
+    server's latest log line. Each engine's GPU start lock is released once it serves, dies or is given up on. An
+    engine that died of a start failure another try can fix (RETRYABLE_START) is started again, up to START_TRIES
+    starts, keeping its lock."""
     start = time.time()
     deadline, next_report = start + timeout_s, start + progress_every_s
     pending = list(engines)
     try:
         while pending:
             for engine in list(pending):
+                if engine.may_start_again():
+                    print(f"{engine.name} {engine.url} failed to start ({RETRYABLE_START.pattern}: another process "
+                          f"on its GPU freed memory during vLLM's profile run); start {engine.tries + 1} of "
+                          f"{START_TRIES}", flush=True)
+                    engine.start_again()
+                    continue
                 if not engine.alive():
                     raise RuntimeError(f"engine {engine.url} exited with code {engine.process.returncode}; "
                                        f"log {engine.log_path}, {engine.failure_report()}")
