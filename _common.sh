@@ -220,6 +220,22 @@ sft_warm_start() {
     "${extra[@]}" "$@"
 }
 
+# models_with_results PATTERN NAME=GLOB...: MODEL_ARGS becomes `--model NAME=GLOB` for each model with a result
+# file (PATTERN, with %s for the GLOB); a model with none yet (its seed failed, or its evaluation is still to run)
+# is left out with a line on stderr, so that a learning recipe's table shows the rows that exist
+models_with_results() {
+  local pattern=$1 spec
+  shift
+  MODEL_ARGS=()
+  for spec in "$@"; do
+    if compgen -G "${pattern//%s/${spec#*=}}" >/dev/null; then
+      MODEL_ARGS+=(--model "${spec}")
+    else
+      echo "table: no results for ${spec%%=*} yet (${pattern//%s/${spec#*=}}): its row is left out" >&2
+    fi
+  done
+}
+
 # seeds_on_gpus SCRIPT LOG_DIR [ARGS]: `SEED=s bash SCRIPT seed ARGS` for every s of SEEDS at once, one GPU each
 # (those of CUDA_VISIBLE_DEVICES, else the machine's), logged to LOG_DIR/seed_s.log; fails if any seed failed
 seeds_on_gpus() {

@@ -100,9 +100,9 @@ table() {
   for file in "${WORK}"/table/ceiling_*.json; do
     if [ -s "${file}" ]; then extra+=(--ceiling "${file}"); fi
   done
-  python -m examples.mem_agent.length_table --save-dir "${EVAL_DIR}" --model base=base --model "SFT=sft_s*" \
-    --model "SFT + RL=rl_s*" --train-length "${TRAIN_DOCS}" --cost-of "${COST_OF:-base}" \
-    --out "${WORK}/table/mem_agent_smollm2" "${extra[@]}"
+  models_with_results "${EVAL_DIR}/*/%s.summary.json" base=base "SFT=sft_s*" "SFT + RL=rl_s*"
+  python -m examples.mem_agent.length_table --save-dir "${EVAL_DIR}" "${MODEL_ARGS[@]}" \
+    --train-length "${TRAIN_DOCS}" --cost-of "${COST_OF:-base}" --out "${WORK}/table/mem_agent_smollm2" "${extra[@]}"
   # What the memories hold (boxed replies, the answer kept, sentences copied from the document): where a 0 comes from
   python -m examples.mem_agent.memory_audit --save-dir "${EVAL_DIR}" --data-root "${DATA_ROOT}/ruler_hqa" \
     --out "${WORK}/table/memory_audit.json" >"${WORK}/table/memory_audit.md"

@@ -64,8 +64,8 @@ one_seed() {
 }
 
 table() {
-  python -m examples.mem_update.results_table --results "${RESULTS}" --model base=base --model "SFT=sft_s*" \
-    --model "SFT + RL=rl_s*" --out "${WORK}/table/mem_update_smollm2"
+  models_with_results "${RESULTS}/%s.json" base=base "SFT=sft_s*" "SFT + RL=rl_s*"
+  python -m examples.mem_update.results_table --results "${RESULTS}" "${MODEL_ARGS[@]}" --out "${WORK}/table/mem_update_smollm2"
 }
 
 mkdir -p "${WORK}"
