@@ -160,14 +160,15 @@ def flaky_server(tmp_path, fails: int) -> ServerProcess:
     (tmp_path / "www" / "health").write_text("ok")
     port = free_port()
     code = textwrap.dedent(f"""
-        import pathlib, subprocess, sys
+        import os, pathlib, sys
         starts = pathlib.Path({str(tmp_path / "starts")!r})
         starts.write_text(str(int(starts.read_text()) + 1 if starts.exists() else 1))
         if int(starts.read_text()) <= {fails}:
             print({PROFILE_ERROR!r}, flush=True)
             sys.exit(1)
-        subprocess.run([sys.executable, "-m", "http.server", "{port}", "--bind", "127.0.0.1",
-                        "--directory", {str(tmp_path / "www")!r}])
+        # the server in this process, so that stopping it stops the server
+        os.execv(sys.executable, [sys.executable, "-m", "http.server", "{port}", "--bind", "127.0.0.1",
+                                  "--directory", {str(tmp_path / "www")!r}])
     """)
     lock = GpuStartLock(["4"])
     lock.acquire()
