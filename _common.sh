@@ -186,18 +186,27 @@ grpo_from_sft() {
   TORCH_DIST=${work}/seed_${seed}/sft MODEL_ARGS_SCRIPT="" COLOCATE=1 ACTOR_GPUS=1 OPTIMIZER_OFFLOAD=0 \
     SAVE_PATH=${work}/seed_${seed}/rl NUM_ROLLOUT=${RL_ROLLOUTS} ROLLOUT_BATCH_SIZE=${ROLLOUT_BATCH_SIZE} \
     N_SAMPLES_PER_PROMPT=${N_SAMPLES_PER_PROMPT} GLOBAL_BATCH_SIZE=$(( ROLLOUT_BATCH_SIZE * N_SAMPLES_PER_PROMPT )) \
-    SAVE_INTERVAL=${RL_ROLLOUTS} SAVE_OPTIM=0 ENGINE_MEMORY=${ENGINE_MEMORY:-0.5} RAY_PORT=$(( ${RAY_PORT_BASE:-6380} + seed )) \
+    SAVE_INTERVAL=${RL_ROLLOUTS} SAVE_OPTIM=0 ENGINE_MEMORY=${ENGINE_MEMORY:-0.3} RAY_PORT=$(( ${RAY_PORT_BASE:-6380} + seed )) \
     bash "${script}" --lr "${RL_LR}" --seed "${seed}" --engine-max-model-len "${MAX_MODEL_LEN}" \
     --max-tokens-per-gpu 32768 --recompute-granularity selective "$@"
 }
 
-# evaluate_saves EVALUATE WORK SEED: the caller's EVALUATE SAVE_FILE SAVE_PATH for the seed's SFT and RL saves at
-# once (sft_sSEED, rl_sSEED), an engine each on this GPU; fails if either did
-evaluate_saves() {
-  local evaluate=$1 work=$2 seed=$3 pids=() pid status=0
-  "${evaluate}" "sft_s${seed}" "${work}/seed_${seed}/sft" & pids+=($!)
-  "${evaluate}" "rl_s${seed}" "${work}/seed_${seed}/rl" & pids+=($!)
-  for pid in "${pids[@]}"; do wait "${pid}" || status=1; done
+# grpo_beside_sft_eval EVALUATE WORK SEED LAUNCH_SCRIPT [train.py flags]: the SFT save's evaluation (the caller's
+# EVALUATE sft_sSEED WORK/seed_SEED/sft, logged to WORK/seed_SEED/sft_eval.log) in the background while GRPO from it
+# (grpo_from_sft) runs on the same GPU, then the RL save's (EVALUATE rl_sSEED WORK/seed_SEED/rl). The SFT row
+# exists even when GRPO fails, and the seed's last step is one evaluation instead of two. Fails if any part did.
+grpo_beside_sft_eval() {
+  local evaluate=$1 work=$2 seed=$3 script=$4 sft_eval status=0
+  shift 4
+  "${evaluate}" "sft_s${seed}" "${work}/seed_${seed}/sft" >"${work}/seed_${seed}/sft_eval.log" 2>&1 &
+  sft_eval=$!
+  grpo_from_sft "${script}" "${work}" "${seed}" "$@" || status=$?
+  if [ "${status}" = 0 ]; then
+    "${evaluate}" "rl_s${seed}" "${work}/seed_${seed}/rl" || status=$?
+  else
+    echo "GRPO failed (exit ${status}): no SFT + RL evaluation for seed ${seed}" >&2
+  fi
+  wait "${sft_eval}" || { echo "the SFT evaluation failed: ${work}/seed_${seed}/sft_eval.log" >&2; status=1; }
   return "${status}"
 }
 

@@ -290,6 +290,14 @@ def test_the_smollm2_learning_recipe_chains_sft_rl_and_both_evaluations(tiny_hf_
     table = (work / "table/mem_agent_smollm2.md").read_text()
     assert "| base | 1 | 50.0 | 50.0 |" in table and "| ceiling: a reader that keeps only the novel's facts |" in table
     assert (work / "table/memory_audit.md").is_file()
+    # A seed whose GRPO run fails (here train.py refuses its flags) still has its SFT model evaluated: that
+    # evaluation runs beside GRPO, not after it.
+    calls = len((tmp_path / "train_args.json.eval").read_text().splitlines())
+    done = subprocess.run(["bash", str(ROOT / "examples/mem_agent/run-smollm2-gpu.sh"), "seed", "--eps-clip", "x"],
+                          env={**full, "SEED": "3"}, capture_output=True, text=True, timeout=600)
+    assert done.returncode != 0 and "GRPO failed" in done.stderr, (done.stdout + done.stderr)[-3000:]
+    evals = (tmp_path / "train_args.json.eval").read_text().splitlines()[calls:]
+    assert [last(json.loads(a), "--save-file") for a in evals] == ["sft_s3"]
     # A seed whose GRPO run failed (the third run's seed 0) has no SFT + RL rows: the table shows the others.
     for summary in (work / "eval").glob("ruler_hqa_*/rl_s1.summary.json"):
         summary.unlink()

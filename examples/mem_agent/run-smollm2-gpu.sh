@@ -66,7 +66,8 @@ sft() {
 }
 
 # evaluate SAVE_FILE [SAVE_PATH]: every length at once, the base model or (with a save) its last iteration, in
-# EVAL_ENGINE_MEMORY (0.3) of the GPU: a seed's two evaluations and the base model's (0.25, in all) fit at once
+# EVAL_ENGINE_MEMORY (0.3) of the GPU: beside a seed's GRPO run (0.3 for its engine) and, in `all`, the base
+# model's evaluation (0.25), on an 80 GB GPU too
 evaluate() {
   local convert=0
   if [ -n "${2:-}" ]; then convert=1; fi
@@ -75,13 +76,14 @@ evaluate() {
     bash "${MEM_AGENT_DIR}/run-eval.sh" --vllm-gpu-memory-utilization "${EVAL_ENGINE_MEMORY:-0.3}"
 }
 
-# seed SEED ARGS...: SFT, GRPO from it (grpo_from_sft in _common.sh), then both evaluated at once
+# seed SEED ARGS...: SFT, then GRPO from it with the SFT model's evaluation beside it, then the RL model's
+# (grpo_beside_sft_eval in _common.sh)
 one_seed() {
   local seed=$1
   shift
   sft "${seed}"
-  TRAIN_DATA=${DATA_ROOT}/train.jsonl grpo_from_sft "${MEM_AGENT_DIR}/run-qwen3-4b-train.sh" "${WORK}" "${seed}" "$@"
-  evaluate_saves evaluate "${WORK}" "${seed}"
+  TRAIN_DATA=${DATA_ROOT}/train.jsonl grpo_beside_sft_eval evaluate "${WORK}" "${seed}" \
+    "${MEM_AGENT_DIR}/run-qwen3-4b-train.sh" "$@"
 }
 
 # ceiling: both readers' shares (table/ceiling_recent.json, table/ceiling_relevant.json), a row each in the table

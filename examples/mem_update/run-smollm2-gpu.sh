@@ -42,7 +42,7 @@ open(sys.argv[2], "w").writelines(sorted(random.Random(0).sample(lines, n), key=
 }
 
 # evaluate SAVE_FILE [SAVE_PATH]: the held-out episodes of the base model or (with a save) its last iteration, in
-# EVAL_ENGINE_MEMORY (0.25) of the GPU and the reader in 0.15: a seed's two evaluations share one GPU
+# EVAL_ENGINE_MEMORY (0.25) of the GPU and the reader in 0.15, beside a seed's GRPO run (0.3 for its engine)
 evaluate() {
   local convert=0
   if [ -n "${2:-}" ]; then convert=1; fi
@@ -52,15 +52,15 @@ evaluate() {
     --vllm-gpu-memory-utilization "${EVAL_ENGINE_MEMORY:-0.25}"
 }
 
-# seed SEED ARGS...: SFT, GRPO from it (grpo_from_sft in _common.sh), then both evaluated at once (an engine
-# and a reader each)
+# seed SEED ARGS...: SFT, then GRPO from it with the SFT model's evaluation beside it (an engine and a reader),
+# then the RL model's (grpo_beside_sft_eval in _common.sh)
 one_seed() {
   local seed=$1
   shift
   sft_warm_start "${HF_CKPT}" "${DATA_ROOT}/sft.jsonl" "${WORK}/seed_${seed}/sft" "${seed}" "${SFT_LR}" \
     "${SFT_EPOCHS}" --sft-max-len "${MAX_MODEL_LEN}" --sft-overlong skip
-  TRAIN_DATA=${DATA_ROOT}/train.jsonl grpo_from_sft "${MEM_UPDATE_DIR}/run-qwen3-4b-train.sh" "${WORK}" "${seed}" "$@"
-  evaluate_saves evaluate "${WORK}" "${seed}"
+  TRAIN_DATA=${DATA_ROOT}/train.jsonl grpo_beside_sft_eval evaluate "${WORK}" "${seed}" \
+    "${MEM_UPDATE_DIR}/run-qwen3-4b-train.sh" "$@"
 }
 
 table() {
