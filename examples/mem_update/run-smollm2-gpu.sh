@@ -65,7 +65,8 @@ one_seed() {
 
 table() {
   models_with_results "${RESULTS}/%s.json" base=base "SFT=sft_s*" "SFT + RL=rl_s*"
-  python -m examples.mem_update.results_table --results "${RESULTS}" "${MODEL_ARGS[@]}" --out "${WORK}/table/mem_update_smollm2"
+  python -m examples.mem_update.results_table --results "${RESULTS}" "${MODEL_ARGS[@]}" \
+    --out "${WORK}/table/mem_update_smollm2"
 }
 
 mkdir -p "${WORK}"
