@@ -4,7 +4,9 @@
 # MEM_AGENT_GPUS (default 0,1,2), its base model's evaluation beside the first seed; MemUpdate's seeds
 # (MEM_UPDATE_SEEDS, default "0") on MEM_UPDATE_GPUS (default 3), its base model's evaluation after them.
 # MEM_AGENT_ENV / MEM_UPDATE_ENV hold one example's variables ("RL_ROLLOUTS=16 RL_LR=2e-5"); variables set
-# around this script reach both. Everything goes under VIME_EXT_OUT (default runs/learning)/<example>:
+# around this script reach both; EXAMPLES (default "mem_agent mem_update") picks the examples run. Two recipes on
+# one GPU compete for it (a trainer's memory churn can spoil an engine's start): give each GPUs of its own.
+# Everything goes under VIME_EXT_OUT (default runs/learning)/<example>:
 #   bash tools/gpu_learning.sh run         # both at once; start/end lines in VIME_EXT_OUT/learning.log
 #   bash tools/gpu_learning.sh pack FILE   # what a person reads, no weights and no generated data: eval JSONL
 #                                          # and summaries, tables, training metrics, logs; FILE.tar.gz
@@ -31,8 +33,13 @@ run() {
   if command -v nvidia-smi >/dev/null; then  # the machine, for the record beside the figures
     log "machine: $(nvidia-smi -L | wc -l) x $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
   fi
-  recipe mem_agent "${MEM_AGENT_GPUS:-0,1,2}" "${SEEDS:-0 1 2}" "${MEM_AGENT_ENV:-}" & pids+=($!)
-  recipe mem_update "${MEM_UPDATE_GPUS:-3}" "${MEM_UPDATE_SEEDS:-0}" "${MEM_UPDATE_ENV:-}" & pids+=($!)
+  local examples=" ${EXAMPLES:-mem_agent mem_update} "
+  if [[ "${examples}" == *" mem_agent "* ]]; then
+    recipe mem_agent "${MEM_AGENT_GPUS:-0,1,2}" "${SEEDS:-0 1 2}" "${MEM_AGENT_ENV:-}" & pids+=($!)
+  fi
+  if [[ "${examples}" == *" mem_update "* ]]; then
+    recipe mem_update "${MEM_UPDATE_GPUS:-3}" "${MEM_UPDATE_SEEDS:-0}" "${MEM_UPDATE_ENV:-}" & pids+=($!)
+  fi
   for pid in "${pids[@]}"; do wait "${pid}" || status=1; done
   log "done: exit ${status}"
   return "${status}"
