@@ -91,19 +91,28 @@ def test_two_engines_on_one_gpu_from_one_process_are_refused():
     assert GpuStartLock(["0"]).acquire()
 
 
-def health_server(tmp_path, gpus: list[str]) -> ServerProcess:
-    """A server that answers GET /health with 200 once it listens, with the start lock of ``gpus`` held, as
-    launch_engine leaves a GPU engine."""
-    (tmp_path / "www").mkdir(exist_ok=True)
-    (tmp_path / "www" / "health").write_text("ok")
+def stand_in(tmp_path, gpus: list[str], command) -> ServerProcess:
+    """``command(port)`` started as launch_engine leaves a GPU engine: the start lock of ``gpus`` held."""
     lock = GpuStartLock(gpus)
     lock.acquire()
     port = free_port()
-    server = servers._start("stand_in", [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
-                                         "--directory", str(tmp_path / "www")], "127.0.0.1", port, {},
-                            str(tmp_path / "logs"))
+    server = servers._start("stand_in", command(port), "127.0.0.1", port, {}, str(tmp_path / "logs"))
     server.gpus, server.start_lock = gpus, lock
     return server
+
+
+def www(tmp_path) -> str:
+    """A folder with a file named health: http.server answers GET /health with 200 from it."""
+    (tmp_path / "www").mkdir(exist_ok=True)
+    (tmp_path / "www" / "health").write_text("ok")
+    return str(tmp_path / "www")
+
+
+def health_server(tmp_path, gpus: list[str]) -> ServerProcess:
+    """A server that answers GET /health with 200 once it listens."""
+    folder = www(tmp_path)
+    return stand_in(tmp_path, gpus, lambda port: [sys.executable, "-m", "http.server", str(port), "--bind",
+                                                  "127.0.0.1", "--directory", folder])
 
 
 def test_serving_releases_the_lock_and_stopping_waits_for_another_start(tmp_path):
@@ -133,11 +142,7 @@ def test_a_failed_start_names_the_error_far_above_the_tail(tmp_path):
         print("(APIServer pid=2) RuntimeError: Engine core initialization failed. See root cause above.")
         sys.exit(1)
     """)
-    lock = GpuStartLock(["3"])
-    lock.acquire()
-    port = free_port()
-    server = servers._start("stand_in", [sys.executable, "-c", log], "127.0.0.1", port, {}, str(tmp_path))
-    server.gpus, server.start_lock = ["3"], lock
+    server = stand_in(tmp_path, ["3"], lambda port: [sys.executable, "-c", log])
     with pytest.raises(RuntimeError) as error:
         wait_until_serving([server], timeout_s=60)
     text = str(error.value)
@@ -154,27 +159,25 @@ PROFILE_ERROR = ("(EngineCore pid=1) AssertionError: Error in memory profiling. 
 
 
 def flaky_server(tmp_path, fails: int) -> ServerProcess:
-    """A stand-in that dies of vLLM's profile-run error on its first ``fails`` starts, then serves /health, with
-    GPU 4's start lock held as launch_engine leaves it."""
-    (tmp_path / "www").mkdir(exist_ok=True)
-    (tmp_path / "www" / "health").write_text("ok")
-    port = free_port()
-    code = textwrap.dedent(f"""
-        import os, pathlib, sys
-        starts = pathlib.Path({str(tmp_path / "starts")!r})
-        starts.write_text(str(int(starts.read_text()) + 1 if starts.exists() else 1))
-        if int(starts.read_text()) <= {fails}:
-            print({PROFILE_ERROR!r}, flush=True)
-            sys.exit(1)
-        # the server in this process, so that stopping it stops the server
-        os.execv(sys.executable, [sys.executable, "-m", "http.server", "{port}", "--bind", "127.0.0.1",
-                                  "--directory", {str(tmp_path / "www")!r}])
-    """)
-    lock = GpuStartLock(["4"])
-    lock.acquire()
-    server = servers._start("stand_in", [sys.executable, "-c", code], "127.0.0.1", port, {}, str(tmp_path / "logs"))
-    server.gpus, server.start_lock = ["4"], lock
-    return server
+    """A stand-in on GPU 4 that dies of vLLM's profile-run error on its first ``fails`` starts, then serves
+    /health."""
+    folder = www(tmp_path)
+
+    def command(port: int) -> list[str]:
+        code = textwrap.dedent(f"""
+            import os, pathlib, sys
+            starts = pathlib.Path({str(tmp_path / "starts")!r})
+            starts.write_text(str(int(starts.read_text()) + 1 if starts.exists() else 1))
+            if int(starts.read_text()) <= {fails}:
+                print({PROFILE_ERROR!r}, flush=True)
+                sys.exit(1)
+            # the server in this process, so that stopping it stops the server
+            os.execv(sys.executable, [sys.executable, "-m", "http.server", "{port}", "--bind", "127.0.0.1",
+                                      "--directory", {folder!r}])
+        """)
+        return [sys.executable, "-c", code]
+
+    return stand_in(tmp_path, ["4"], command)
 
 
 def test_a_start_spoiled_by_another_process_freeing_memory_is_tried_again(tmp_path, capsys):

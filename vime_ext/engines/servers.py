@@ -92,8 +92,7 @@ class ServerProcess:
         with open(self.log_path, "a") as log:
             log.write(f"\n--- {self.name}: start {self.tries} of {START_TRIES} ---\n")
             log.flush()
-            self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
-                                            env={**os.environ, **self.env})
+            self.process = _spawn(self.command, self.env, log)
 
     def release_start_lock(self) -> None:
         if self.start_lock is not None:
@@ -211,13 +210,18 @@ def server_env(config: EngineConfig) -> dict[str, str]:
     return {**env, **config.env}
 
 
+def _spawn(command: list[str], env: dict[str, str], log) -> subprocess.Popen:
+    """The server process, its output (both streams) into the open file ``log``, ``env`` over this one's."""
+    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env})
+
+
 def _start(name: str, command: list[str], host: str, port: int, env: dict[str, str],
            log_dir: str | None) -> ServerProcess:
     folder = Path(log_dir or os.environ.get("VIME_EXT_LOG_DIR", "/tmp/vime_ext_engines"))
     folder.mkdir(parents=True, exist_ok=True)
     log_path = folder / f"{name}_{port}.log"
     with open(log_path, "w") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env})
+        process = _spawn(command, env, log)
     return ServerProcess(name, process, f"http://{host}:{port}", log_path, command=command, env=env)
 
 
