@@ -233,14 +233,15 @@ sft_warm_start() {
 # file (PATTERN, with %s for the GLOB); a model with none yet (its seed failed, or its evaluation is still to run)
 # is left out with a line on stderr, so that a learning recipe's table shows the rows that exist
 models_with_results() {
-  local pattern=$1 spec
+  local pattern=$1 spec files
   shift
   MODEL_ARGS=()
   for spec in "$@"; do
-    if compgen -G "${pattern//%s/${spec#*=}}" >/dev/null; then
+    files=${pattern//%s/${spec#*=}}
+    if compgen -G "${files}" >/dev/null; then
       MODEL_ARGS+=(--model "${spec}")
     else
-      echo "table: no results for ${spec%%=*} yet (${pattern//%s/${spec#*=}}): its row is left out" >&2
+      echo "table: no results for ${spec%%=*} yet (${files}): its row is left out" >&2
     fi
   done
 }
