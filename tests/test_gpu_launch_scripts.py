@@ -306,6 +306,13 @@ def test_the_smollm2_learning_recipe_chains_sft_rl_and_both_evaluations(tiny_hf_
     assert done.returncode == 0 and "no results for SFT + RL yet" in done.stderr, done.stderr[-2000:]
     table = (work / "table/mem_agent_smollm2.md").read_text()
     assert "| SFT | 1 |" in table and "SFT + RL" not in table
+    # Nor does a run without the base model's results fail (its cost table, the default COST_OF, is left out).
+    for summary in (work / "eval").glob("ruler_hqa_*/base.summary.json"):
+        summary.unlink()
+    done = subprocess.run(["bash", str(ROOT / "examples/mem_agent/run-smollm2-gpu.sh"), "table"], env=full,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "no results for base yet" in done.stderr, done.stderr[-2000:]
+    assert "| base |" not in (work / "table/mem_agent_smollm2.md").read_text()
 
 
 def test_the_mem_update_smollm2_recipe_chains_sft_rl_and_both_evaluations(tiny_hf_dirs, tmp_path):

@@ -102,9 +102,11 @@ table() {
   for file in "${WORK}"/table/ceiling_*.json; do
     if [ -s "${file}" ]; then extra+=(--ceiling "${file}"); fi
   done
+  # The cost table of COST_OF (default base) only where it has results, as for the rows
+  if compgen -G "${EVAL_DIR}/*/${COST_OF:-base}.summary.json" >/dev/null; then extra+=(--cost-of "${COST_OF:-base}"); fi
   models_with_results "${EVAL_DIR}/*/%s.summary.json" base=base "SFT=sft_s*" "SFT + RL=rl_s*"
   python -m examples.mem_agent.length_table --save-dir "${EVAL_DIR}" "${MODEL_ARGS[@]}" \
-    --train-length "${TRAIN_DOCS}" --cost-of "${COST_OF:-base}" --out "${WORK}/table/mem_agent_smollm2" "${extra[@]}"
+    --train-length "${TRAIN_DOCS}" --out "${WORK}/table/mem_agent_smollm2" "${extra[@]}"
   # What the memories hold (boxed replies, the answer kept, sentences copied from the document): where a 0 comes from
   python -m examples.mem_agent.memory_audit --save-dir "${EVAL_DIR}" --data-root "${DATA_ROOT}/ruler_hqa" \
     --out "${WORK}/table/memory_audit.json" >"${WORK}/table/memory_audit.md"
