@@ -38,6 +38,10 @@ class CheckpointConfig:
     load: str | None = _help("resume from this save directory (or iter_* directory) when it holds a checkpoint")
     save: str | None = _help("save directory for torch_dist checkpoints")
     save_interval: int | None = _help("save every N rollouts (and after the last)")
+    exit_duration_in_mins: float | None = _help("stop after the first rollout step that ends this many minutes "
+                                                "after train.py started (its start-up counted), saving that step "
+                                                "when --save is set; a later run with --load goes on from it. "
+                                                "megatron's flag: a job that must end before its time slot does")
     save_keep_last: int | None = _help("keep only the newest N saved iterations (each holds the full optimizer "
                                        "state); the one a run resumed from is kept too. Default: keep all")
     no_save_optim: bool = _help("save weights, RNG state and data position but not the optimizer state (12 of a "
@@ -494,6 +498,8 @@ def _check(config: TrainConfig) -> None:
         problems.append("--kl-loss-coef is set but --use-kl-loss is not")
     if c.save_keep_last is not None and (c.save_keep_last < 1 or not c.save):
         problems.append("--save-keep-last needs --save and a count of at least 1")
+    if c.exit_duration_in_mins is not None and c.exit_duration_in_mins < 0:
+        problems.append(f"--exit-duration-in-mins {c.exit_duration_in_mins} is negative")
     if c.save_interval is not None and not c.save:
         problems.append("--save-interval needs --save")
     if c.no_save_optim and not c.save:

@@ -61,6 +61,7 @@ class Trainer:
     def __init__(self, config: TrainConfig, log_dir: str | None = None):
         from vime_ext.tracking import Tracker
 
+        self.started = time.monotonic()  # --exit-duration-in-mins counts the start-up too
         self.config = config
         d = config.data
         # The rollout manager reads the prompt data; reading it here first stops a malformed line (named by file,
@@ -95,6 +96,7 @@ class Trainer:
         self.engine_lock = threading.Lock()
         self.ahead: RolloutAhead | None = None  # --async-training's producer
         self.positions: dict[int, dict] = {}  # the data position before each rollout drew its prompts
+        self.last_rollout: int | None = None  # --exit-duration-in-mins: the step the run stops after
 
     # ---- pieces of one rollout ------------------------------------------------------------------------------
 
@@ -172,10 +174,18 @@ class Trainer:
         times["wake_up"] += time.perf_counter() - tick
         memory.update(_max_over_ranks(self.cluster.ranks.memory(), "engines"))
 
+    def out_of_time(self, rollout_id: int) -> bool:
+        """Whether rollout ``rollout_id`` is the last one --exit-duration-in-mins allows. Decided once, at the
+        first step that ends past the limit, so that the step the run stops after is the one it saves."""
+        limit = self.config.checkpoint.exit_duration_in_mins
+        if self.last_rollout is None and limit is not None and time.monotonic() - self.started >= 60 * limit:
+            self.last_rollout = rollout_id
+        return self.last_rollout == rollout_id
+
     def save_due(self, rollout_id: int) -> bool:
         c = self.config.checkpoint
-        return bool(c.save) and ((c.save_interval and (rollout_id + 1) % c.save_interval == 0)
-                                 or rollout_id + 1 == self.config.data.num_rollout)
+        last = self.out_of_time(rollout_id) or rollout_id + 1 == self.config.data.num_rollout
+        return bool(c.save) and (last or bool(c.save_interval and (rollout_id + 1) % c.save_interval == 0))
 
     def save(self, rollout_id: int) -> float:
         start = time.perf_counter()
@@ -482,6 +492,11 @@ class Trainer:
                 tqdm.write(json.dumps({"rollout": rollout_id, **{k: float(f"{v:.6g}") for k, v in m.items()}}))
                 if config.eval.eval_interval and (rollout_id + 1) % config.eval.eval_interval == 0:
                     self.evaluate(rollout_id + 1)
+                if self.out_of_time(rollout_id) and rollout_id + 1 < config.data.num_rollout:
+                    saved = f"; saved as iteration {rollout_id + 1}" if config.checkpoint.save else ""
+                    tqdm.write(f"--exit-duration-in-mins {config.checkpoint.exit_duration_in_mins:g}: stopping "
+                               f"after rollout {rollout_id + 1} of {config.data.num_rollout}{saved}")
+                    break
                 rollout_id += 1
             bar.close()
         finally:

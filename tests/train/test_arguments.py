@@ -81,6 +81,7 @@ def test_typed_sections_and_vllm_pass_through(base):
     (["--use-distributed-optimizer", "--optimizer-cpu-offload"], "--optimizer-cpu-offload needs --bf16"),
     (["--overlap-cpu-optimizer-d2h-h2d"], "needs --optimizer-cpu-offload"),
     (["--optimizer-offload-fraction", "1.5"], r"--optimizer-offload-fraction 1.5 is not in \[0, 1\]"),
+    (["--exit-duration-in-mins", "-1"], "--exit-duration-in-mins -1.0 is negative"),
     # Plug-ins are imported and their signatures checked at parse time, before any model or engine starts.
     (["--custom-rm-path", "tests.train.toy_rewards.no_such"], "module 'tests.train.toy_rewards' has no callable"),
     (["--custom-rm-path", "no_such_pkg.reward"], "cannot import module 'no_such_pkg'"),

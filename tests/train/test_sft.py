@@ -93,6 +93,25 @@ def test_a_resumed_sft_run_continues_exactly(sft_run, tmp_path):
 
 
 @pytest.mark.slow
+def test_exit_duration_saves_the_step_it_stops_after_and_a_resume_goes_on_exactly(sft_run, tmp_path):
+    flags, whole = sft_run
+    early = tmp_path / "early"
+    # 0 minutes: the first step already ends past the limit, so the run stops after it, with a save though
+    # --save-interval 2 would not save it.
+    train(flags + ["--save", str(early), "--exit-duration-in-mins", "0"], tmp_path / "early.log")
+    assert "--exit-duration-in-mins 0: stopping after rollout 1 of 4; saved as iteration 1" in \
+        (tmp_path / "early.log").read_text()
+    assert (early / TRACKER_FILE).read_text().strip() == "1" and sorted(metrics(early / "tensorboard")) == [0]
+    train(flags + ["--save", str(early), "--load", str(early)], tmp_path / "resumed.log")
+    expected, got = metrics(whole / "tensorboard"), metrics(early / "tensorboard")
+    assert sorted(got) == [0, 1, 2, 3]
+    for step in (1, 2, 3):
+        assert got[step]["train/loss"] == expected[step]["train/loss"], step
+    final, again = model_weights(whole / "iter_0000004"), model_weights(early / "iter_0000004")
+    assert final and all(torch.equal(final[k], again[k]) for k in final)
+
+
+@pytest.mark.slow
 def test_rl_starts_from_an_sft_save_through_ref_load(sft_run, tiny_model, tmp_path):  # noqa: F811
     _, sft = sft_run
     rl = tmp_path / "rl"
