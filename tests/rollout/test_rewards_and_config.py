@@ -3,12 +3,12 @@ import argparse
 import pytest
 
 from vime_ext.agent.rewards import boxed_exact_match, last_boxed, overlong_penalty
-from vime_ext.agent.sample import Sample
+from vime_ext.agent.sample import Sample, Status
 from vime_ext.arguments import parse_train_args, rollout_problems
 from vime_ext.data.synthetic import write_jsonl
 from vime_ext.rollout.config import RolloutConfig, sampling_params
 from vime_ext.rollout.plugins import load_function
-from vime_ext.rollout.rollout import penalize_overlong
+from vime_ext.rollout.rollout import penalize_overlong, rollout_metrics
 
 
 def test_last_boxed_handles_nesting_and_absence():
@@ -127,3 +127,13 @@ def test_overlong_penalty_matches_verls_dapo_reward_manager():
             ours.append(sample.reward)
         assert ours == pytest.approx(verl_rewards.tolist(), abs=1e-6), (max_len, buffer, factor)
         assert min(ours[i] - base[i] for i in range(12)) < 0  # some lengths were penalized
+
+
+def test_groups_whose_rewards_are_all_equal_are_counted():
+    # Three groups of two: both right, one right, both wrong. Only the middle one gives GRPO an advantage.
+    rewards = [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
+    samples = [Sample(prompt="q", reward=r, group_index=i // 2, index=i, status=Status.COMPLETED)
+               for i, r in enumerate(rewards)]
+    assert rollout_metrics(samples, "rollout")["rollout/uniform_reward_groups"] == pytest.approx(2 / 3)
+    singles = [Sample(prompt="q", reward=1.0, group_index=i, index=i, status=Status.COMPLETED) for i in range(3)]  # nothing to compare
+    assert "rollout/uniform_reward_groups" not in rollout_metrics(singles, "eval")

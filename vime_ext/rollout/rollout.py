@@ -212,6 +212,11 @@ def rollout_metrics(samples: list[Sample], prefix: str) -> dict[str, float]:
                f"{prefix}/weight_version": float(min(s.weight_version or 0 for s in samples)),
                f"{prefix}/sequences_per_sample": float(np.mean([(s.response_length > 0) + len(s.turns)
                                                                 for s in samples]))}
+    groups: dict[int, list[float]] = {}
+    for sample, value in zip(samples, rewards):
+        groups.setdefault(sample.group_index, []).append(value)
+    if len(groups) < len(samples):  # groups of several samples: GRPO learns only from groups whose rewards differ
+        metrics[f"{prefix}/uniform_reward_groups"] = float(np.mean([np.ptp(g) == 0 for g in groups.values()]))
     names = sorted({name for s in samples for name in s.metrics})
     for name in names:
         metrics[f"{prefix}/{name}"] = float(np.mean([s.metrics[name] for s in samples if name in s.metrics]))
