@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -38,3 +40,15 @@ def test_packed_wheels_stay_out_of_git(tmp_path):
     assert done.returncode == 0, done.stderr
     assert (repo / ".carry" / "p00" / "manifest.json").is_file() and (repo / ".carry" / "p00" / "part00").is_file()
     assert git(repo, "status", "--porcelain", "--untracked-files=all") == ""
+    # A part is as large as a call's 64 MiB leaves beside the working tree (less a 4 MiB margin): an untracked
+    # 20 MiB file (it travels too) leaves 39 MiB; one of 50 MiB leaves too little, and packing says so.
+    tree = sum(f.stat().st_size for f in repo.rglob("*") if f.is_file() and ".git" not in f.parts
+               and not f.is_relative_to(repo / ".whl") and not f.is_relative_to(repo / ".carry")
+               and not f.is_relative_to(repo / ".gpu_wheels"))
+    with open(repo / "notes.bin", "wb") as f:
+        f.truncate(20 * 2**20)
+    assert gpu_wheels.part_bytes(repo) == (60 * 2**20 - 20 * 2**20 - tree) // 2**20 * 2**20 == 39 * 2**20
+    with open(repo / "notes.bin", "wb") as f:
+        f.truncate(50 * 2**20)
+    with pytest.raises(SystemExit, match=r"the working tree \(50\.\d MiB\) leaves 9 MiB of a call's 64 MiB"):
+        gpu_wheels.part_bytes(repo)

