@@ -3,7 +3,8 @@
 # background job (a device lease is 30 minutes): MemAgent's seeds (SEEDS, default "0 1 2") a GPU each on
 # MEM_AGENT_GPUS (default 0,1,2), its base model's evaluation beside the first seed; MemUpdate's seeds
 # (MEM_UPDATE_SEEDS, default "0") on MEM_UPDATE_GPUS (default 3), its base model's evaluation after them.
-# MEM_AGENT_ENV / MEM_UPDATE_ENV hold one example's variables ("RL_ROLLOUTS=16 RL_LR=2e-5"); variables set
+# MEM_AGENT_ENV / MEM_UPDATE_ENV hold one example's variables ("RL_ROLLOUTS=16 RL_LR=2e-5 RL_MINUTES=9": GRPO
+# stops and saves after 9 minutes, so that the evaluation after it fits a 30-minute lease); variables set
 # around this script reach both; EXAMPLES (default "mem_agent mem_update") picks the examples run. Two recipes on
 # one GPU compete for it (a trainer's memory churn can spoil an engine's start): give each GPUs of its own.
 # Everything goes under VIME_EXT_OUT (default runs/learning)/<example>:
