@@ -179,7 +179,8 @@ smollm2_recipe_defaults() {
 # scaled to the small model: colocated on this GPU, from the SFT save WORK/seed_SEED/sft (the starting weights
 # and the KL reference) to WORK/seed_SEED/rl, RL_ROLLOUTS rollouts of ROLLOUT_BATCH_SIZE x N_SAMPLES_PER_PROMPT,
 # one optimizer step each, lr RL_LR, contexts of MAX_MODEL_LEN, a Ray head on RAY_PORT_BASE + SEED (seeds run at
-# once on one machine). RL_MINUTES (unset: no limit) bounds the run's time (--exit-duration-in-mins): it stops
+# once on one machine), sampling at RL_TEMPERATURE (1.0). RL_MINUTES (unset: no limit) bounds the run's time
+# (--exit-duration-in-mins): it stops
 # after the first rollout that ends past it and saves that one, so that what follows (the evaluation) still fits
 # a machine's time slot. The caller sets TRAIN_DATA.
 grpo_from_sft() {
@@ -191,6 +192,7 @@ grpo_from_sft() {
     N_SAMPLES_PER_PROMPT=${N_SAMPLES_PER_PROMPT} GLOBAL_BATCH_SIZE=$(( ROLLOUT_BATCH_SIZE * N_SAMPLES_PER_PROMPT )) \
     SAVE_INTERVAL=${RL_ROLLOUTS} SAVE_OPTIM=0 ENGINE_MEMORY=${ENGINE_MEMORY:-0.3} RAY_PORT=$(( ${RAY_PORT_BASE:-6380} + seed )) \
     bash "${script}" --lr "${RL_LR}" --seed "${seed}" --engine-max-model-len "${MAX_MODEL_LEN}" \
+    --rollout-temperature "${RL_TEMPERATURE:-1.0}" \
     --max-tokens-per-gpu 32768 --recompute-granularity selective "${limit[@]}" "$@"
 }
 

@@ -225,7 +225,7 @@ def test_the_smollm2_learning_recipe_chains_sft_rl_and_both_evaluations(tiny_hf_
     model, work = tiny_hf_dirs["llama"], tmp_path / "work"
     env = {"VIME_EXT_OUT": str(work), "HF_CKPT": str(model), "STAND_IN_GPUS": "1", "TRAIN_NUM": "4",
            "EVAL_NUM": "2", "SFT_NUM": "3", "TRAIN_DOCS": "20", "LENGTH": "20 40", "MEM_CHUNK_TOKENS": "128",
-           "SEED": "1", "RL_MINUTES": "9"}
+           "SEED": "1", "RL_MINUTES": "9", "RL_TEMPERATURE": "1.3"}
     record = tmp_path / "train_args.json"
     full = {**os.environ, **env, "PATH": f"{stand_ins(tmp_path, record)}{os.pathsep}{os.environ['PATH']}"}
     full.pop("CUDA_VISIBLE_DEVICES", None)
@@ -263,6 +263,7 @@ def test_the_smollm2_learning_recipe_chains_sft_rl_and_both_evaluations(tiny_hf_
     assert last(rl, "--engine-max-model-len") == "4096" and last(rl, "--recompute-granularity") == "selective"
     # RL_MINUTES bounds the GRPO run alone (it stops and saves in time for its evaluation).
     assert last(rl, "--exit-duration-in-mins") == "9" and "--exit-duration-in-mins" not in sft
+    assert last(rl, "--rollout-temperature") == "1.3"
     # Both saves converted and evaluated, every length at once, each under its own SAVE_FILE.
     converted = [json.loads(line) for line in (tmp_path / "train_args.json.convert").read_text().splitlines()]
     assert sorted(last(c, "--input-dir") for c in converted) == [str(work / "seed_1/rl/iter_0000001"),
