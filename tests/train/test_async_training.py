@@ -116,10 +116,13 @@ def test_async_run_killed_after_a_save_resumes_without_losing_or_repeating_promp
     before = metrics(cut / "tensorboard")  # what the killed run logged: steps 0 and 1 (the save of step 1 is iter 2)
     train(flags + ["--save", str(cut), "--load", str(cut / "iter_0000002")], tmp_path / "resume.log")
     expected, after = metrics(whole / "tensorboard"), metrics(cut / "tensorboard")
-    assert sorted(expected) == [0, 1, 2, 3] and sorted(after) == [0, 1, 2, 3]
-    assert [before[step]["prompts"] for step in (0, 1)] == [expected[step]["prompts"] for step in (0, 1)]
+    # The kill can land between step 1's save and its log line (when rollout 2's rewards run after that save, the
+    # step waits for rollout 2 before it logs): step 1 is then trained and saved but not in the log.
+    logged = [step for step in (0, 1) if step in before]
+    assert sorted(expected) == [0, 1, 2, 3] and sorted(after) == logged + [2, 3] and 0 in logged
+    assert [before[step]["prompts"] for step in logged] == [expected[step]["prompts"] for step in logged]
     assert [after[step]["prompts"] for step in (2, 3)] == [expected[step]["prompts"] for step in (2, 3)]
     # The log, both runs in turn: steps 0 and 1 saved; step 2, if the killed run got to log it, was not saved and
     # is trained again by the resumed run, which starts at step 2.
     steps = [row["step"] for row in read_metrics(cut / "tensorboard/metrics.jsonl")]
-    assert steps[:2] == [0, 1] and steps[-2:] == [2, 3] and len(steps) in (4, 5)
+    assert steps[:len(logged)] == logged and steps[-2:] == [2, 3] and len(steps) in (len(logged) + 2, len(logged) + 3)
