@@ -180,9 +180,8 @@ smollm2_recipe_defaults() {
 # and the KL reference) to WORK/seed_SEED/rl, RL_ROLLOUTS rollouts of ROLLOUT_BATCH_SIZE x N_SAMPLES_PER_PROMPT,
 # one optimizer step each, lr RL_LR, contexts of MAX_MODEL_LEN, a Ray head on RAY_PORT_BASE + SEED (seeds run at
 # once on one machine), sampling at RL_TEMPERATURE (1.0). RL_MINUTES (unset: no limit) bounds the run's time
-# (--exit-duration-in-mins): it stops
-# after the first rollout that ends past it and saves that one, so that what follows (the evaluation) still fits
-# a machine's time slot. The caller sets TRAIN_DATA.
+# (--exit-duration-in-mins): it stops after the first rollout that ends past it and saves that one, so that what
+# follows (the evaluation) still fits a machine's time slot. The caller sets TRAIN_DATA.
 grpo_from_sft() {
   local script=$1 work=$2 seed=$3 limit=()
   shift 3
