@@ -50,8 +50,11 @@ class HFEngine:
         self.paused = False
         self.sleeping = False
         # /pause?mode=abort: the batch in flight stops at its next token and answers with what it has
-        # (finish_reason "abort"), as do requests already queued, until /resume.
+        # (finish_reason "abort"), as do batches started before /resume. The batch in flight watches a count of
+        # aborts, not the pause itself: a /resume that follows within one decode step (a CPU step is tens of
+        # milliseconds) would otherwise clear the pause before the batch ever saw it.
         self.aborting = threading.Event()
+        self.aborts = 0
         self._lock = threading.Lock()  # generation and weight updates never overlap
 
     def check(self, token_ids: list[int], params: SamplingParams) -> None:
@@ -76,7 +79,7 @@ class HFEngine:
             input_ids[row, width - len(prompt):] = torch.tensor(prompt)
             attention[row, width - len(prompt):] = 1
         stop_ids = [] if params.ignore_eos else sorted(self.eos_ids | set(params.stop_token_ids))
-        stop_on_abort = _StopOnAbort(self.aborting)
+        stop_on_abort = _StopOnAbort(self)
         kwargs = dict(max_new_tokens=params.max_new_tokens, eos_token_id=stop_ids, pad_token_id=self.pad_id,
                       output_logits=True, return_dict_in_generate=True,
                       stopping_criteria=StoppingCriteriaList([stop_on_abort]))
@@ -91,7 +94,7 @@ class HFEngine:
                 torch.manual_seed(params.seed)
             out = self.model.generate(input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device),
                                       **kwargs)
-        aborted = stop_on_abort.fired  # not the event: a /resume may have cleared it since
+        aborted = stop_on_abort.fired
         new_tokens = out.sequences[:, width:].cpu()
         scale = params.temperature if params.temperature > 0.0 else 1.0  # greedy: the raw distribution
         log_probs = torch.stack([torch.log_softmax(step.float() / scale, dim=-1) for step in out.logits], dim=1).cpu()
@@ -112,6 +115,17 @@ class HFEngine:
             results.append(GenerateResult(tokens, lps, finish, prompt_length=len(prompts[row])))
         return results
 
+
+    def pause(self, abort: bool) -> None:
+        """New requests wait; with ``abort``, the batch in flight stops at its next token."""
+        self.paused = True
+        if abort:
+            self.aborting.set()
+            self.aborts += 1
+
+    def resume(self) -> None:
+        self.aborting.clear()
+        self.paused = False
 
     @torch.no_grad()
     def load_weights_file(self, path: str, names: list[str]) -> None:
@@ -151,14 +165,16 @@ class HFEngine:
 
 
 class _StopOnAbort(StoppingCriteria):
-    """A stopping criterion for ``generate``: every row stops once the engine is told to abort."""
+    """A stopping criterion for ``generate``: every row stops once the engine has been told to abort since the
+    batch began, even if it has resumed since."""
 
-    def __init__(self, event: threading.Event):
-        self.event = event
+    def __init__(self, engine: HFEngine):
+        self.engine = engine
+        self.aborts_at_start = engine.aborts
         self.fired = False  # whether it stopped the batch
 
     def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
-        self.fired = self.fired or self.event.is_set()
+        self.fired = self.fired or self.engine.aborts != self.aborts_at_start
         return torch.full((input_ids.shape[0],), self.fired, dtype=torch.bool, device=input_ids.device)
 
 
@@ -216,15 +232,12 @@ def build_app(engine: HFEngine) -> FastAPI:
     async def pause(mode: str = "abort"):
         # New requests wait. "abort": the batch in flight stops and answers with its tokens so far; otherwise
         # it finishes (generation holds the lock).
-        engine.paused = True
-        if mode == "abort":
-            engine.aborting.set()
+        engine.pause(abort=mode == "abort")
         return {"status": "paused"}
 
     @app.post("/resume")
     async def resume():
-        engine.aborting.clear()
-        engine.paused = False
+        engine.resume()
         if not engine.sleeping:
             resumed.set()
         return {"status": "resumed"}
