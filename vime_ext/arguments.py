@@ -450,6 +450,9 @@ def _check(config: TrainConfig) -> None:
         problems.append("--async-training overlaps generation with training; it cannot be combined with "
                         "--loss-type sft_loss (no engines) or --debug-train-only/--debug-rollout-only (one side "
                         "only)")
+    if r.rm_hf_checkpoint and (config.sft or d.debug_train_only):
+        problems.append("--rm-hf-checkpoint serves a model for rewards; --loss-type sft_loss and --debug-train-only "
+                        "compute none: drop it")
     rollout_gpus = cl.actor_world_size if cl.colocate else (cl.rollout_num_gpus or 1)
     if rollout_gpus % cl.rollout_num_gpus_per_engine:
         problems.append(f"{rollout_gpus} rollout GPUs do not split into engines of "
@@ -538,6 +541,8 @@ def _check(config: TrainConfig) -> None:
             problems.append(f"{flag_name(name)} {path}: no such path")
     if not os.path.isfile(config.data.prompt_data):
         problems.append(f"--prompt-data {config.data.prompt_data}: no such file")
+    if r.rm_hf_checkpoint and not os.path.isfile(os.path.join(r.rm_hf_checkpoint, "config.json")):
+        problems.append(f"--rm-hf-checkpoint {r.rm_hf_checkpoint}: no config.json there")
     problems += _plugin_problems(r)
     if problems:
         raise ConfigError("\n  ".join(["invalid flags:", *problems]))
@@ -568,6 +573,10 @@ def rollout_problems(r: RolloutConfig) -> list[str]:
     if r.partial_rollout and not r.async_training:
         problems.append("--partial-rollout continues replies across weight pushes made during a rollout, which "
                         "only --async-training makes; add it, or drop --partial-rollout")
+    if r.rm_hf_checkpoint and r.rm_url:
+        problems.append("--rm-url names a reward model already served; --rm-hf-checkpoint serves one: give one of them")
+    if not 0.0 < r.rm_gpu_memory_utilization < 1.0:
+        problems.append(f"--rm-gpu-memory-utilization {r.rm_gpu_memory_utilization} is not in (0, 1)")
     if r.max_staleness is not None:
         if not r.async_training:
             problems.append("--max-staleness bounds --async-training; add it, or drop --max-staleness")

@@ -172,11 +172,13 @@ def evaluate(hf_dir: str, prompt_data: str, reward_path: str = "vime_ext.agent.r
              generate_path: str = "vime_ext.agent.generate.generate",
              custom_config_path: str | None = None, dtype: str = "auto",
              max_model_len: int | None = None, results: str | None = None, force: bool = False,
-             n_proc: int = 64, settings_override: dict | None = None) -> dict[str, float]:
+             n_proc: int = 64, settings_override: dict | None = None,
+             reward_model: EngineConfig | None = None) -> dict[str, float]:
     """``n_samples`` answers to each prompt of ``prompt_data`` from the model at ``hf_dir``, each rewarded by
     ``reward_path``; the rollout metrics of all (``eval/...``). ``results``: a JSONL kept across runs, one
     rewarded sample a line, so that a second run goes on where the first stopped (``force``: start it afresh).
-    ``settings_override``: plug-in settings that replace those of ``custom_config_path``."""
+    ``settings_override``: plug-in settings that replace those of ``custom_config_path``. ``reward_model``: an
+    engine served for the reward function, as train.py's ``--rm-hf-checkpoint`` (``args.rm_url``)."""
     import tempfile
     from dataclasses import fields
 
@@ -185,7 +187,8 @@ def evaluate(hf_dir: str, prompt_data: str, reward_path: str = "vime_ext.agent.r
     records = read_jsonl(prompt_data)
     rollout = RolloutConfig(rollout_batch_size=len(records), n_samples_per_prompt=n_samples,
                             rollout_max_response_len=max_response_len, custom_rm_path=reward_path,
-                            custom_generate_function_path=generate_path, custom_config_path=custom_config_path)
+                            custom_generate_function_path=generate_path, custom_config_path=custom_config_path,
+                            rm_hf_checkpoint=reward_model.model if reward_model else None)
     problems = rollout_problems(rollout)
     if problems:
         raise ValueError("; ".join(problems))
@@ -209,7 +212,11 @@ def evaluate(hf_dir: str, prompt_data: str, reward_path: str = "vime_ext.agent.r
 
     engine = EngineConfig(hf_dir, backend=backend, dtype=dtype, max_model_len=max_model_len,
                           extra_args=list(engine_args or []), log_dir=log_dir)
-    with tempfile.TemporaryDirectory() as scratch, served(engine, timeout_s=900) as url:
+    with contextlib.ExitStack() as stack:
+        if reward_model is not None:
+            args.rm_url = stack.enter_context(served(reward_model, timeout_s=900))
+        scratch = stack.enter_context(tempfile.TemporaryDirectory())
+        url = stack.enter_context(served(engine, timeout_s=900))
         out = Path(results) if results else Path(scratch) / "samples.jsonl"
         done = asyncio.run(evaluate_items(args, url, items, generate, rewarded, sampling_params(args, True), out,
                                           n_proc, force, timeout_s=rollout.rollout_sample_timeout or None))

@@ -13,8 +13,9 @@ import subprocess
 
 from vime_ext.arguments import TrainConfig
 from vime_ext.engines.generation_gate import GenerationGate
+from vime_ext.engines.reward_engine import RewardModelEngine
 from vime_ext.engines.servers import (EngineConfig, ServerProcess, has_flag, launch_engine, launch_router,
-                                      wait_until_serving)
+                                      wait_until_serving, without_flag)
 from vime_ext.engines.weight_sync import WeightSync, WeightTarget, choose_transport
 from vime_ext.net import free_port
 from vime_ext.rollout.data_source import DataSource
@@ -44,6 +45,7 @@ class RolloutManager:
             self.eval_sources[name] = DataSource(records, e.n_samples_per_eval_prompt, len(records))
         self.engines: list[ServerProcess] = []
         self.router: ServerProcess | None = None
+        self.reward_model: RewardModelEngine | None = None
         self.restarts = 0
         self.router_restarts = 0
         self.fresh: set[str] = set()  # engines restarted since the last sleep: awake, and not to be woken again
@@ -87,11 +89,28 @@ class RolloutManager:
                   f"{', '.join(str(e.log_path) for e in self.engines)}", flush=True)
             wait_until_serving(self.engines, timeout_s=900)
             self._launch_router()
+            if config.rollout.rm_hf_checkpoint:
+                self.reward_model = RewardModelEngine(self._reward_model_config(gpu_ids))
+                self.args.rm_url = self.reward_model.url
         except BaseException:
             self.shutdown()
             raise
         self.sync = WeightSync(self.engine_urls(), transport=self.transport)
         self.sync.init()
+
+    def _reward_model_config(self, gpu_ids: list[int] | None) -> EngineConfig:
+        """--rm-hf-checkpoint's engine: the policy engines' --vllm-* flags, on the first engine GPU in a share of
+        its memory of its own, without the weight-update routes or sleep mode, at a fixed port (a restart keeps
+        args.rm_url)."""
+        config, cl = self.config, self.config.cluster
+        extra, env = without_flag(list(config.vllm_args), "--gpu-memory-utilization"), {}
+        if gpu_ids:
+            env["CUDA_VISIBLE_DEVICES"] = str(gpu_ids[0])
+            if cl.engine_backend == "vllm":
+                extra += ["--gpu-memory-utilization", str(config.rollout.rm_gpu_memory_utilization)]
+        return EngineConfig(config.rollout.rm_hf_checkpoint, backend=cl.engine_backend, host=cl.engine_host,
+                            port=free_port(), dtype=cl.engine_dtype, max_model_len=cl.engine_max_model_len,
+                            extra_args=extra, env=env, log_dir=self.log_dir, rl_routes=False)
 
     def _launch_router(self) -> None:
         """A router over the engines; a new one after an engine restart, since the old one's circuit breaker
@@ -188,7 +207,10 @@ class RolloutManager:
             self.gate.open(version)
 
     def restart_count(self) -> dict[str, int]:
-        return {"engine_restarts": self.restarts, "router_restarts": self.router_restarts}
+        counts = {"engine_restarts": self.restarts, "router_restarts": self.router_restarts}
+        if self.reward_model is not None:
+            counts["rm_engine_restarts"] = self.reward_model.restarts
+        return counts
 
     def _post_all(self, route: str, skip: set[str] = frozenset(), **params) -> None:
         """``route`` to every engine but ``skip``. One that fails because its engine just died (it may die at any
@@ -232,6 +254,8 @@ class RolloutManager:
         self._post_all("/wake_up", skip=self.fresh, **({"tags": tags} if tags else {}))
 
     def shutdown(self) -> None:
+        if self.reward_model is not None:
+            self.reward_model.stop()
         for server in [self.router, *self.engines]:
             if server is not None:
                 server.stop()

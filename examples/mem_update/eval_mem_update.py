@@ -12,7 +12,6 @@ all again); failed episodes are listed in ``SAVE_FILE.samples.failed.jsonl`` and
 """
 
 import argparse
-import contextlib
 import json
 import sys
 from pathlib import Path
@@ -22,7 +21,7 @@ import torch
 from examples.mem_update.locomo import CATEGORIES
 from examples.mem_update.tools import ERROR_KINDS, TOOLS
 from vime_ext.engines.servers import EngineConfig, split_vllm_args
-from vime_ext.evaluate import evaluate, served
+from vime_ext.evaluate import evaluate
 
 HERE = Path(__file__).resolve().parent
 TOOL_NAMES = [tool["function"]["name"] for tool in TOOLS]
@@ -68,22 +67,20 @@ def main(argv=None) -> dict:
     own, vllm_args = split_vllm_args(sys.argv[1:] if argv is None else list(argv))
     args = parser.parse_args(own)
     name = args.save_file or Path(args.model_path).name
-    with contextlib.ExitStack() as stack:
-        override = {}
-        if args.reader_model:
-            gpu = args.engine_backend == "vllm" and torch.cuda.is_available()
-            reader = EngineConfig(args.reader_model, backend=args.engine_backend, dtype=args.engine_dtype,
-                                  max_model_len=args.max_model_len, rl_routes=False,
-                                  extra_args=["--gpu-memory-utilization", str(args.reader_memory)] if gpu else [])
-            override = {"memup_scorer": "reader", "memup_reader_url": stack.enter_context(served(reader)),
-                        "memup_reader_tokenizer": args.reader_model}
-        metrics = evaluate(args.model_path, args.test_data, "examples.mem_update.reward.reward", args.engine_backend,
-                           1, args.max_response_len, args.temperature, engine_args=vllm_args,
-                           generate_path="examples.mem_update.rollout.generate",
-                           custom_config_path=args.custom_config_path, dtype=args.engine_dtype,
-                           max_model_len=args.max_model_len,
-                           results=str(Path(args.save_dir) / f"{name}.samples.jsonl"), force=args.force,
-                           settings_override=override)
+    reader, override = None, {}
+    if args.reader_model:  # the reward model of the evaluation, as train.py's --rm-hf-checkpoint
+        gpu = args.engine_backend == "vllm" and torch.cuda.is_available()
+        reader = EngineConfig(args.reader_model, backend=args.engine_backend, dtype=args.engine_dtype,
+                              max_model_len=args.max_model_len, rl_routes=False,
+                              extra_args=["--gpu-memory-utilization", str(args.reader_memory)] if gpu else [])
+        override = {"memup_scorer": "reader"}
+    metrics = evaluate(args.model_path, args.test_data, "examples.mem_update.reward.reward", args.engine_backend,
+                       1, args.max_response_len, args.temperature, engine_args=vllm_args,
+                       generate_path="examples.mem_update.rollout.generate",
+                       custom_config_path=args.custom_config_path, dtype=args.engine_dtype,
+                       max_model_len=args.max_model_len,
+                       results=str(Path(args.save_dir) / f"{name}.samples.jsonl"), force=args.force,
+                       settings_override=override, reward_model=reader)
     summary = {"model": args.model_path, "test_data": args.test_data,
                "scorer": f"reader {args.reader_model}" if args.reader_model else "from the settings",
                **summarize(metrics)}

@@ -13,8 +13,9 @@ conversation) of one of two scorers, each reading the ``memup_top_k`` memories r
 - ``proxy``: the share of the answer's words (lower case, split on white space, punctuation at the edges
   ignored) that occur in the retrieved memories, clipped to [0.1, 1.0]; an answer without words scores 0.5
   whatever the store holds (as published), so it adds nothing to the delta;
-- ``reader``: a model (the policy through the rollout's router, or ``memup_reader_url``) answers from the
-  retrieved memories, greedily; token F1 against the gold answer.
+- ``reader``: a model answers from the retrieved memories, greedily; token F1 against the gold answer. The
+  model is the run's reward model when it has one (``args.rm_url``: train.py's ``--rm-hf-checkpoint``, the
+  evaluation's ``--reader-model``), a fixed reader; else the policy itself, through the rollout's router.
 
 The before and after stores are the namespace's snapshot and its final state, both real; the namespace is
 dropped here. An unfinished episode (no final reply) is scored the same way, as published, unless
@@ -33,7 +34,7 @@ import numpy as np
 from examples.mem_update.locomo import CATEGORIES
 from examples.mem_update.prompts import READER
 from examples.mem_update.retrieval import make_retriever
-from examples.mem_update.settings import MemUpdateSettings
+from examples.mem_update.settings import MemUpdateSettings, reader_tokenizer
 from examples.mem_update.store import STORE, Memory
 from vime_ext.agent.rewards import token_f1
 from vime_ext.engines.protocol import SamplingParams
@@ -77,14 +78,15 @@ async def reader_score(args, settings: MemUpdateSettings, question: str, answer:
 
     listing = "\n".join(f"- {m.content}" + (f" ({m.metadata['date']})" if m.metadata.get("date") else "")
                         for m in retrieved) or "(none)"
-    tokenizer = _tokenizer(settings.reader_tokenizer) if settings.reader_url else args.tokenizer
+    fixed = getattr(args, "rm_url", None)
+    tokenizer = _tokenizer(reader_tokenizer(settings, args)) if fixed else args.tokenizer
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": READER.format(memories=listing, question=question)}], tokenize=False,
         add_generation_prompt=True)
     ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     params = SamplingParams(temperature=0.0, max_new_tokens=settings.reader_max_tokens)
-    if settings.reader_url:
-        client = RolloutClient(settings.reader_url)
+    if fixed:
+        client = RolloutClient(fixed)
         try:
             result = await client.generate(ids, params)
         finally:

@@ -12,7 +12,9 @@
 #                                                                 # (BASE_FROM=DIR: base copied from a RESULTS)
 # Everything goes under VIME_EXT_OUT (default runs/mem_update_smollm2): data/, seed_S/{sft,rl}, eval/ (one
 # SAVE_FILE per model: base, sft_sS, rl_sS; resumable), table/. Extra arguments go to the GRPO run's train.py.
-# The training reward's scorer is the settings' (MEMUP_SCORER, default proxy); the evaluation's is the reader.
+# The training reward and the evaluation score QA with the same fixed reader, the base model (GRPO serves it as
+# the run's reward model, train.py --rm-hf-checkpoint, in RM_MEMORY (0.1) of the GPU). MEMUP_SCORER=proxy trains
+# on the proxy scorer instead, which the fourth run found to disagree with the reader (+0.2 against -0.016).
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 STAGE=${1:?usage: run-smollm2-gpu.sh prepare|seed|base|table|all [train.py flags for the GRPO run]}
@@ -28,6 +30,7 @@ SFT_EPOCHS=${SFT_EPOCHS:-6} SFT_LR=${SFT_LR:-1e-4}
 export TURN_TOKENS=${TURN_TOKENS:-256}  # a reply's budget, in the launch script too
 MAX_MODEL_LEN=${MAX_MODEL_LEN:-8192}  # SmolLM2's context: an episode's bound
 RAY_PORT_BASE=${RAY_PORT_BASE:-6390}  # beside MemAgent's seeds (6380 + seed) on one machine
+export MEMUP_SCORER=${MEMUP_SCORER:-reader}
 smollm2_recipe_defaults
 
 prepare() {
@@ -55,12 +58,15 @@ evaluate() {
 # seed SEED ARGS...: SFT, then GRPO from it with the SFT model's evaluation beside it (an engine and a reader),
 # then the RL model's (grpo_beside_sft_eval in _common.sh)
 one_seed() {
-  local seed=$1
+  local seed=$1 reader=()
   shift
+  if [ "${MEMUP_SCORER}" = "reader" ]; then
+    reader=(--rm-hf-checkpoint "${HF_CKPT}" --rm-gpu-memory-utilization "${RM_MEMORY:-0.1}")
+  fi
   sft_warm_start "${HF_CKPT}" "${DATA_ROOT}/sft.jsonl" "${WORK}/seed_${seed}/sft" "${seed}" "${SFT_LR}" \
     "${SFT_EPOCHS}" --sft-max-len "${MAX_MODEL_LEN}" --sft-overlong skip
   TRAIN_DATA=${DATA_ROOT}/train.jsonl grpo_beside_sft_eval evaluate "${WORK}" "${seed}" \
-    "${MEM_UPDATE_DIR}/run-qwen3-4b-train.sh" "$@"
+    "${MEM_UPDATE_DIR}/run-qwen3-4b-train.sh" "${reader[@]}" "$@"
 }
 
 table() {

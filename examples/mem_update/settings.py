@@ -25,8 +25,9 @@ class MemUpdateSettings:
     max_turns: int = 30  # the policy's replies per episode; after the last one the episode ends unfinished
     max_context_tokens: int = 8192  # the whole episode (prompt, replies, tool results)
     scorer: str = "proxy"  # proxy: answer words found in the retrieved memories; reader: a model answers, F1
-    reader_url: str | None = None  # the reader's engine (default: the policy, through the rollout's router)
-    reader_tokenizer: str | None = None  # the reader's tokenizer (HF dir) when reader_url is another model
+    # The reader is the policy (through the rollout's router) unless the run serves a fixed one, the reward model
+    # (train.py --rm-hf-checkpoint, or --rm-url for one served elsewhere: then give its tokenizer here).
+    reader_tokenizer: str | None = None  # HF dir; default --rm-hf-checkpoint
     reader_max_tokens: int = 32
     extra_questions: int = 0  # also score this many other questions of the same conversation
     size_cap: int | None = None  # None: the episode's starting memory count
@@ -47,10 +48,16 @@ class MemUpdateSettings:
             raise ValueError(f"memup_retriever {settings.retriever!r} is not one of {RETRIEVERS}")
         if settings.scorer not in SCORERS:
             raise ValueError(f"memup_scorer {settings.scorer!r} is not one of {SCORERS}")
-        if settings.reader_url and not settings.reader_tokenizer:
-            raise ValueError("memup_reader_url names another model; give its tokenizer as memup_reader_tokenizer")
+        if settings.scorer == "reader" and getattr(args, "rm_url", None) and not reader_tokenizer(settings, args):
+            raise ValueError("--rm-url names the reader, a model served elsewhere; give its tokenizer (an HF dir) "
+                             "as memup_reader_tokenizer")
         if min(settings.top_k, settings.max_turns, settings.max_context_tokens) < 1:
             raise ValueError("memup_top_k, memup_max_turns and memup_max_context_tokens must be positive")
         if settings.efficiency_min > settings.efficiency_max:
             raise ValueError("memup_efficiency_min is above memup_efficiency_max")
         return settings
+
+
+def reader_tokenizer(settings: MemUpdateSettings, args) -> str | None:
+    """The fixed reader's tokenizer: the setting's, else the reward model's checkpoint."""
+    return settings.reader_tokenizer or getattr(args, "rm_hf_checkpoint", None)

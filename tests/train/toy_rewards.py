@@ -109,3 +109,47 @@ def even_token_share_killing_a_trainer_rank(args, sample) -> float:
             ranks[0].kill()
     return even_token_share(args, sample)
 
+
+
+def even_token_share_asking_a_reward_model(args, sample) -> float:
+    """even_token_share; every call also asks the run's reward model (args.rm_url, --rm-hf-checkpoint) for a greedy
+    reply to a fixed prompt, and appends a line to VIME_TEST_RM_LOG: the sample's weight version, that reply, and
+    the weight version the reward model's engine reports. The first reward of rollout 1 then kills the reward
+    model's engine and waits (holding the lock every call takes) until the engine at args.rm_url serves again."""
+    import json
+    import os
+    import time
+    from pathlib import Path
+    from urllib.parse import urlparse
+
+    import httpx
+    import psutil
+
+    from vime_ext.engines.protocol import GENERATE_ROUTE, SamplingParams, generate_request, parse_generate_response
+
+    log = Path(os.environ["VIME_TEST_RM_LOG"])
+    with _ONCE:
+        body = generate_request([1, 2, 3, 4], SamplingParams(temperature=0.0, max_new_tokens=4), "probe")
+        reply = parse_generate_response(httpx.post(args.rm_url + GENERATE_ROUTE, json=body, timeout=60).json())
+        health = httpx.get(args.rm_url + "/health", timeout=10).json()
+        killed, done_before = False, log.exists() and '"killed"' in log.read_text()
+        if sample.weight_version == 1 and not done_before:
+            port = f"--port {urlparse(args.rm_url).port}"
+            engine = next(p for p in psutil.Process().children(recursive=True) if in_this_run(p, port))
+            engine.kill()
+            killed = True
+            deadline = time.monotonic() + 300
+            while True:  # the manager's watcher starts it again at the same address
+                try:
+                    if httpx.get(args.rm_url + "/health", timeout=5).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the reward model at {args.rm_url} was not restarted")
+                time.sleep(0.5)
+        with open(log, "a") as out:
+            out.write(json.dumps({"version": sample.weight_version, "reply": reply.token_ids, "rm_url": args.rm_url,
+                                  "rm_weight_version": health.get("weight_version"),
+                                  **({"killed": engine.pid} if killed else {})}) + "\n")
+    return even_token_share(args, sample)

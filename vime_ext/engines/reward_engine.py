@@ -1,0 +1,60 @@
+"""A fixed model served beside the policy for the reward function (``--rm-hf-checkpoint``): an LLM judge, or a
+reader that answers questions from what the policy wrote (MemUpdate's QA score).
+
+Its weights never change: the weight sync, sleep and wake skip it, so a reward computed at rollout 1 and at
+rollout 100 comes from the same model (a reward read off the policy itself drifts with it). Its URL reaches
+plug-ins as ``args.rm_url``, slime's name for a reward model's address. A watcher thread starts it again at the
+same address as soon as it exits; a reward request made while it is down fails after the client's retries and
+counts as a failed sample (``--failed-sample-policy``).
+"""
+
+import threading
+
+from vime_ext.engines.servers import EngineConfig, ServerProcess, launch_engine, wait_until_serving
+
+WATCH_EVERY_S = 1.0
+START_TIMEOUT_S = 900.0
+
+
+class RewardModelEngine:
+    def __init__(self, config: EngineConfig):
+        """Starts the engine and waits until it serves."""
+        self.config = config
+        self.restarts = 0
+        self._lock = threading.Lock()  # a restart and a stop never overlap
+        self._stopped = threading.Event()
+        self.server: ServerProcess = launch_engine(config)
+        print(f"starting the reward model's {config.backend} engine ({config.model}); log: {self.server.log_path}",
+              flush=True)
+        try:
+            wait_until_serving([self.server], timeout_s=START_TIMEOUT_S)
+        except BaseException:
+            self.server.stop()
+            raise
+        self._watcher = threading.Thread(target=self._watch, name="reward-model-watcher", daemon=True)
+        self._watcher.start()
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def _watch(self) -> None:
+        while not self._stopped.wait(WATCH_EVERY_S):
+            with self._lock:
+                if self._stopped.is_set() or self.server.alive():
+                    continue
+                print(f"the reward model's engine {self.url} exited (code {self.server.process.returncode}); "
+                      f"restarting it. Its log: {self.server.log_path}", flush=True)
+                try:
+                    self.server = launch_engine(self.config)  # the same port: plug-ins keep args.rm_url
+                    wait_until_serving([self.server], timeout_s=START_TIMEOUT_S)
+                except Exception as err:  # tried again at the next look
+                    print(f"the reward model's engine failed to restart: {err}", flush=True)
+                    continue
+                self.restarts += 1
+
+    def stop(self) -> None:
+        self._stopped.set()
+        with self._lock:
+            self.server.stop()
+        self._watcher.join(timeout=5)
