@@ -4,6 +4,7 @@ parser (as on a CUDA machine) and records them instead of training (a save it wa
 file and an empty iteration); the examples' evaluations and the conversion to HF record their arguments too (the
 conversion writes the config alone); every other python call (data generation, the scaling table) is real."""
 
+import itertools
 import json
 import os
 import subprocess
@@ -346,6 +347,8 @@ def test_the_mem_update_smollm2_recipe_chains_sft_rl_and_both_evaluations(tiny_h
     assert last(rl, "--ref-load") == str(work / "seed_2/sft") and last(rl, "--save") == str(work / "seed_2/rl")
     assert last(rl, "--custom-generate-function-path") == "examples.mem_update.rollout.generate"
     assert "--colocate" in rl and last(rl, "--rollout-max-response-len") == "256" and last(rl, "--seed") == "2"
+    # the training reward's reader is the evaluation's: the base model, served as the run's reward model
+    assert last(rl, "--rm-hf-checkpoint") == str(model) and last(rl, "--rm-gpu-memory-utilization") == "0.1"
     evals = sorted((json.loads(line) for line in (tmp_path / "train_args.json.eval").read_text().splitlines()),
                    key=lambda a: last(a, "--save-file"))
     assert [last(a, "--save-file") for a in evals] == ["rl_s2", "sft_s2"]
@@ -395,3 +398,39 @@ def test_the_learning_runs_results_pack_leaves_weights_and_data_out(tmp_path):
     assert done.returncode == 0, done.stderr
     with tarfile.open(tmp_path / "results.tar.gz") as tar:
         assert sorted(n.removeprefix("./") for n in tar.getnames() if tar.getmember(n).isfile()) == sorted(wanted)
+
+
+def test_the_sweep_runs_a_variant_per_gpu_on_data_prepared_once(tiny_hf_dirs, tmp_path):
+    """tools/gpu_learning.sh sweep: MemAgent's data prepared once (but by a variant that changes it, for itself),
+    then seed 0 of each variant (its variables in its own environment) on a GPU of its own, evaluated at
+    SWEEP_LENGTH alone; then the sweep table, a row per variant."""
+    model, out = tiny_hf_dirs["llama"], tmp_path / "out"
+    env = {"VIME_EXT_OUT": str(out), "HF_CKPT": str(model), "STAND_IN_GPUS": "4", "TRAIN_NUM": "4", "EVAL_NUM": "2",
+           "SFT_NUM": "3", "TRAIN_DOCS": "20", "LENGTH": "20 40", "MEM_CHUNK_TOKENS": "128", "SWEEP_LENGTH": "20",
+           "SWEEP_VARIANTS": "RL_TEMPERATURE=1.3 ; N_SAMPLES_PER_PROMPT=2 ROLLOUT_BATCH_SIZE=2 SFT_NUM=2",
+           "SWEEP_GPUS": "2,3",
+           "MEM_AGENT_ENV": "RL_ROLLOUTS=5"}
+    record = tmp_path / "train_args.json"
+    full = {**os.environ, **env, "PATH": f"{stand_ins(tmp_path, record)}{os.pathsep}{os.environ['PATH']}"}
+    done = subprocess.run(["bash", str(ROOT / "tools/gpu_learning.sh"), "sweep"], env=full, capture_output=True,
+                          text=True, timeout=900)
+    root = out / "sweep"
+    assert done.returncode == 0, (done.stdout + done.stderr + (root / "v0.log").read_text())[-3000:]
+    assert sorted(p.name for p in (root / "data/ruler_hqa").iterdir()) == ["eval_20.json"]  # SWEEP_LENGTH only
+    assert not (root / "v0/data").exists() and (root / "v1/data/sft.jsonl").is_file()  # SFT_NUM: its own data
+    calls = [json.loads(line) for line in (tmp_path / "train_args.json.all").read_text().splitlines()]
+    grpo = {Path(last(c, "--save")).parts[-3]: c for c in calls if "--loss-type" not in c}
+    assert sorted(grpo) == ["v0", "v1"]
+    assert last(grpo["v0"], "--rollout-temperature") == "1.3" and last(grpo["v0"], "--n-samples-per-prompt") == "8"
+    assert last(grpo["v1"], "--rollout-temperature") == "1.0" and last(grpo["v1"], "--n-samples-per-prompt") == "2"
+    assert all(last(c, "--num-rollout") == "5" for c in grpo.values())  # MEM_AGENT_ENV reaches every variant
+    data = {Path(last(c, "--save")).parts[-3]: Path(last(c, "--prompt-data")).parent for c in calls}
+    assert data == {"v0": root / "data", "v1": root / "v1/data"}
+    evals = [json.loads(line) for line in (tmp_path / "train_args.json.eval").read_text().splitlines()]
+    lengths = [list(itertools.takewhile(lambda x: not x.startswith("--"), a[a.index("--length") + 1:])) for a in evals]
+    assert lengths == [["20"]] * 4
+    log = (out / "learning.log").read_text()
+    assert f"start v0 (GPU 2) RL_TEMPERATURE=1.3; data {root}/data" in log
+    assert f"start v1 (GPU 3) N_SAMPLES_PER_PROMPT=2 ROLLOUT_BATCH_SIZE=2 SFT_NUM=2; data {root}/v1/data" in log
+    table = (root / "sweep.md").read_text()
+    assert "| RL_TEMPERATURE=1.3 |" in table and "| N_SAMPLES_PER_PROMPT=2 ROLLOUT_BATCH_SIZE=2 SFT_NUM=2 |" in table

@@ -9,6 +9,7 @@
 # one GPU compete for it (a trainer's memory churn can spoil an engine's start): give each GPUs of its own.
 # Everything goes under VIME_EXT_OUT (default runs/learning)/<example>:
 #   bash tools/gpu_learning.sh run         # both at once; start/end lines in VIME_EXT_OUT/learning.log
+#   bash tools/gpu_learning.sh sweep       # MemAgent's knobs side by side, a variant a GPU (below)
 #   bash tools/gpu_learning.sh pack FILE   # what a person reads, no weights and no generated data: eval JSONL
 #                                          # and summaries, tables, training metrics, logs; FILE.tar.gz
 set -euo pipefail
@@ -46,6 +47,65 @@ run() {
   return "${status}"
 }
 
+# sweep: MemAgent's seed SEED (0) once per variant, each on a GPU of its own (SWEEP_GPUS, default 0,1,2,3, one
+# per variant), to learn which knob gives GRPO something to learn from. SWEEP_VARIANTS: variants separated by ";",
+# each a list of NAME=VALUE words for run-smollm2-gpu.sh (an empty one is the recipe as it is), e.g.
+#   SWEEP_VARIANTS="SFT_EPOCHS=1; RL_TEMPERATURE=1.3; N_SAMPLES_PER_PROMPT=16 ROLLOUT_BATCH_SIZE=8"
+# MEM_AGENT_ENV reaches every variant. The data is prepared once (OUT_DIR/sweep/data), but a variant that sets a
+# variable of the data (SWEEP_DATA_VARS) prepares its own. Variant i runs under OUT_DIR/sweep/v<i> with a Ray port
+# of its own and is evaluated at SWEEP_LENGTH (170 documents, the training length; a list: several lengths) only.
+# Then OUT_DIR/sweep/sweep.md/.json (tools/sweep_table.py): SFT and SFT + RL sub-EM per variant and GRPO's
+# signal (groups of one reward, |advantage|, entropy, KL).
+SWEEP_DATA_VARS="TRAIN_DOCS TRAIN_NUM SFT_NUM DEMO_KEEP MEM_CHUNK_TOKENS MEM_MAX_MEMORY EVAL_NUM"
+
+# sweep_variant DIR GPU DATA_ROOT VARS...: one variant's seed (after its own prepare when DATA_ROOT is in DIR)
+sweep_variant() {
+  local dir=$1 gpu=$2 data=$3 i=$4 stage
+  shift 4
+  for stage in prepare seed; do
+    if [ "${stage}" = prepare ] && [ "${data}" != "${dir}/data" ]; then continue; fi
+    # shellcheck disable=SC2086  # MEM_AGENT_ENV is a list of NAME=VALUE words
+    env ${MEM_AGENT_ENV:-} "$@" CUDA_VISIBLE_DEVICES="${gpu}" SEED="${SEED:-0}" VIME_EXT_OUT="${dir}" \
+      DATA_ROOT="${data}" LENGTH="${SWEEP_LENGTH:-170}" RAY_PORT_BASE=$(( 6400 + 10 * i )) \
+      bash examples/mem_agent/run-smollm2-gpu.sh "${stage}" || return
+  done
+}
+
+sweep() {
+  local root=${OUT_DIR}/sweep variants gpus i pids=() status=0 rows=() vars data name
+  IFS=';' read -r -a variants <<<"${SWEEP_VARIANTS:?SWEEP_VARIANTS: variants separated by ;}"
+  IFS=',' read -r -a gpus <<<"${SWEEP_GPUS:-0,1,2,3}"
+  if (( ${#variants[@]} > ${#gpus[@]} )); then
+    echo "gpu_learning.sh sweep: ${#variants[@]} variants for ${#gpus[@]} GPU(s) (SWEEP_GPUS): one per GPU" >&2
+    return 2
+  fi
+  mkdir -p "${root}"
+  log "sweep: prepare (${root}/data)"
+  # shellcheck disable=SC2086  # MEM_AGENT_ENV is a list of NAME=VALUE words
+  env ${MEM_AGENT_ENV:-} VIME_EXT_OUT="${root}" LENGTH="${SWEEP_LENGTH:-170}" \
+    bash examples/mem_agent/run-smollm2-gpu.sh prepare \
+    >"${root}/prepare.log" 2>&1 || { log "sweep: prepare failed: ${root}/prepare.log"; return 1; }
+  for i in "${!variants[@]}"; do
+    vars=$(xargs <<<"${variants[i]}")  # trimmed
+    data=${root}/data
+    for name in ${SWEEP_DATA_VARS}; do
+      if [[ " ${vars} " == *" ${name}="* ]]; then data=${root}/v${i}/data; fi
+    done
+    log "sweep: start v${i} (GPU ${gpus[i]}) ${vars:-(the recipe)}; data ${data}"
+    mkdir -p "${root}/v${i}"
+    # shellcheck disable=SC2086  # a variant is a list of NAME=VALUE words
+    sweep_variant "${root}/v${i}" "${gpus[i]}" "${data}" "${i}" ${vars} >"${root}/v${i}.log" 2>&1 &
+    pids+=($!)
+    rows+=(--variant "${vars}=${root}/v${i}")
+  done
+  for i in "${!pids[@]}"; do
+    if wait "${pids[i]}"; then log "sweep: end v${i}: exit 0"; else log "sweep: end v${i}: failed"; status=1; fi
+  done
+  python tools/sweep_table.py "${rows[@]}" --out "${root}/sweep" || status=1
+  log "sweep done: exit ${status}"
+  return "${status}"
+}
+
 # pack FILE: the readable results so far (the run may still be going), weights and generated data left out
 pack() {
   local file=${1:?usage: gpu_learning.sh pack FILE}
@@ -58,6 +118,7 @@ pack() {
 
 case "${1:-}" in
   run) run ;;
+  sweep) sweep ;;
   pack) pack "${2:-}" ;;
-  *) echo "usage: gpu_learning.sh run|pack FILE" >&2; exit 2 ;;
+  *) echo "usage: gpu_learning.sh run|sweep|pack FILE" >&2; exit 2 ;;
 esac

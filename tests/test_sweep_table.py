@@ -1,0 +1,39 @@
+"""tools/sweep_table.py on the fourth run's files (4 x H200, seed 0), laid out as a sweep variant's folder."""
+
+import json
+import shutil
+from pathlib import Path
+from statistics import mean
+
+from tools.sweep_table import main
+
+RUN = Path(__file__).resolve().parents[1] / "docs/runs/mem_agent_smollm2_h200x4_run4"
+
+
+def test_a_variant_row_has_both_models_sub_em_and_grpo_signal(tmp_path):
+    run = tmp_path / "v0"
+    (run / "eval/ruler_hqa_170").mkdir(parents=True)
+    for name in ("sft_s0", "rl_s0"):
+        shutil.copy(RUN / f"eval/ruler_hqa_170/{name}.summary.json", run / "eval/ruler_hqa_170")
+    (run / "seed_0/rl/tensorboard").mkdir(parents=True)
+    shutil.copy(RUN / "rl_s0.metrics.jsonl", run / "seed_0/rl/tensorboard/metrics.jsonl")
+    empty = tmp_path / "v1"  # a variant whose seed failed before anything was written
+    empty.mkdir()
+    rows = main(["--variant", f"RL_TEMPERATURE=1.3={run}", "--variant", f"={empty}", "--out", str(tmp_path / "s")])
+
+    steps = [json.loads(line) for line in (RUN / "rl_s0.metrics.jsonl").read_text().splitlines()]
+    steps = list({r["step"]: r for r in steps if "train/loss" in r}.values())
+    sft = json.loads((RUN / "eval/ruler_hqa_170/sft_s0.summary.json").read_text())
+    rl = json.loads((RUN / "eval/ruler_hqa_170/rl_s0.summary.json").read_text())
+    row = rows[0]
+    assert row["variant"] == "RL_TEMPERATURE=1.3" and row["rl_steps"] == len(steps) == 12
+    assert row["lengths"][170] == {"sft": {"sub_em": sft["sub_em"], "scored": 32},
+                                   "rl": {"sub_em": rl["sub_em"], "scored": 32}}
+    assert row["|adv|"] == mean(r["rollout/advantage_abs_mean"] for r in steps)
+    assert row["entropy"] == mean(r["train/entropy"] for r in steps)
+    assert row["uniform groups"] is None  # the fourth run predates the metric
+    assert row["reward first/last"] == (steps[0]["rollout/reward_mean"], steps[-1]["rollout/reward_mean"])
+    table = (tmp_path / "s.md").read_text()
+    assert f"| RL_TEMPERATURE=1.3 | {sft['sub_em']:.1f} (32) | {rl['sub_em']:.1f} (32) | 12 | - |" in table
+    assert "| (the recipe) | - | - | 0 | - | - | - | - | - |" in table
+    assert json.loads((tmp_path / "s.json").read_text())[1]["rl_steps"] == 0

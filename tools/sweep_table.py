@@ -1,0 +1,99 @@
+"""One row per variant of a MemAgent knob sweep (``tools/gpu_learning.sh sweep``): the SFT and SFT + RL models'
+sub-EM at the evaluated length, and whether GRPO had anything to learn from (the share of groups whose samples all
+got the same reward, the mean |advantage|, the policy's entropy, its KL to the SFT model, the training reward).
+
+    python tools/sweep_table.py --variant "SFT_EPOCHS=1"=runs/sweep/v0 --variant ...=DIR --out runs/sweep/sweep
+
+A variant's DIR is its recipe's VIME_EXT_OUT (eval/ruler_hqa_<docs>/{sft,rl}_s<seed>.summary.json,
+seed_<seed>/rl/tensorboard/metrics.jsonl). Writes OUT.md and OUT.json and prints the table; a part a variant lacks
+(its GRPO failed, its evaluation was cut) is shown as "-".
+"""
+
+import argparse
+import json
+from pathlib import Path
+from statistics import mean
+
+SIGNALS = {"uniform groups": "rollout/uniform_reward_groups", "|adv|": "rollout/advantage_abs_mean",
+           "entropy": "train/entropy", "KL": "train/kl"}
+
+
+def read_json(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def training_rows(path: Path) -> list[dict]:
+    """The last line logged per rollout step that trained (evaluation lines carry no train/loss)."""
+    if not path.is_file():
+        return []
+    rows = {}
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        if "train/loss" in row:
+            rows[row["step"]] = row
+    return [rows[k] for k in sorted(rows)]
+
+
+def variant_row(name: str, run: Path) -> dict:
+    row = {"variant": name, "dir": str(run), "lengths": {}}
+    for summary in sorted(run.glob("eval/ruler_hqa_*/*.summary.json")):
+        docs, data = int(summary.parent.name.rsplit("_", 1)[1]), read_json(summary)
+        model = "sft" if data["save_file"].startswith("sft_") else "rl" if data["save_file"].startswith("rl_") else None
+        if model:
+            row["lengths"].setdefault(docs, {})[model] = {"sub_em": data["sub_em"], "scored": data["scored"]}
+    steps = [r for path in sorted(run.glob("seed_*/rl/tensorboard/metrics.jsonl")) for r in training_rows(path)]
+    row["rl_steps"] = len(steps)
+    for label, key in SIGNALS.items():
+        values = [r[key] for r in steps if key in r]
+        row[label] = mean(values) if values else None
+    rewards = [r["rollout/reward_mean"] for r in steps]
+    row["reward first/last"] = (rewards[0], rewards[-1]) if rewards else None
+    return row
+
+
+def fmt(value, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, tuple):
+        return " / ".join(fmt(v, 2) for v in value)
+    return f"{value:.{digits}f}"
+
+
+def markdown(rows: list[dict]) -> str:
+    lengths = sorted({docs for r in rows for docs in r["lengths"]})
+    header = ["variant"] + [f"{m} sub-EM ({d} docs)" for d in lengths for m in ("SFT", "SFT + RL")] + \
+        ["RL steps", *SIGNALS, "reward first / last"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in rows:
+        cells = [r["variant"] or "(the recipe)"]
+        for d in lengths:
+            for m in ("sft", "rl"):
+                got = r["lengths"].get(d, {}).get(m)
+                cells.append(f"{got['sub_em']:.1f} ({got['scored']})" if got else "-")
+        cells += [str(r["rl_steps"])] + [fmt(r[label]) for label in SIGNALS] + [fmt(r["reward first/last"])]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n\nsub-EM (items scored); the signals are means over the GRPO steps.\n"
+
+
+def main(argv=None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--variant", action="append", required=True, metavar="NAME=DIR",
+                        help="a variant's name (its variables) and its recipe's output folder; repeatable")
+    parser.add_argument("--out", required=True, help="OUT.md and OUT.json are written")
+    args = parser.parse_args(argv)
+    rows = []
+    for spec in args.variant:
+        name, sep, folder = spec.rpartition("=")
+        if not sep or not Path(folder).is_dir():
+            parser.error(f"--variant {spec!r}: expected NAME=DIR with DIR a folder")
+        rows.append(variant_row(name, Path(folder)))
+    text = markdown(rows)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out + ".md").write_text(text)
+    Path(args.out + ".json").write_text(json.dumps(rows, indent=1))
+    print(text)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
