@@ -8,8 +8,9 @@
 
 For each N (one after the other, or with ``--lengths-at-once`` all at the same time) it reads ``DATA_ROOT/eval_{N}.json`` and writes ``SAVE_DIR/ruler_hqa_{N}/{SAVE_FILE}.jsonl`` (one line
 per item: ``_id``, ``answer`` (gold), ``pred``, ``judge_f1``, ``judge_em``, ``judge_sub_em``, ``response``, the
-document's ``doc_tokens`` and ``chunks``, the final ``memory`` the answer was read from, the item's ``seconds``,
-and its other keys except ``context``) and
+document's ``doc_tokens`` and ``chunks``, the final ``memory`` the answer was read from, ``answer_trace`` (a
+character per chunk: 1 when the memory after it held a gold answer), the item's ``seconds``, and its other keys
+except ``context``) and
 ``{SAVE_FILE}.summary.json`` (f1/em/sub_em x100 over the scored items, the counts of failed and refused items,
 and the cost per item: mean document tokens, chunks, seconds and document tokens read per second). Resumable: items already in the output are skipped; a line cut by
 a kill is dropped and its item run again. Items the engine failed on are listed in ``{SAVE_FILE}.failed.jsonl``
@@ -82,7 +83,7 @@ async def evaluate_length(args, url: str, data_file: Path, out_dir: Path, save_f
         item, entry = entries[item_id]
         return {**score_row(item, entry, sample.response, settings.answer_format),
                 **{key: sample.metadata.get(key, 0) for key in ("tokens_cut", "doc_tokens", "chunks")},
-                "memory": sample.metadata.get("memory", "")}
+                "memory": sample.metadata.get("memory", ""), "answer_trace": sample.metadata.get("answer_trace", "")}
 
     done = await evaluate_items(args, url, slots, generate, scored, params, out_dir / f"{save_file}.jsonl",
                                 n_proc, force, desc=data_file.name)

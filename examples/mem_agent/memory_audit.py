@@ -1,7 +1,9 @@
 """What the memories of an evaluation hold, beside its score: for every model and length, how many final replies
 box an answer, how often the gold answer is in the memory the reply was read from, and how much of each memory
 was copied from the document (its sentences found there word for word) rather than written by the model. A model
-that scores 0 can fail at any of these steps; this says which.
+that scores 0 can fail at any of these steps; this says which. Rows with an ``answer_trace`` (the memory after
+each chunk held a gold answer or not) also say whether a missing answer never reached the memory or was
+overwritten after it had.
 
     python -m examples.mem_agent.memory_audit --save-dir SAVE_DIR --data-root DATA_ROOT [--out audit.json]
 
@@ -16,17 +18,18 @@ import statistics
 from pathlib import Path
 
 from examples.mem_agent.data import QAItem, read_eval_file
-from examples.mem_agent.scoring import extract_answer, normalize
+from examples.mem_agent.scoring import extract_answer, holds_answer
 
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 COLUMNS = (("items", "items", 0), ("boxed", "boxed answer %", 1), ("answer_in_memory", "answer in memory %", 1),
+           ("answer_ever", "answer ever in memory %", 1), ("answer_lost", "answer lost after it was kept %", 1),
            ("sentences", "memory sentences", 1), ("copied", "copied from the document %", 1))
 
 
 def audit_rows(rows: list[dict], items: dict[str, QAItem], where: Path) -> dict:
     """The audit of one model at one length (``where``); ``items``: the eval file's, by index."""
     boxed = answer_kept = 0
-    sentences, copied = [], []
+    sentences, copied, traces = [], [], []
     for line, row in enumerate(rows, 1):
         item = items.get(str(row["index"]))
         if item is None or list(item.answers) != list(row["answers"]):
@@ -35,12 +38,19 @@ def audit_rows(rows: list[dict], items: dict[str, QAItem], where: Path) -> dict:
         context = item.context
         memory = row.get("memory") or ""
         boxed += extract_answer(row.get("response") or "", "boxed") is not None
-        answer_kept += any(normalize(gold) and normalize(gold) in normalize(memory) for gold in row["answers"])
+        answer_kept += holds_answer(memory, row["answers"])
+        if row.get("answer_trace"):  # rows of evaluations before the trace existed have none
+            traces.append(row["answer_trace"])
         written = [s.strip() for s in SENTENCE_END.split(memory) if s.strip()]
         sentences.append(len(written))
         copied += [s in context for s in written]
     n = len(rows)
+    ever = [t for t in traces if "1" in t]
     return {"items": n, "boxed": 100 * boxed / n, "answer_in_memory": 100 * answer_kept / n,
+            # of the items with a trace: the answer reached the memory at some chunk; and of those, it was gone
+            # from the memory at the end (overwritten rather than never written)
+            "answer_ever": 100 * len(ever) / len(traces) if traces else None,
+            "answer_lost": 100 * sum(t[-1] == "0" for t in ever) / len(ever) if ever else None,
             "sentences": statistics.fmean(sentences), "copied": 100 * statistics.fmean(copied) if copied else None}
 
 

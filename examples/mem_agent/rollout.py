@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from examples.mem_agent.prompts import NO_MEMORY, final_prompt, memory_prompt
+from examples.mem_agent.scoring import holds_answer
 from vime_ext.agent.settings import settings_from_args
 from vime_ext.agent.trajectory import Trajectory
 
@@ -75,6 +76,7 @@ async def generate(args, sample, sampling_params, evaluation: bool = False):
         log.warning("sample %s: document cut after %d chunks of %d tokens; %d tokens unread", sample.index,
                     len(chunks), settings.chunk_tokens, cut)
     question, memory, out = str(sample.prompt), NO_MEMORY, []
+    trace = []  # evaluation: after each chunk, whether the memory holds a gold answer (where it came and went)
     memory_params = replace(sampling_params, max_new_tokens=settings.max_memory)
     for chunk in chunks:
         chat = Trajectory(args.tokenizer, [{"role": "user", "content": memory_prompt(question, memory, chunk)}])
@@ -84,6 +86,8 @@ async def generate(args, sample, sampling_params, evaluation: bool = False):
         if not evaluation:  # training sequences; an evaluation scores the final answer alone (and at a million
             out.append(chat.to_sample(sample))  # tokens, 500 kept chats an item would be gigabytes)
         memory = reply.strip() or memory
+        if evaluation:
+            trace.append("1" if holds_answer(memory, sample.label) else "0")
     chat = Trajectory(args.tokenizer, [{"role": "user",
                                         "content": final_prompt(question, memory, settings.answer_format)}])
     if settings.answer_prefix:
@@ -92,6 +96,8 @@ async def generate(args, sample, sampling_params, evaluation: bool = False):
                         session_id=f"{sample.index}")
     final = chat.to_sample(sample)
     final.metadata.update(memory=memory, chunks=len(chunks), tokens_cut=cut, doc_tokens=doc_tokens)
+    if evaluation:
+        final.metadata["answer_trace"] = "".join(trace)
     final.metrics.update(chunks=float(len(chunks)), tokens_cut=float(cut),
                          memory_tokens=float(len(args.tokenizer(memory, add_special_tokens=False)["input_ids"])))
     return out + [final]

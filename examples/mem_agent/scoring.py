@@ -43,3 +43,10 @@ def exact_match(prediction: str, gold: str) -> float:
 def substring_match(prediction: str, gold: str) -> float:
     p, g = normalize(prediction), normalize(gold)
     return float(bool(p) and bool(g) and (p in g or g in p))
+
+
+def holds_answer(memory: str, answers) -> bool:
+    """Whether ``memory`` contains one of the gold ``answers`` (normalised, as sub-EM compares)."""
+    answers = [answers] if isinstance(answers, str) else list(answers or [])
+    memory = normalize(memory)
+    return any(normalize(gold) and normalize(gold) in memory for gold in answers)

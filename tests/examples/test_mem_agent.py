@@ -280,6 +280,7 @@ def test_an_evaluation_keeps_the_final_chat_and_a_long_document_does_not_stall_t
 
     from examples.mem_agent.data import generate_item
     from examples.mem_agent.rollout import generate, split_chunks
+    from examples.mem_agent.scoring import holds_answer
     from vime_ext.agent.sample import Sample
     from vime_ext.engines.client import RolloutClient
     from vime_ext.engines.protocol import SamplingParams
@@ -312,6 +313,10 @@ def test_an_evaluation_keeps_the_final_chat_and_a_long_document_does_not_stall_t
 
     (final,), gap = asyncio.run(run(evaluation=True))
     assert final.metadata["chunks"] == 2 and isinstance(final.metadata["memory"], str)
+    # a character per chunk read; the last says whether the final memory holds the answer
+    trace = final.metadata["answer_trace"]
+    assert len(trace) == 2 and set(trace) <= {"0", "1"}
+    assert (trace[-1] == "1") == holds_answer(final.metadata["memory"], item.answers)
     assert gap < split_s / 3, (gap, split_s)
     training, _ = asyncio.run(run(evaluation=False))
     assert len(training) == 4  # a memory chat for each of mem_max_chunks (3) and the final one
@@ -348,7 +353,8 @@ def test_a_resumed_eval_scores_every_item_once(engine, tmp_path):
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert summary["scored"] == 6 and summary["failed"] == 0 and sorted(r["_id"] for r in rows) == list("012345")
     assert set(rows[0]) >= {"_id", "answer", "pred", "judge_f1", "judge_em", "judge_sub_em", "response", "input",
-                            "answers", "num_docs", "index", "memory"} and "context" not in rows[0]
+                            "answers", "num_docs", "index", "memory", "answer_trace"} and "context" not in rows[0]
+    assert all(len(r["answer_trace"]) == r["chunks"] for r in rows)
     # What each item cost: its document's tokens (the tokenizer's count of the whole context) and chunks, its time.
     tokens = [len(model_tokenizer(e["context"], add_special_tokens=False)["input_ids"])
               for e in json.loads((tmp_path / "data/eval_3.json").read_text())]
