@@ -181,18 +181,26 @@ smollm2_recipe_defaults() {
 # one optimizer step each, lr RL_LR, contexts of MAX_MODEL_LEN, a Ray head on RAY_PORT_BASE + SEED (seeds run at
 # once on one machine), sampling at RL_TEMPERATURE (1.0). RL_MINUTES (unset: no limit) bounds the run's time
 # (--exit-duration-in-mins): it stops after the first rollout that ends past it and saves that one, so that what
-# follows (the evaluation) still fits a machine's time slot. The caller sets TRAIN_DATA.
+# follows (the evaluation) still fits a machine's time slot. Two knobs for a warm start too peaked for GRPO's
+# groups to differ (unset: off): RL_ENTROPY_COEF, an entropy bonus (--entropy-coef); RL_OVERSAMPLE=K, DAPO's
+# dynamic sampling (only groups whose rewards differ train; K x ROLLOUT_BATCH_SIZE prompts drawn a round). The
+# caller sets TRAIN_DATA.
 grpo_from_sft() {
-  local script=$1 work=$2 seed=$3 limit=()
+  local script=$1 work=$2 seed=$3 knobs=()
   shift 3
-  if [ -n "${RL_MINUTES:-}" ]; then limit=(--exit-duration-in-mins "${RL_MINUTES}"); fi
+  if [ -n "${RL_MINUTES:-}" ]; then knobs=(--exit-duration-in-mins "${RL_MINUTES}"); fi
+  if [ -n "${RL_ENTROPY_COEF:-}" ]; then knobs+=(--entropy-coef "${RL_ENTROPY_COEF}"); fi
+  if [ -n "${RL_OVERSAMPLE:-}" ]; then
+    knobs+=(--dynamic-sampling-filter-path vime_ext.rollout.filters.check_reward_nonzero_std
+            --over-sampling-batch-size $(( ROLLOUT_BATCH_SIZE * RL_OVERSAMPLE )))
+  fi
   TORCH_DIST=${work}/seed_${seed}/sft MODEL_ARGS_SCRIPT="" COLOCATE=1 ACTOR_GPUS=1 OPTIMIZER_OFFLOAD=0 \
     SAVE_PATH=${work}/seed_${seed}/rl NUM_ROLLOUT=${RL_ROLLOUTS} ROLLOUT_BATCH_SIZE=${ROLLOUT_BATCH_SIZE} \
     N_SAMPLES_PER_PROMPT=${N_SAMPLES_PER_PROMPT} GLOBAL_BATCH_SIZE=$(( ROLLOUT_BATCH_SIZE * N_SAMPLES_PER_PROMPT )) \
     SAVE_INTERVAL=${RL_ROLLOUTS} SAVE_OPTIM=0 ENGINE_MEMORY=${ENGINE_MEMORY:-0.3} RAY_PORT=$(( ${RAY_PORT_BASE:-6380} + seed )) \
     bash "${script}" --lr "${RL_LR}" --seed "${seed}" --engine-max-model-len "${MAX_MODEL_LEN}" \
     --rollout-temperature "${RL_TEMPERATURE:-1.0}" \
-    --max-tokens-per-gpu 32768 --recompute-granularity selective "${limit[@]}" "$@"
+    --max-tokens-per-gpu 32768 --recompute-granularity selective "${knobs[@]}" "$@"
 }
 
 # grpo_beside_sft_eval EVALUATE WORK SEED LAUNCH_SCRIPT [train.py flags]: the SFT save's evaluation (the caller's

@@ -407,7 +407,8 @@ def test_the_sweep_runs_a_variant_per_gpu_on_data_prepared_once(tiny_hf_dirs, tm
     model, out = tiny_hf_dirs["llama"], tmp_path / "out"
     env = {"VIME_EXT_OUT": str(out), "HF_CKPT": str(model), "STAND_IN_GPUS": "4", "TRAIN_NUM": "4", "EVAL_NUM": "2",
            "SFT_NUM": "3", "TRAIN_DOCS": "20", "LENGTH": "20 40", "MEM_CHUNK_TOKENS": "128", "SWEEP_LENGTH": "20",
-           "SWEEP_VARIANTS": "RL_TEMPERATURE=1.3 ; N_SAMPLES_PER_PROMPT=2 ROLLOUT_BATCH_SIZE=2 SFT_NUM=2",
+           "SWEEP_VARIANTS": "RL_TEMPERATURE=1.3 RL_ENTROPY_COEF=0.01; N_SAMPLES_PER_PROMPT=2 ROLLOUT_BATCH_SIZE=2 "
+                             "SFT_NUM=2 RL_OVERSAMPLE=4",
            "SWEEP_GPUS": "2,3",
            "MEM_AGENT_ENV": "RL_ROLLOUTS=5"}
     record = tmp_path / "train_args.json"
@@ -424,13 +425,18 @@ def test_the_sweep_runs_a_variant_per_gpu_on_data_prepared_once(tiny_hf_dirs, tm
     assert last(grpo["v0"], "--rollout-temperature") == "1.3" and last(grpo["v0"], "--n-samples-per-prompt") == "8"
     assert last(grpo["v1"], "--rollout-temperature") == "1.0" and last(grpo["v1"], "--n-samples-per-prompt") == "2"
     assert all(last(c, "--num-rollout") == "5" for c in grpo.values())  # MEM_AGENT_ENV reaches every variant
+    # the knobs for a peaked warm start: an entropy bonus; DAPO's dynamic sampling, 4 x 2 prompts a round
+    assert last(grpo["v0"], "--entropy-coef") == "0.01" and "--dynamic-sampling-filter-path" not in grpo["v0"]
+    assert "--entropy-coef" not in grpo["v1"] and last(grpo["v1"], "--over-sampling-batch-size") == "8"
+    assert last(grpo["v1"], "--dynamic-sampling-filter-path") == "vime_ext.rollout.filters.check_reward_nonzero_std"
     data = {Path(last(c, "--save")).parts[-3]: Path(last(c, "--prompt-data")).parent for c in calls}
     assert data == {"v0": root / "data", "v1": root / "v1/data"}
     evals = [json.loads(line) for line in (tmp_path / "train_args.json.eval").read_text().splitlines()]
     lengths = [list(itertools.takewhile(lambda x: not x.startswith("--"), a[a.index("--length") + 1:])) for a in evals]
     assert lengths == [["20"]] * 4
     log = (out / "learning.log").read_text()
-    assert f"start v0 (GPU 2) RL_TEMPERATURE=1.3; data {root}/data" in log
-    assert f"start v1 (GPU 3) N_SAMPLES_PER_PROMPT=2 ROLLOUT_BATCH_SIZE=2 SFT_NUM=2; data {root}/v1/data" in log
+    assert f"start v0 (GPU 2) RL_TEMPERATURE=1.3 RL_ENTROPY_COEF=0.01; data {root}/data" in log
+    v1 = "N_SAMPLES_PER_PROMPT=2 ROLLOUT_BATCH_SIZE=2 SFT_NUM=2 RL_OVERSAMPLE=4"
+    assert f"start v1 (GPU 3) {v1}; data {root}/v1/data" in log
     table = (root / "sweep.md").read_text()
-    assert "| RL_TEMPERATURE=1.3 |" in table and "| N_SAMPLES_PER_PROMPT=2 ROLLOUT_BATCH_SIZE=2 SFT_NUM=2 |" in table
+    assert "| RL_TEMPERATURE=1.3 RL_ENTROPY_COEF=0.01 |" in table and f"| {v1} |" in table
