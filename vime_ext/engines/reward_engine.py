@@ -40,18 +40,25 @@ class RewardModelEngine:
 
     def _watch(self) -> None:
         while not self._stopped.wait(WATCH_EVERY_S):
-            with self._lock:
+            with self._lock:  # the launch only: a stop meanwhile stops the new process, and the wait below ends
                 if self._stopped.is_set() or self.server.alive():
                     continue
                 print(f"the reward model's engine {self.url} exited (code {self.server.process.returncode}); "
                       f"restarting it. Its log: {self.server.log_path}", flush=True)
                 try:
                     self.server = launch_engine(self.config)  # the same port: plug-ins keep args.rm_url
-                    wait_until_serving([self.server], timeout_s=START_TIMEOUT_S)
                 except Exception as err:  # tried again at the next look
                     print(f"the reward model's engine failed to restart: {err}", flush=True)
                     continue
-                self.restarts += 1
+            try:
+                wait_until_serving([self.server], timeout_s=START_TIMEOUT_S)
+            except Exception as err:  # it died starting, or hung (stopped here): the next look starts it again
+                with self._lock:
+                    if not self._stopped.is_set():
+                        print(f"the reward model's engine failed to restart: {err}", flush=True)
+                        self.server.stop()
+                continue
+            self.restarts += 1
 
     def stop(self) -> None:
         self._stopped.set()
