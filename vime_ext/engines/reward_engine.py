@@ -4,8 +4,8 @@ reader that answers questions from what the policy wrote (MemUpdate's QA score).
 Its weights never change: the weight sync, sleep and wake skip it, so a reward computed at rollout 1 and at
 rollout 100 comes from the same model (a reward read off the policy itself drifts with it). Its URL reaches
 plug-ins as ``args.rm_url``, slime's name for a reward model's address. A watcher thread starts it again at the
-same address as soon as it exits; a reward request made while it is down fails after the client's retries and
-counts as a failed sample (``--failed-sample-policy``).
+same address as soon as it exits; a reward request made while it is down fails after the client's retries, and
+a reward function that raises on it fails its sample (``--failed-sample-policy``).
 """
 
 import threading
