@@ -11,33 +11,30 @@ seed_<seed>/rl/tensorboard/metrics.jsonl). Writes OUT.md and OUT.json and prints
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from statistics import mean
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tools.loop_efficiency import read_metrics  # noqa: E402
 
 SIGNALS = {"uniform groups": "rollout/uniform_reward_groups", "|adv|": "rollout/advantage_abs_mean",
            "entropy": "train/entropy", "KL": "train/kl"}
 
 
-def read_json(path: Path) -> dict | None:
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
 def training_rows(path: Path) -> list[dict]:
-    """The last line logged per rollout step that trained (evaluation lines carry no train/loss)."""
-    if not path.is_file():
+    """The last line logged per rollout step that trained (evaluation lines carry no train/loss); none for a run
+    that never logged a step."""
+    if not path.is_file() or path.stat().st_size == 0:
         return []
-    rows = {}
-    for line in path.read_text().splitlines():
-        row = json.loads(line)
-        if "train/loss" in row:
-            rows[row["step"]] = row
+    rows = {row["step"]: row for row in read_metrics(path) if "train/loss" in row}
     return [rows[k] for k in sorted(rows)]
 
 
 def variant_row(name: str, run: Path) -> dict:
     row = {"variant": name, "dir": str(run), "lengths": {}}
     for summary in sorted(run.glob("eval/ruler_hqa_*/*.summary.json")):
-        docs, data = int(summary.parent.name.rsplit("_", 1)[1]), read_json(summary)
+        docs, data = int(summary.parent.name.rsplit("_", 1)[1]), json.loads(summary.read_text())
         model = "sft" if data["save_file"].startswith("sft_") else "rl" if data["save_file"].startswith("rl_") else None
         if model:
             row["lengths"].setdefault(docs, {})[model] = {"sub_em": data["sub_em"], "scored": data["scored"]}
