@@ -203,16 +203,24 @@ grpo_from_sft() {
     --max-tokens-per-gpu 32768 --recompute-granularity selective "${knobs[@]}" "$@"
 }
 
-# grpo_beside_sft_eval EVALUATE WORK SEED LAUNCH_SCRIPT [train.py flags]: the SFT save's evaluation (the caller's
-# EVALUATE sft_sSEED WORK/seed_SEED/sft, logged to WORK/seed_SEED/sft_eval.log) in the background while GRPO from it
-# (grpo_from_sft) runs on the same GPU, then the RL save's (EVALUATE rl_sSEED WORK/seed_SEED/rl). The SFT row
-# exists even when GRPO fails, and the seed's last step is one evaluation instead of two. Fails if any part did.
+# grpo_beside_sft_eval EVALUATE WORK SEED LAUNCH_SCRIPT [train.py flags]: GRPO from the SFT save (grpo_from_sft) and,
+# on the same GPU once GRPO has logged its first rollout (or ended), the SFT save's evaluation (the caller's
+# EVALUATE sft_sSEED WORK/seed_SEED/sft, logged to WORK/seed_SEED/sft_eval.log); then the RL save's (EVALUATE
+# rl_sSEED WORK/seed_SEED/rl). The SFT row exists even when GRPO fails, and the seed's last step is one evaluation
+# instead of two. Fails if any part did. Why the evaluation waits: engines on one GPU start one at a time, and
+# GRPO's, queued behind the evaluation's (MemUpdate's: a model and a reader), lost 2-3 minutes of RL_MINUTES
+# (4 x H200 runs of 2026-11-26 and 27).
 grpo_beside_sft_eval() {
-  local evaluate=$1 work=$2 seed=$3 script=$4 sft_eval status=0
+  local evaluate=$1 work=$2 seed=$3 script=$4 grpo sft_eval status=0
+  local metrics=${work}/seed_${seed}/rl/tensorboard/metrics.jsonl
   shift 4
+  grpo_from_sft "${script}" "${work}" "${seed}" "$@" &
+  grpo=$!
+  while kill -0 "${grpo}" 2>/dev/null && [ ! -s "${metrics}" ]; do sleep 2; done
+  echo "$(date +%T) the SFT evaluation starts (GRPO's first rollout is logged, or GRPO ended)"
   "${evaluate}" "sft_s${seed}" "${work}/seed_${seed}/sft" >"${work}/seed_${seed}/sft_eval.log" 2>&1 &
   sft_eval=$!
-  grpo_from_sft "${script}" "${work}" "${seed}" "$@" || status=$?
+  wait "${grpo}" || status=$?
   if [ "${status}" = 0 ]; then
     "${evaluate}" "rl_s${seed}" "${work}/seed_${seed}/rl" || status=$?
   else

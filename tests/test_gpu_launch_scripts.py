@@ -219,6 +219,36 @@ def evaluations_of_all(script: str, env: dict, record: Path) -> list[list[str]]:
     return [json.loads(line) for line in record.read_text().splitlines()[calls:]]
 
 
+@pytest.mark.parametrize("grpo_fails", [False, True])
+def test_the_sft_evaluation_starts_after_grpos_first_rollout(grpo_fails, tmp_path):
+    """grpo_beside_sft_eval (_common.sh, real) with GRPO and the evaluations as shell stand-ins: the SFT save's
+    evaluation starts once GRPO has logged its first rollout, so that GRPO's engines do not queue behind the
+    evaluation's, and runs while GRPO trains on; a GRPO run that fails before logging one still gets its SFT
+    evaluation, and no RL one."""
+    log, work = tmp_path / "order", tmp_path / "work"
+    (work / "seed_0").mkdir(parents=True)
+    script = f"""
+source {ROOT}/_common.sh
+grpo_from_sft() {{  # the engines start, a rollout is logged, training goes on
+  echo grpo-start >>{log}; sleep 1
+  if [ "{int(grpo_fails)}" = 1 ]; then echo grpo-failed >>{log}; return 3; fi
+  mkdir -p "$2/seed_$3/rl/tensorboard" && echo '{{"step": 0}}' >"$2/seed_$3/rl/tensorboard/metrics.jsonl"
+  echo grpo-rollout-0 >>{log}; sleep 6; echo grpo-end >>{log}
+}}
+evaluate() {{ echo "evaluate $1 $2" >>{log}; }}
+grpo_beside_sft_eval evaluate {work} 0 launch.sh --lr 1
+"""
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+    order = log.read_text().splitlines()
+    if grpo_fails:
+        assert done.returncode != 0 and "GRPO failed (exit 3)" in done.stderr
+        assert order == ["grpo-start", "grpo-failed", f"evaluate sft_s0 {work}/seed_0/sft"]
+    else:
+        assert done.returncode == 0, done.stderr
+        assert order == ["grpo-start", "grpo-rollout-0", f"evaluate sft_s0 {work}/seed_0/sft", "grpo-end",
+                         f"evaluate rl_s0 {work}/seed_0/rl"]
+
+
 def test_the_smollm2_learning_recipe_chains_sft_rl_and_both_evaluations(tiny_hf_dirs, tmp_path):
     """run-smollm2-gpu.sh on one GPU: prepare writes the held-out split (real), then a seed's SFT run, its GRPO
     run through the Qwen3-4B launch script starting from the SFT save, and both saves converted and evaluated at
@@ -252,7 +282,7 @@ def test_the_smollm2_learning_recipe_chains_sft_rl_and_both_evaluations(tiny_hf_
 
     sft, rl = [json.loads(line) for line in (tmp_path / "train_args.json.all").read_text().splitlines()]
     assert last(sft, "--loss-type") == "sft_loss" and last(sft, "--save") == str(work / "seed_1/sft")
-    assert last(sft, "--num-rollout") == last(sft, "--eval-interval") == str(-(-3 * len(sft_chats) // 64))  # 3 passes
+    assert last(sft, "--num-rollout") == last(sft, "--eval-interval") == str(-(-len(sft_chats) // 64))  # 1 pass
     assert last(sft, "--lr") == "1e-4"
     assert "--bf16" in sft and last(sft, "--seed") == "1" and last(sft, "--hf-checkpoint") == str(model)
     # GRPO: the example's own launch script, colocated on the one GPU, from the SFT save, boxed answers.
@@ -295,7 +325,7 @@ def test_the_smollm2_learning_recipe_chains_sft_rl_and_both_evaluations(tiny_hf_
     assert "| base | 1 | 50.0 | 50.0 |" in table and "| ceiling: a reader that keeps only the novel's facts |" in table
     assert (work / "table/memory_audit.md").is_file()
     # A seed whose GRPO run fails (here train.py refuses its flags) still has its SFT model evaluated: that
-    # evaluation runs beside GRPO, not after it.
+    # evaluation does not wait for GRPO to succeed.
     calls = len((tmp_path / "train_args.json.eval").read_text().splitlines())
     done = subprocess.run(["bash", str(ROOT / "examples/mem_agent/run-smollm2-gpu.sh"), "seed", "--eps-clip", "x"],
                           env={**full, "SEED": "3"}, capture_output=True, text=True, timeout=600)
