@@ -48,6 +48,7 @@ DEMO_MEMORY=$(( MEM_MAX_MEMORY - 8 )) DEMO_KEEP=${DEMO_KEEP:-relevant}
 smollm2_recipe_defaults
 
 prepare() {
+  echo "$(date +%T) prepare: start"  # the time line of a lease (the fifth run could not place 4 minutes)
   python -m examples.mem_agent.prepare_data --generate --num "${TRAIN_NUM}" --num-docs "${TRAIN_DOCS}" --hops 2 \
     --entities train --seed 0 --out "${DATA_ROOT}/train.jsonl" --eval-dir "${DATA_ROOT}/ruler_hqa" \
     --eval-lengths ${LENGTH} --eval-entities heldout --eval-num "${EVAL_NUM}"
@@ -58,6 +59,7 @@ prepare() {
   python -m examples.mem_agent.demonstrations --tokenizer "${HF_CKPT}" --num 32 --num-docs "${TRAIN_DOCS}" \
     --chunk-tokens "${MEM_CHUNK_TOKENS}" --memory-tokens "${DEMO_MEMORY}" --keep "${DEMO_KEEP}" --entities heldout \
     --seed 2000 --out "${DATA_ROOT}/sft_heldout.jsonl"
+  echo "$(date +%T) prepare: done"
 }
 
 # sft SEED: the warm start (sft_warm_start in _common.sh), the held-out demonstrations' loss before and after

@@ -34,6 +34,7 @@ export MEMUP_SCORER=${MEMUP_SCORER:-reader}
 smollm2_recipe_defaults
 
 prepare() {
+  echo "$(date +%T) prepare: start"  # the time line of a lease (the fifth run could not place 4 minutes)
   python -m examples.mem_update.prepare_data --generate --num-conversations "${CONVERSATIONS}" --n-test "${N_TEST}" \
     --seed 42 --out-dir "${DATA_ROOT}"
   # EVAL_NUM held-out questions drawn across the test conversations, the same for every model
@@ -42,6 +43,7 @@ open(sys.argv[2], "w").writelines(sorted(random.Random(0).sample(lines, n), key=
     "${DATA_ROOT}/test.jsonl" "${DATA_ROOT}/test_eval.jsonl" "${EVAL_NUM}"
   python -m examples.mem_update.demonstrations --locomo "${DATA_ROOT}/locomo_generated.json" \
     --out "${DATA_ROOT}/sft.jsonl" --retriever "${MEMUP_RETRIEVER:-embedding}" --n-test "${N_TEST}" --seed 42
+  echo "$(date +%T) prepare: done"
 }
 
 # evaluate SAVE_FILE [SAVE_PATH]: the held-out episodes of the base model or (with a save) its last iteration, in
