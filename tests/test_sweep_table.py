@@ -37,3 +37,6 @@ def test_a_variant_row_has_both_models_sub_em_and_grpo_signal(tmp_path):
     assert f"| RL_TEMPERATURE=1.3 | {sft['sub_em']:.1f} (32) | {rl['sub_em']:.1f} (32) | 12 | - |" in table
     assert "| (the recipe) | - | - | 0 | - | - | - | - | - |" in table
     assert json.loads((tmp_path / "s.json").read_text())[1]["rl_steps"] == 0
+    # The plot's series: the reward per step, and no share of uniform groups where the metric was not logged.
+    assert row["per step"] == {"reward": [r["rollout/reward_mean"] for r in steps], "uniform groups": [None] * 12}
+    assert (tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -5,8 +5,9 @@ got the same reward, the mean |advantage|, the policy's entropy, its KL to the S
     python tools/sweep_table.py --variant "SFT_EPOCHS=1"=runs/sweep/v0 --variant ...=DIR --out runs/sweep/sweep
 
 A variant's DIR is its recipe's VIME_EXT_OUT (eval/ruler_hqa_<docs>/{sft,rl}_s<seed>.summary.json,
-seed_<seed>/rl/tensorboard/metrics.jsonl). Writes OUT.md and OUT.json and prints the table; a part a variant lacks
-(its GRPO failed, its evaluation was cut) is shown as "-".
+seed_<seed>/rl/tensorboard/metrics.jsonl). Writes OUT.md and OUT.json and prints the table, and OUT.png: per
+GRPO step, each variant's training reward and its share of groups of one reward. A part a variant lacks (its GRPO
+failed, its evaluation was cut) is shown as "-".
 """
 
 import argparse
@@ -45,7 +46,33 @@ def variant_row(name: str, run: Path) -> dict:
         row[label] = mean(values) if values else None
     rewards = [r["rollout/reward_mean"] for r in steps]
     row["reward first/last"] = (rewards[0], rewards[-1]) if rewards else None
+    row["per step"] = {"reward": rewards, "uniform groups": [r.get(SIGNALS["uniform groups"]) for r in steps]}
     return row
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    """Per GRPO step: the training reward, and the share of groups whose samples all got one reward (what GRPO
+    cannot learn from), a line per variant."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    for r in rows:
+        for ax, key in zip(axes, ("reward", "uniform groups")):
+            values = [(i, v) for i, v in enumerate(r["per step"][key]) if v is not None]
+            if values:
+                ax.plot(*zip(*values), marker="o", markersize=3, label=r["variant"] or "(the recipe)")
+    for ax, title in zip(axes, ("training reward", "share of groups of one reward")):
+        ax.set_xlabel("GRPO step")
+        ax.set_title(title)
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def fmt(value, digits: int = 3) -> str:
@@ -88,6 +115,7 @@ def main(argv=None) -> list[dict]:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out + ".md").write_text(text)
     Path(args.out + ".json").write_text(json.dumps(rows, indent=1))
+    plot(rows, Path(args.out + ".png"))
     print(text)
     return rows
 
