@@ -53,11 +53,12 @@ def served(config: EngineConfig, url: str | None = None, timeout_s: float = 1800
         engine.stop()
 
 
-def read_rows(path: Path) -> dict[str, dict]:
-    """The rows already in ``path``, by ``_id``; a torn last line (a kill mid-write) is dropped from the file."""
-    if not path.is_file():
-        return {}
+def saved_rows(path: Path) -> tuple[dict[str, dict], list[str]]:
+    """The rows in ``path`` by ``_id`` and their lines, leaving the file as it is (an evaluation may still be
+    writing it): a torn last line (a kill mid-write) and a repeated ``_id`` are skipped."""
     done, keep = {}, []
+    if not path.is_file():
+        return done, keep
     for line in path.read_text(encoding="utf-8").splitlines():
         try:
             row = json.loads(line)
@@ -66,6 +67,15 @@ def read_rows(path: Path) -> dict[str, dict]:
         if isinstance(row, dict) and "_id" in row and str(row["_id"]) not in done:
             done[str(row["_id"])] = row
             keep.append(line)
+    return done, keep
+
+
+def read_rows(path: Path) -> dict[str, dict]:
+    """The rows already in ``path``, by ``_id``, before an evaluation appends to it: a torn last line is dropped
+    from the file, so that the next row starts on a line of its own."""
+    if not path.is_file():
+        return {}
+    done, keep = saved_rows(path)
     path.write_text("".join(line + "\n" for line in keep), encoding="utf-8")
     return done
 

@@ -49,7 +49,8 @@ def score_row(item, entry: dict, response: str, answer_format: str) -> dict:
     return row
 
 
-def summarize(rows: list[dict], failed: int, refused: int, num_docs: int, save_file: str, n_proc: int) -> dict:
+def summarize(rows: list[dict], failed: int, refused: int, num_docs: int, save_file: str,
+              n_proc: int | None) -> dict:
     """The scores x 100 over the scored items, and what an item cost: its document's tokens and chunks, its
     seconds (generate and score, ``n_proc`` items in flight) and the document tokens it read per second (means
     over the rows that have them: rows of earlier versions lack them)."""

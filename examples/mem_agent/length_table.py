@@ -5,7 +5,9 @@ model are averaged (mean, and the spread as min..max), from the summaries ``run-
         --model "SFT + RL=rl_s*" [--train-length 170] [--cost-of rl_s0] [--ceiling ceiling.json ...]
         [--out docs/runs/mem_agent_smollm2]
 
-A model is ``NAME=PATTERN``: every ``SAVE_FILE`` matching the glob pattern is one of its seeds. Writes ``OUT.md``
+A model is ``NAME=PATTERN``: every ``SAVE_FILE`` matching the glob pattern is one of its seeds. A length whose
+evaluation was cut before its end (its rows are saved, its summary is not: the lease ended) is tabled from the
+rows it has, and its cell is starred with the count of items scored. Writes ``OUT.md``
 (the table, the goals checked, the cost per item of ``--cost-of``), ``OUT.json`` (sub-EM, EM and F1 of every
 seed at every length, the means and spreads) and ``OUT.png`` (sub-EM against document tokens, a line per model
 with its seeds' spread shaded).
@@ -17,8 +19,8 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from examples.mem_agent.eval_ruler_hqa import save_sub_em_figure
-from vime_ext.evaluate import mean_and_range, model_groups
+from examples.mem_agent.eval_ruler_hqa import save_sub_em_figure, summarize
+from vime_ext.evaluate import mean_and_range, model_groups, saved_rows
 
 JUDGES = ("sub_em", "em", "f1")
 # The ceiling rows' names, by what the reader keeps before the novel's author is known (demonstrations.KEEPS)
@@ -39,8 +41,12 @@ class Cell:
         values = self.values(judge)
         return statistics.fmean(values) if values else None
 
+    def partial(self) -> dict[str, int]:
+        """The seeds whose evaluation at this length was cut before its end: save file -> items scored."""
+        return {f: s["scored"] for f, s in self.seeds.items() if s.get("partial")}
+
     def text(self) -> str:
-        return mean_and_range(self.values(), 1)
+        return mean_and_range(self.values(), 1) + ("*" if self.partial() else "")
 
 
 def read_summaries(save_dir: Path) -> dict[str, dict[int, dict]]:
@@ -49,6 +55,15 @@ def read_summaries(save_dir: Path) -> dict[str, dict[int, dict]]:
     for path in sorted(save_dir.glob("ruler_hqa_*/*.summary.json")):
         summary = json.loads(path.read_text())
         found.setdefault(summary["save_file"], {})[int(summary["num_docs"])] = summary
+    for path in sorted(save_dir.glob("ruler_hqa_*/*.jsonl")):
+        save_file, num_docs = path.name.removesuffix(".jsonl"), int(path.parent.name.removeprefix("ruler_hqa_"))
+        if save_file.endswith(".failed") or num_docs in found.get(save_file, {}):
+            continue
+        rows = list(saved_rows(path)[0].values())
+        if rows:  # a cut evaluation: what it scored so far, marked as such
+            failed = len(saved_rows(path.with_name(f"{save_file}.failed.jsonl"))[0])
+            found.setdefault(save_file, {})[num_docs] = {
+                **summarize(rows, failed, 0, num_docs, save_file, n_proc=None), "partial": True}
     return found
 
 
@@ -62,13 +77,18 @@ def build(summaries: dict[str, dict[int, dict]], specs: list[str]) -> dict[str, 
     return table
 
 
-def length_label(table: dict[str, dict[int, Cell]], n: int) -> str:
-    """A column's name: the mean document tokens at that length (``doc_tokens`` of the summaries), else N docs."""
+def column_tokens(table: dict[str, dict[int, Cell]], n: int) -> float | None:
+    """The mean document tokens at length ``n`` over every model's summaries (the ceiling rows have none)."""
     tokens = [s["doc_tokens"] for cells in table.values() if n in cells for s in cells[n].seeds.values()
               if s.get("doc_tokens")]
-    if not tokens:
+    return statistics.fmean(tokens) if tokens else None
+
+
+def length_label(table: dict[str, dict[int, Cell]], n: int) -> str:
+    """A column's name: the mean document tokens at that length, else N docs."""
+    mean = column_tokens(table, n)
+    if mean is None:
         return f"{n} docs"
-    mean = statistics.fmean(tokens)
     return f"{mean / 2**20:.2f}M" if mean >= 2**20 else f"{mean / 2**10:.0f}K"
 
 
@@ -82,6 +102,10 @@ def markdown(table: dict[str, dict[int, Cell]], train_length: int | None) -> str
         lines.append(f"| {name} | {seeds} | " + " | ".join(cells[n].text() if n in cells else "-" for n in lengths)
                      + " |")
     lines += ["", "sub-EM x 100; with several seeds, their mean and (min-max) where they differ."]
+    cut = [f"{save_file} {n} documents: {scored}" for cells in table.values() for n, cell in sorted(cells.items())
+           for save_file, scored in cell.partial().items()]
+    if cut:
+        lines.append("* Evaluation cut before its end, items scored: " + "; ".join(cut) + ".")
     if train_length is not None:
         lines.append(f"Training length: {train_length} documents ({length_label(table, train_length)} tokens).")
     return "\n".join(lines)
@@ -113,7 +137,7 @@ def cost(summaries: dict[int, dict], save_file: str) -> str:
     rows = ["| documents | doc tokens | chunks | items in flight | s / item | doc tokens / s | s per 1K tokens |",
             "|---|---|---|---|---|---|---|"]
     for n, s in sorted(summaries.items()):
-        if not s.get("seconds_per_item"):
+        if not s.get("seconds_per_item") or s.get("partial"):  # a cut run's items in flight are unknown
             continue
         in_flight = s["n_proc"] * s.get("lengths_at_once", 1)
         rows.append(f"| {n} | {s['doc_tokens']:.0f} | {s['chunks']:.1f} | {in_flight} | {s['seconds_per_item']:.1f}"
@@ -128,14 +152,19 @@ def plot(table: dict[str, dict[int, Cell]], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.5, 4))
+    # Every row at its column's tokens: a ceiling row has no tokens of its own and would land at N (documents)
+    lengths_all = sorted({n for cells in table.values() for n in cells})
+    x_of = {n: column_tokens(table, n) for n in lengths_all}
+    label = "document tokens" if all(x_of.values()) else "documents per question"
+    x_of = {n: x if label == "document tokens" else n for n, x in x_of.items()}
     for name, cells in table.items():
         lengths = sorted(n for n in cells if cells[n].values())
-        xs = [statistics.fmean([s.get("doc_tokens") or n for s in cells[n].seeds.values()]) for n in lengths]
-        ax.plot(xs, [cells[n].mean() for n in lengths], marker="o", label=name)
+        xs = [x_of[n] for n in lengths]
+        (line,) = ax.plot(xs, [cells[n].mean() for n in lengths], marker="o", label=name)
         if any(len(cells[n].values()) > 1 for n in lengths):
             ax.fill_between(xs, [min(cells[n].values()) for n in lengths], [max(cells[n].values()) for n in lengths],
-                            alpha=0.2)
-    save_sub_em_figure(fig, ax, "document tokens", path)
+                            color=line.get_color(), alpha=0.2)
+    save_sub_em_figure(fig, ax, label, path)
     return path
 
 

@@ -77,3 +77,29 @@ def test_a_flat_line_at_zero_does_not_meet_the_length_goal(tmp_path):
     text = out.with_suffix(".md").read_text()
     assert "+0.0 points (goal: +10 or more): missed." in text
     assert "(goal: a loss of 10 or less): not met: nothing to keep (0 at the shortest length)." in text
+
+
+def test_a_length_cut_before_its_end_is_tabled_from_its_rows_and_starred(tmp_path):
+    """The lease ended while the RL model read the longest length: rows saved (one torn by the kill), no summary.
+    The cell is the mean over the rows there are, starred with their count, and the file is left as it was."""
+    write(tmp_path, "sft_s0", 170, 40, 8192, 2.0)
+    write(tmp_path, "rl_s0", 170, 60, 8192, 2.0)
+    write(tmp_path, "sft_s0", 21760, 30, 1_048_576, 250.0)
+    rows = [{"_id": str(i), "judge_f1": 1.0, "judge_em": float(i == 0), "judge_sub_em": float(i < 2),
+             "doc_tokens": 1_048_576, "chunks": 512, "seconds": 250.0} for i in range(4)]
+    cut = tmp_path / "ruler_hqa_21760" / "rl_s0.jsonl"
+    text = "".join(json.dumps(row) + "\n" for row in rows) + '{"_id": "4", "judge_'
+    cut.write_text(text)
+    (tmp_path / "ruler_hqa_21760" / "rl_s0.failed.jsonl").write_text(json.dumps({"_id": "9"}) + "\n")
+    out = tmp_path / "table"
+    result = main(["--save-dir", str(tmp_path), "--model", "SFT=sft_s*", "--model", "SFT + RL=rl_s*",
+                   "--train-length", "170", "--cost-of", "rl_s0", "--out", str(out)])
+    table = out.with_suffix(".md").read_text()
+    assert "| SFT + RL | 1 | 60.0 | 50.0* |" in table and "| SFT | 1 | 40.0 | 30.0 |" in table
+    assert "* Evaluation cut before its end, items scored: rl_s0 21760 documents: 4." in table
+    assert "from 8K to 1.00M: -10.0 points" in table
+    # The cost table leaves the cut length out: how many items shared the engine is not known.
+    assert "| 170 | 8192 | 4.0 |" in table and "| 21760 | 1048576 |" not in table
+    seed = result["SFT + RL"]["21760"]["seeds"]["rl_s0"]
+    assert seed["partial"] and seed["scored"] == 4 and seed["failed"] == 1 and seed["em"] == 25.0
+    assert cut.read_text() == text
