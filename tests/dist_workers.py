@@ -310,6 +310,31 @@ def rl_step(out_dir: str, flags: list[str]) -> None:
     actor.shutdown()
 
 
+def one_step_rollout(out_dir: str, flags: list[str], separate_pass: bool) -> None:
+    """One rank, one rollout trained in one optimizer step: the step's own forward gives the old log-probs, or
+    (``separate_pass``) a forward-only pass over the rollout does, as for several steps; writes the statistics,
+    the engine mismatch, the forward-only seconds and the weights after the step."""
+    import dataclasses
+
+    config, actor, layout = _rank_actor(flags)
+    if separate_pass:
+        passes = actor._forward_only_passes
+        actor._forward_only_passes = lambda batches, sequences, old=True: passes(batches, sequences, True)
+    fill, policy_passes = actor._fill_log_probs, []
+
+    def counted(batches, old=True):  # which forward-only passes ran: the policy's (old) and the reference's
+        policy_passes.append(old)
+        fill(batches, old)
+
+    actor._fill_log_probs = counted
+    result = _train_on(actor, config, layout)
+    actor.weights_ready()
+    torch.save(_hf_weights(actor.model, config.shape), Path(out_dir, "weights.pt"))
+    Path(out_dir, "result.json").write_text(json.dumps(
+        {"steps": result.steps, "mismatch": dataclasses.asdict(result.mismatch), "policy_passes": policy_passes}))
+    actor.shutdown()
+
+
 def resume_step(out_dir: str, flags: list[str], resume: bool) -> None:
     """One rank: either train a rollout, save, and train a second one, or (``resume``) load that save and train
     the second one; writes the second step's statistics and the weights after it (HF names)."""

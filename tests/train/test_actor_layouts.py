@@ -136,6 +136,35 @@ def test_layout_takes_the_reference_step(family, algorithm, layout, tiny_hf_dirs
     assert worst < 1e-3 * ref.scale, (layout, worst, ref.scale)
 
 
+def test_a_one_step_rollout_takes_its_old_log_probs_from_the_step_itself(tiny_hf_dirs, tmp_path):
+    """The whole rollout in one optimizer step (global batch = rollout), with the KL loss's reference: skipping
+    the policy's forward-only pass changes nothing, neither the step's statistics (the ratio is 1 either way)
+    nor the weights after it nor the engine mismatch, which is now taken from the step's own forward."""
+    data = tmp_path / "p.jsonl"
+    data.write_text(json.dumps({"prompt": "x", "label": "y"}) + "\n")
+    flags = ["--hf-checkpoint", str(tiny_hf_dirs["qwen3"]), "--prompt-data", str(data), "--rollout-batch-size", "4",
+             "--n-samples-per-prompt", "2", "--global-batch-size", "8", "--micro-batch-size", "2", "--lr", "1.0",
+             "--adam-eps", "1.0", "--clip-grad", "0.5", "--use-kl-loss", "--kl-loss-coef", "0.1",
+             "--entropy-coef", "0.01"]
+    runs = {}
+    for separate in (False, True):
+        out = tmp_path / f"separate_{separate}"
+        out.mkdir()
+        run_on_ranks(dist_workers.one_step_rollout, 1, str(out), flags, separate, isolate=True)
+        runs[separate] = (json.loads((out / "result.json").read_text()), torch.load(out / "weights.pt"))
+    (ours, our_weights), (reference, reference_weights) = runs[False], runs[True]
+    assert len(ours["steps"]) == 1 and ours["steps"][0]["grad_norm"] > 0.5
+    # The reference model's pass runs in both (the KL loss needs it); the policy's only when asked for.
+    assert ours["policy_passes"] == [False] and reference["policy_passes"] == [True]
+    for key, expected in reference["steps"][0].items():
+        assert ours["steps"][0][key] == pytest.approx(expected, rel=1e-5, abs=1e-7), key
+    for key, expected in reference["mismatch"].items():
+        assert ours["mismatch"][key] == pytest.approx(expected, rel=1e-5), key
+    assert ours["mismatch"]["tokens"] > 0
+    for name, expected in reference_weights.items():
+        torch.testing.assert_close(our_weights[name], expected, rtol=1e-5, atol=1e-6)
+
+
 def test_bf16_step_tracks_fp32(tiny_hf_dirs, tmp_path):
     """--bf16 (bf16 weights and norms, fp32 master weights in the optimizer, packed SDPA attention) takes the same
     RL step as fp32, within bf16's rounding: statistics, gradient norms and the weights it moved."""

@@ -163,27 +163,33 @@ class TrainActor:
     def _device(self) -> torch.device:
         return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
-    def _fill_log_probs(self, batches: list[MicroBatch]) -> None:
-        """Old-policy (and reference) log-probs, forward only, before any update of this rollout."""
+    def _fill_log_probs(self, batches: list[MicroBatch], old: bool = True) -> None:
+        """Old-policy (unless ``old`` is False) and reference log-probs, forward only, before any update of this
+        rollout."""
         chunk = self.config.trainer.log_probs_chunk_size
         temperature = self.loss_settings.temperature
         for batch in batches:
-            batch.old_log_probs = forward_log_probs(self.model, self.shape, batch.tokens, chunk, temperature,
-                                                    batch.packing)
+            if old:
+                batch.old_log_probs = forward_log_probs(self.model, self.shape, batch.tokens, chunk, temperature,
+                                                        batch.packing)
             if self.ref_model is not None:
                 batch.ref_log_probs = forward_log_probs(self.ref_model, self.shape, batch.tokens, chunk,
                                                         temperature, batch.packing)
 
-    def _forward_only_passes(self, batches: list[MicroBatch], sequences: list[TrainSequence]) -> None:
-        """Old/reference log-probs and critic values for ``batches``, computed in the training micro-batches or,
-        with ``--log-probs-max-tokens-per-gpu``, in larger token-budget batches of the same ``sequences``
-        (fewer, fuller passes: forward-only keeps no activations) and copied back row by row."""
+    def _forward_only_passes(self, batches: list[MicroBatch], sequences: list[TrainSequence],
+                             old: bool = True) -> None:
+        """Old (unless ``old`` is False) and reference log-probs and critic values for ``batches``, computed in
+        the training micro-batches or, with ``--log-probs-max-tokens-per-gpu``, in larger token-budget batches of
+        the same ``sequences`` (fewer, fuller passes: forward-only keeps no activations) and copied back row by
+        row."""
+        if not old and self.ref_model is None and self.critic is None:
+            return
         budget = self.config.trainer.log_probs_max_tokens_per_gpu
         passes = batches if budget is None else [
             b.to(self._device()) for b in micro_batches(sequences, max_tokens=budget,
                                                          budget_flag="--log-probs-max-tokens-per-gpu",
                                                          pack_multiple=self.pack_multiple)]
-        self._fill_log_probs(passes)
+        self._fill_log_probs(passes, old)
         if self.critic is not None:
             self.critic.fill_values(passes)
         if budget is not None and passes and self.ps.is_pipeline_last_stage():
@@ -241,13 +247,17 @@ class TrainActor:
                                                              pack_multiple=self.pack_multiple)]
                         for seqs, first in zip(steps, offsets)]
         every_batch = [b for bs in step_batches for b in bs]
+        # A rollout trained in one optimizer step, without a critic, is on-policy at its one update: the old
+        # policy is the weights the step starts from, so the step's own forward gives the old log-probs
+        # (rl_loss.micro_batch_loss) and a forward-only pass of the policy over the rollout would repeat it.
+        one_pass = len(step_batches) == 1 and update_policy and self.critic is None
         start = time.perf_counter()
         if not self.config.sft:  # SFT's loss needs neither old log-probs nor advantages
-            self._forward_only_passes(every_batch, [s for seqs in steps for s in seqs])
+            self._forward_only_passes(every_batch, [s for seqs in steps for s in seqs], old=not one_pass)
             if self.ps.is_pipeline_last_stage():
                 self._fill_advantages(every_batch)
         log_prob_time = time.perf_counter() - start
-        mismatch = self._engine_mismatch(step_batches)
+        mismatch = None if one_pass else self._engine_mismatch(step_batches)
         start = time.perf_counter()
         steps = []
         for batches, step_totals in zip(step_batches, totals):
@@ -256,6 +266,8 @@ class TrainActor:
                 stats.update(self.critic.train_step(batches, *step_totals))
             steps.append(stats)
         train_time = time.perf_counter() - start
+        if one_pass:  # the step's forward left its log-probs on the batches
+            mismatch = self._engine_mismatch(step_batches)
         if not self._reports():
             return StepResult(reports=False, log_prob_time=log_prob_time, train_time=train_time)
         return StepResult(reports=True, log_prob_time=log_prob_time, train_time=train_time,

@@ -22,7 +22,7 @@ class MicroBatch:
     advantages: torch.Tensor  # [b, s-1]
     rollout_log_probs: torch.Tensor  # [b, s-1]
     rewards: torch.Tensor  # [b] each row's scalar reward (NaN where the converter gave none)
-    old_log_probs: torch.Tensor | None = None  # filled by a forward-only pass before training
+    old_log_probs: torch.Tensor | None = None  # a forward-only pass before training, or the one step's own forward
     ref_log_probs: torch.Tensor | None = None
     old_values: torch.Tensor | None = None  # PPO: the critic's values before this rollout's updates
     returns: torch.Tensor | None = None  # PPO: GAE's value targets

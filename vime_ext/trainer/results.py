@@ -33,9 +33,9 @@ class LogProbMismatch:
 
 @dataclass
 class StepResult:
-    """One rollout's training on one rank: the seconds of the forward-only passes (old and reference log-probs)
-    and of the optimizer steps, and (reporting ranks) the trained tokens, the engine mismatch (None for SFT) and
-    per optimizer step the statistics' weighted sums."""
+    """One rollout's training on one rank: the seconds of the forward-only passes (old log-probs, unless the
+    rollout trains in one step, and reference log-probs) and of the optimizer steps, and (reporting ranks) the
+    trained tokens, the engine mismatch (None for SFT) and per optimizer step the statistics' weighted sums."""
 
     reports: bool
     log_prob_time: float

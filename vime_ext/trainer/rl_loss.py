@@ -84,6 +84,10 @@ def micro_batch_loss(logits: torch.Tensor, batch: MicroBatch, shape: ModelShape,
                                                 with_entropy=True)
     # Padding positions get ratio 1 and zero KL, so nothing non-finite meets a zero weight there.
     valid = mask > 0
+    if batch.old_log_probs is None:
+        # One optimizer step per rollout (TrainActor.train_rollout): these weights are the old policy, so its
+        # log-probs are this forward's own, kept on the batch for the engine mismatch.
+        batch.old_log_probs = torch.where(valid, log_probs.detach(), torch.zeros_like(log_probs))
     log_probs = torch.where(valid, log_probs, batch.old_log_probs)
     if settings.policy_loss == "gspo":
         pg_loss, clipped = gspo_policy_loss(log_probs, batch.old_log_probs, batch.advantages, mask, settings.eps_clip,
