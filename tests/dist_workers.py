@@ -313,7 +313,7 @@ def rl_step(out_dir: str, flags: list[str]) -> None:
 def one_step_rollout(out_dir: str, flags: list[str], separate_pass: bool) -> None:
     """One rank, one rollout trained in one optimizer step: the step's own forward gives the old log-probs, or
     (``separate_pass``) a forward-only pass over the rollout does, as for several steps; writes the statistics,
-    the engine mismatch, the forward-only seconds and the weights after the step."""
+    the engine mismatch, which forward-only passes ran and the weights after the step."""
     import dataclasses
 
     config, actor, layout = _rank_actor(flags)
