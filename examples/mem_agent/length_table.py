@@ -153,10 +153,9 @@ def plot(table: dict[str, dict[int, Cell]], path: Path) -> Path:
 
     fig, ax = plt.subplots(figsize=(6.5, 4))
     # Every row at its column's tokens: a ceiling row has no tokens of its own and would land at N (documents)
-    lengths_all = sorted({n for cells in table.values() for n in cells})
-    x_of = {n: column_tokens(table, n) for n in lengths_all}
-    label = "document tokens" if all(x_of.values()) else "documents per question"
-    x_of = {n: x if label == "document tokens" else n for n, x in x_of.items()}
+    tokens = {n: column_tokens(table, n) for n in {n for cells in table.values() for n in cells}}
+    by_tokens = all(tokens.values())
+    x_of = tokens if by_tokens else {n: n for n in tokens}
     for name, cells in table.items():
         lengths = sorted(n for n in cells if cells[n].values())
         xs = [x_of[n] for n in lengths]
@@ -164,7 +163,7 @@ def plot(table: dict[str, dict[int, Cell]], path: Path) -> Path:
         if any(len(cells[n].values()) > 1 for n in lengths):
             ax.fill_between(xs, [min(cells[n].values()) for n in lengths], [max(cells[n].values()) for n in lengths],
                             color=line.get_color(), alpha=0.2)
-    save_sub_em_figure(fig, ax, label, path)
+    save_sub_em_figure(fig, ax, "document tokens" if by_tokens else "documents per question", path)
     return path
 
 

@@ -257,7 +257,6 @@ class TrainActor:
             if self.ps.is_pipeline_last_stage():
                 self._fill_advantages(every_batch)
         log_prob_time = time.perf_counter() - start
-        mismatch = None if one_pass else self._engine_mismatch(step_batches)
         start = time.perf_counter()
         steps = []
         for batches, step_totals in zip(step_batches, totals):
@@ -266,8 +265,9 @@ class TrainActor:
                 stats.update(self.critic.train_step(batches, *step_totals))
             steps.append(stats)
         train_time = time.perf_counter() - start
-        if one_pass:  # the step's forward left its log-probs on the batches
-            mismatch = self._engine_mismatch(step_batches)
+        # After the steps: the old log-probs are those of the weights before them, from the forward-only pass or
+        # (one_pass) left on the batches by the step's own forward.
+        mismatch = self._engine_mismatch(step_batches)
         if not self._reports():
             return StepResult(reports=False, log_prob_time=log_prob_time, train_time=train_time)
         return StepResult(reports=True, log_prob_time=log_prob_time, train_time=train_time,
