@@ -162,8 +162,9 @@ grpo_qwen3_4b_train() {
 }
 
 # The examples' small-model learning recipes (run-smollm2-gpu.sh) share what follows.
-# smollm2_recipe_defaults: HF_CKPT (default SmolLM2-135M-Instruct, from its package), the seeds and the GRPO run's
-# size; the caller's values win.
+# smollm2_recipe_defaults ROLLOUTS: HF_CKPT (default SmolLM2-135M-Instruct, from its package), the seeds and the
+# GRPO run's size: ROLLOUTS (the recipe's published step count) at lr 2e-5, the rate of every published row; the
+# caller's values win.
 smollm2_recipe_defaults() {
   if [ -z "${HF_CKPT:-}" ]; then
     HF_CKPT=$(python -c "from vime_ext.models.packaged import smollm2_hf_dir; print(smollm2_hf_dir())" | tail -1)
@@ -171,7 +172,7 @@ smollm2_recipe_defaults() {
   need "${HF_CKPT}/config.json" HF_CKPT
   export HF_CKPT
   SEED=${SEED:-0} SEEDS=${SEEDS:-"0 1 2"}
-  RL_ROLLOUTS=${RL_ROLLOUTS:-30} RL_LR=${RL_LR:-1e-5}
+  RL_ROLLOUTS=${RL_ROLLOUTS:-${1:?smollm2_recipe_defaults ROLLOUTS}} RL_LR=${RL_LR:-2e-5}
   ROLLOUT_BATCH_SIZE=${ROLLOUT_BATCH_SIZE:-16} N_SAMPLES_PER_PROMPT=${N_SAMPLES_PER_PROMPT:-8}
 }
 

@@ -290,7 +290,8 @@ def test_the_smollm2_learning_recipe_chains_sft_rl_and_both_evaluations(tiny_hf_
     assert "--colocate" in rl and "--rollout-num-gpus" not in rl and "--optimizer-cpu-offload" not in rl
     assert last(rl, "--custom-generate-function-path") == "examples.mem_agent.rollout.generate"
     assert last(rl, "--rollout-batch-size") == "16" and last(rl, "--global-batch-size") == "128"
-    assert last(rl, "--lr") == "1e-5" and last(rl, "--eps-clip") == "0.1"  # the user's flag comes last
+    assert last(rl, "--lr") == "2e-5" and last(rl, "--eps-clip") == "0.1"  # the user's flag comes last
+    assert last(rl, "--num-rollout") == "9"  # the published seeds' steps
     assert last(rl, "--engine-max-model-len") == "4096" and last(rl, "--recompute-granularity") == "selective"
     # RL_MINUTES bounds the GRPO run alone (it stops and saves in time for its evaluation).
     assert last(rl, "--exit-duration-in-mins") == "9" and "--exit-duration-in-mins" not in sft
@@ -377,6 +378,7 @@ def test_the_mem_update_smollm2_recipe_chains_sft_rl_and_both_evaluations(tiny_h
     assert last(rl, "--ref-load") == str(work / "seed_2/sft") and last(rl, "--save") == str(work / "seed_2/rl")
     assert last(rl, "--custom-generate-function-path") == "examples.mem_update.rollout.generate"
     assert "--colocate" in rl and last(rl, "--rollout-max-response-len") == "256" and last(rl, "--seed") == "2"
+    assert last(rl, "--num-rollout") == "7" and last(rl, "--lr") == "2e-5"  # the published seeds' steps
     # the training reward's reader is the evaluation's: the base model, served as the run's reward model
     assert last(rl, "--rm-hf-checkpoint") == str(model) and last(rl, "--rm-gpu-memory-utilization") == "0.1"
     evals = sorted((json.loads(line) for line in (tmp_path / "train_args.json.eval").read_text().splitlines()),

@@ -45,7 +45,8 @@ EVAL_NUM=${EVAL_NUM:-32}
 SFT_NUM=${SFT_NUM:-512} SFT_EPOCHS=${SFT_EPOCHS:-1} SFT_LR=${SFT_LR:-1e-4}
 MAX_MODEL_LEN=${MAX_MODEL_LEN:-4096}  # a chat: the prompt, a 256-token memory, a 2048-token chunk, the reply
 DEMO_MEMORY=$(( MEM_MAX_MEMORY - 8 )) DEMO_KEEP=${DEMO_KEEP:-relevant}
-smollm2_recipe_defaults
+# 9 GRPO steps: the published three seeds' (4 x H200, 2026-11-27; docs/mem_agent.md, sixth run)
+smollm2_recipe_defaults 9
 
 prepare() {
   echo "$(date +%T) prepare: start"  # the time line of a lease (the fifth run could not place 4 minutes)
