@@ -440,7 +440,7 @@ def test_the_sweep_runs_a_variant_per_gpu_on_data_prepared_once(tiny_hf_dirs, tm
     env = {"VIME_EXT_OUT": str(out), "HF_CKPT": str(model), "STAND_IN_GPUS": "4", "TRAIN_NUM": "4", "EVAL_NUM": "2",
            "SFT_NUM": "3", "TRAIN_DOCS": "20", "LENGTH": "20 40", "MEM_CHUNK_TOKENS": "128", "SWEEP_LENGTH": "20",
            "SWEEP_VARIANTS": "RL_TEMPERATURE=1.3 RL_ENTROPY_COEF=0.01; N_SAMPLES_PER_PROMPT=2 ROLLOUT_BATCH_SIZE=2 "
-                             "SFT_NUM=2 RL_OVERSAMPLE=4",
+                             "TRAIN_DOCS=40 SFT_DOCS=20 RL_OVERSAMPLE=4",
            "SWEEP_GPUS": "2,3",
            "MEM_AGENT_ENV": "RL_ROLLOUTS=5"}
     record = tmp_path / "train_args.json"
@@ -450,7 +450,13 @@ def test_the_sweep_runs_a_variant_per_gpu_on_data_prepared_once(tiny_hf_dirs, tm
     root = out / "sweep"
     assert done.returncode == 0, (done.stdout + done.stderr + (root / "v0.log").read_text())[-3000:]
     assert sorted(p.name for p in (root / "data/ruler_hqa").iterdir()) == ["eval_20.json"]  # SWEEP_LENGTH only
-    assert not (root / "v0/data").exists() and (root / "v1/data/sft.jsonl").is_file()  # SFT_NUM: its own data
+    # TRAIN_DOCS: v1's own data, its GRPO items of 40 documents; SFT_DOCS keeps its demonstrations those of 20
+    assert not (root / "v0/data").exists()
+    for name, docs in (("data", 20), ("v1/data", 40)):
+        rows = [json.loads(line) for line in (root / name / "train.jsonl").read_text().splitlines()]
+        assert {r["metadata"]["num_docs"] for r in rows} == {docs}
+    for name in ("sft.jsonl", "sft_heldout.jsonl"):
+        assert (root / "v1/data" / name).read_text() == (root / "data" / name).read_text()
     calls = [json.loads(line) for line in (tmp_path / "train_args.json.all").read_text().splitlines()]
     grpo = {Path(last(c, "--save")).parts[-3]: c for c in calls if "--loss-type" not in c}
     assert sorted(grpo) == ["v0", "v1"]
@@ -468,7 +474,7 @@ def test_the_sweep_runs_a_variant_per_gpu_on_data_prepared_once(tiny_hf_dirs, tm
     assert lengths == [["20"]] * 4
     log = (out / "learning.log").read_text()
     assert f"start v0 (GPU 2) RL_TEMPERATURE=1.3 RL_ENTROPY_COEF=0.01; data {root}/data" in log
-    v1 = "N_SAMPLES_PER_PROMPT=2 ROLLOUT_BATCH_SIZE=2 SFT_NUM=2 RL_OVERSAMPLE=4"
+    v1 = "N_SAMPLES_PER_PROMPT=2 ROLLOUT_BATCH_SIZE=2 TRAIN_DOCS=40 SFT_DOCS=20 RL_OVERSAMPLE=4"
     assert f"start v1 (GPU 3) {v1}; data {root}/v1/data" in log
     table = (root / "sweep.md").read_text()
     assert "| RL_TEMPERATURE=1.3 RL_ENTROPY_COEF=0.01 |" in table and f"| {v1} |" in table

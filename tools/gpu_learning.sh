@@ -56,7 +56,7 @@ run() {
 # of its own and is evaluated at SWEEP_LENGTH (170 documents, the training length; a list: several lengths) only.
 # Then OUT_DIR/sweep/sweep.md/.json (tools/sweep_table.py): SFT and SFT + RL sub-EM per variant and GRPO's
 # signal (groups of one reward, |advantage|, entropy, KL).
-SWEEP_DATA_VARS="TRAIN_DOCS TRAIN_NUM SFT_NUM DEMO_KEEP MEM_CHUNK_TOKENS MEM_MAX_MEMORY EVAL_NUM"
+SWEEP_DATA_VARS="TRAIN_DOCS TRAIN_NUM SFT_NUM SFT_DOCS DEMO_KEEP MEM_CHUNK_TOKENS MEM_MAX_MEMORY EVAL_NUM"
 
 # sweep_variant DIR GPU DATA_ROOT VARS...: one variant's seed (after its own prepare when DATA_ROOT is in DIR)
 sweep_variant() {
