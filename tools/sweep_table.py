@@ -57,8 +57,9 @@ def plot(rows: list[dict], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8 + 0.2 * len(rows)))
     for r in rows:
         for ax, key in zip(axes, ("reward", "uniform groups")):
             values = [(i, v) for i, v in enumerate(r["per step"][key]) if v is not None]
@@ -66,11 +67,14 @@ def plot(rows: list[dict], path: Path) -> None:
                 ax.plot(*zip(*values), marker="o", markersize=3, label=r["variant"] or "(the recipe)")
     for ax, title in zip(axes, ("training reward", "share of groups of one reward")):
         ax.set_xlabel("GRPO step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(title)
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7)
-    fig.tight_layout()
+    # Below the plots, a variant a line: a variant's name is its variables, often wider than a plot
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=1, fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0.045 * len(labels) + 0.02, 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
