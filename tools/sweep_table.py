@@ -59,7 +59,7 @@ def plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8 + 0.2 * len(rows)))
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     for r in rows:
         for ax, key in zip(axes, ("reward", "uniform groups")):
             values = [(i, v) for i, v in enumerate(r["per step"][key]) if v is not None]
@@ -71,10 +71,13 @@ def plot(rows: list[dict], path: Path) -> None:
         ax.set_title(title)
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
-    # Below the plots, a variant a line: a variant's name is its variables, often wider than a plot
+    # Below the plots, a variant a line: a variant's name is its variables, often wider than a plot. The figure
+    # grows by the legend's height, which the plots leave free.
     handles, labels = axes[0].get_legend_handles_labels()
+    legend_in = 0.16 * len(labels) + 0.15
+    fig.set_size_inches(10, 3.8 + legend_in)
     fig.legend(handles, labels, loc="lower center", ncol=1, fontsize=7, frameon=False)
-    fig.tight_layout(rect=(0, 0.045 * len(labels) + 0.02, 1, 1))
+    fig.tight_layout(rect=(0, legend_in / (3.8 + legend_in), 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
