@@ -543,3 +543,37 @@ def sft_loss_step(out_dir: str, flags: list[str]) -> None:
         Path(out_dir, f"sft_dp{layout.dp_rank}.json").write_text(json.dumps(
             {"loss": result.steps[0]["loss"], "sequences": [[s.tokens, s.loss_mask] for s in sequences]}))
     actor.shutdown()
+
+
+def colocated_push(out_dir: str, hf_dir: str, cases: list[dict], gpu_of_rank: list[int]) -> None:
+    """Each case's colocated push from a real Megatron model (its trainer layout, TP gathers and pipeline
+    broadcasts included) to the case's engines, with stand-in devices: rank r plays GPU ``gpu_of_rank[r]``, and
+    its 'IPC handle' of a tensor is a copy of the tensor, so the engine can check what it would map."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    from vime_ext.convert.hf_checkpoint import HFCheckpointReader
+    from vime_ext.engines.weight_sync import WeightTarget
+    from vime_ext.trainer.colocated_push import ColocatedPush
+    from vime_ext.trainer.hf_weights import load_hf_weights
+    from vime_ext.trainer.model_provider import build_gpt_model
+    from vime_ext.trainer.parallel import destroy_distributed, init_distributed
+
+    shape = ModelShape.from_hf_dir(hf_dir)
+    posted = {}
+    for case in cases:
+        parallel = ParallelConfig(case["tp"], case["pp"])
+        init_distributed(parallel)
+        rank = dist.get_rank()
+        gpu = f"GPU-{gpu_of_rank[rank]}"
+        model = build_gpt_model(shape, parallel, init_weights=False)
+        load_hf_weights(model, shape, HFCheckpointReader(hf_dir).get)
+        target = WeightTarget(tuple(case["urls"]), "ipc", case["engine_tp"], 0,
+                              tuple(tuple(r) for r in case["engine_ranks"]))
+        push = ColocatedPush(target, rank, bucket_bytes=case["bucket_bytes"],
+                             share=lambda tensor: (gpu, tensor.detach().clone()))
+        posted[case["name"]] = push.send(model, shape)
+        push.close()
+        parallel_state.destroy_model_parallel()
+    Path(out_dir, f"posted_{dist.get_rank()}.json").write_text(json.dumps(posted))
+    destroy_distributed()

@@ -15,7 +15,7 @@ LAYERS = [
     ("agent", ["vime_ext.agent"]),  # what plug-ins import: Sample, Trajectory, tool calls, reward helpers
     ("algorithms", ["vime_ext.algorithms"]),
     ("rollout", ["vime_ext.rollout"]),  # rollout orchestration, plug-in loading, validation, data sources
-    ("config", ["vime_ext.arguments"]),  # the run's flags, checked, as TrainConfig
+    ("config", ["vime_ext.arguments", "vime_ext.gpu_sharing"]),  # the run's flags, checked; how GPUs are shared
     ("convert", ["vime_ext.convert"]),  # HF <-> Megatron names, one file per family
     ("trainer", ["vime_ext.trainer"]),
     ("driver", ["vime_ext.rollout_manager", "vime_ext.cluster", "vime_ext.rollout_ahead", "vime_ext.train",

@@ -24,6 +24,10 @@
 #                                       # (default 6) rollouts each; MemAgent on items of 1 to 9 chunks;
 #                                       # ASYNC_LAYOUT=split: trainer and engine on GPUs of their own
 #   ... gpu_recipe.sh async_split       # 4 GPUs: both split runs at once (2 GPUs each), then the table
+# and how engines and trainer share 4 GPUs (tools/sharing_table.py), after both prepares:
+#   ... gpu_recipe.sh sharing   # MemAgent colocated on 4 GPUs, then on GPUs 0-1 while MemUpdate runs colocated on
+#                               # 2-3; MemAgent apart on 4 (the default); MemUpdate colocated on 4 with two TP-2
+#                               # engines; the SmolLM2 smoke colocated on every GPU; then the table
 # or all of the above on one machine of 2 or more GPUs, as one background job (a device lease is 30 minutes):
 #   bash tools/gpu_recipe.sh all   # progress in VIME_EXT_OUT/all.log; with 4 GPUs, the two-GPU tests and the
 #                                  # async pair run on GPUs 2-3 while the loops and evals use GPUs 0-1, then
@@ -33,7 +37,7 @@
 # (one GPU: colocated, optimizer offload); any of the script's variables may be set around this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-STAGE=${1:?usage: gpu_recipe.sh prepare|train|eval|train_only|replay|weight_sync|table|both|async_bench|async_split|one_gpu|all [flags]}
+STAGE=${1:?usage: gpu_recipe.sh prepare|train|eval|train_only|replay|weight_sync|table|both|async_bench|async_split|one_gpu|sharing|all [flags]}
 shift
 EXAMPLE=${EXAMPLE:-mem_agent}
 WORK=${WORK:-/tmp/gpu_recipe}
@@ -212,7 +216,54 @@ async_pair() {
   EXAMPLE=mem_agent async_table
 }
 
+# layout_run EXAMPLE NAME GPUS PORT VAR=VALUE... [-- train.py flags]: the example's script as written over GPUS,
+# starting its own Ray head on PORT, with the layout variables given; metrics in OUT_DIR/EXAMPLE_NAME_tb, its log
+# in EXAMPLE_NAME.log
+layout_run() {
+  local example=$1 name=$2 gpus=$3 port=$4 vars=()
+  shift 4
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do vars+=("$1"); shift; done
+  [ $# -gt 0 ] && shift
+  local data=${WORK}/${example}_data
+  (
+    unset RAY_ADDRESS
+    EXAMPLE=${example} VIME_EXT_LOG_DIR=${OUT_DIR}/${example}_${name}_engines RAY_PORT=${port} \
+      logged "${example}_${name}" "${gpus}" env "${vars[@]}" SAVE_PATH="${WORK}/${example}_${name}_ckpt" \
+      DATA_ROOT="${data}" TRAIN_DATA="${data}/$([ "${example}" = mem_agent ] && echo hotpotqa_train.jsonl \
+        || echo train.jsonl)" \
+      bash "examples/${example}/run-qwen3-4b-train.sh" --tensorboard-dir "${OUT_DIR}/${example}_${name}_tb" "$@"
+  )
+}
+
+sharing() {
+  local status=0 pid
+  : >"${OUT_DIR}/all.log"
+  log "sharing: $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1)"
+  layout_run mem_agent colocated_4gpu 0,1,2,3 6400 COLOCATE=1 -- "$@" || status=1
+  layout_run mem_agent colocated_2gpu 0,1 6410 COLOCATE=1 -- "$@" & pid=$!
+  layout_run mem_update colocated_2gpu 2,3 6420 COLOCATE=1 -- "$@" || status=1
+  wait "${pid}" || status=1
+  layout_run mem_agent separate_4gpu 0,1,2,3 6430 COLOCATE=0 -- "$@" || status=1
+  layout_run mem_update colocated_4gpu_tp2 0,1,2,3 6440 COLOCATE=1 -- --rollout-num-gpus-per-engine 2 "$@" \
+    || status=1
+  VIME_EXT_OUT=${OUT_DIR}/smoke logged smollm2_colocated_4gpu "" bash tools/run_multi_gpu.sh colocate || status=1
+  sharing_table | tee "${OUT_DIR}/sharing_table.md" || status=1
+  log "sharing: done, exit ${status}"
+  return "${status}"
+}
+
+sharing_table() {
+  local runs=() name
+  for name in mem_agent_colocated_4gpu mem_agent_separate_4gpu mem_agent_colocated_2gpu mem_update_colocated_2gpu \
+      mem_update_colocated_4gpu_tp2; do
+    if [ -f "${OUT_DIR}/${name}_tb/metrics.jsonl" ]; then runs+=("${name}=${OUT_DIR}/${name}_tb/metrics.jsonl"); fi
+  done
+  python tools/sharing_table.py "${runs[@]}"
+}
+
 case "${STAGE}" in
+  sharing)
+    sharing "$@" ;;
   prepare)
     if [ ! -f "${HF_CKPT}/config.json" ]; then
       python tools/make_random_hf.py --shape qwen3-4b --out "${HF_CKPT}"
@@ -301,6 +352,6 @@ case "${STAGE}" in
     one_gpu "$@" ;;
   all)
     everything "$@" ;;
-  *) echo "usage: gpu_recipe.sh prepare|train|eval|train_only|replay|weight_sync|table|both|async_bench|async_split|one_gpu|all" >&2
+  *) echo "usage: gpu_recipe.sh prepare|train|eval|train_only|replay|weight_sync|table|both|async_bench|async_split|one_gpu|sharing|all" >&2
      exit 2 ;;
 esac

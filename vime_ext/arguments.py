@@ -19,6 +19,7 @@ from typing import Literal
 from vime_ext.engines.servers import ROUTER_POLICIES, split_vllm_args
 from vime_ext.flags import CliParser, add_dataclass_flags, dataclass_from_args, flag_name
 from vime_ext.flags import help_field as _help
+from vime_ext.gpu_sharing import GpuSharing
 from vime_ext.models.model_config import ModelShape, ParallelConfig
 from vime_ext.rollout.config import RolloutConfig, sampling_params
 from vime_ext.rollout.failures import POLICIES
@@ -82,11 +83,6 @@ class ClusterConfig:
     @property
     def actor_world_size(self) -> int:
         return self.actor_num_nodes * self.actor_num_gpus_per_node
-
-    @property
-    def num_engines(self) -> int:
-        gpus = self.actor_world_size if self.colocate else (self.rollout_num_gpus or 1)
-        return max(1, gpus // self.rollout_num_gpus_per_engine)
 
 
 @dataclass(frozen=True)
@@ -346,12 +342,6 @@ class TrainConfig:
         return plugin_args(sections, self.custom)
 
     @property
-    def engines_resident(self) -> bool:
-        """Colocated with --async-training: engines and trainer ranks share the GPUs, each in its own share of the
-        memory, and neither hands it to the other (colocated otherwise, the engines sleep while the ranks train)."""
-        return self.cluster.colocate and self.rollout.async_training
-
-    @property
     def sft(self) -> bool:
         """Supervised fine-tuning: chats in, no engines, no reference model."""
         return self.algorithm.loss_type == "sft_loss"
@@ -453,21 +443,16 @@ def _check(config: TrainConfig) -> None:
     if r.rm_hf_checkpoint and (config.sft or d.debug_train_only):
         problems.append("--rm-hf-checkpoint serves a model for rewards; --loss-type sft_loss and --debug-train-only "
                         "compute none: drop it")
-    rollout_gpus = cl.actor_world_size if cl.colocate else (cl.rollout_num_gpus or 1)
-    if rollout_gpus % cl.rollout_num_gpus_per_engine:
-        problems.append(f"{rollout_gpus} rollout GPUs do not split into engines of "
-                        f"--rollout-num-gpus-per-engine {cl.rollout_num_gpus_per_engine}")
+    sharing = GpuSharing.from_config(config, on_gpu=_cuda())
+    problems += sharing.placement_problems()
     if cl.actor_world_size % t.parallel.model_parallel_size:
         problems.append(f"{cl.actor_world_size} actor GPUs do not split into model copies of TP x PP = "
                         f"{t.parallel.model_parallel_size}")
     if cl.no_ray and cl.actor_world_size != 1:
         problems.append("--no-ray runs one trainer rank; set --actor-num-gpus-per-node 1 --actor-num-nodes 1")
     if cl.weight_transport != "auto":
-        from vime_ext.engines.weight_sync import choose_transport
-
         try:
-            choose_transport(cl.weight_transport, cl.engine_backend, _cuda(), cl.colocate,
-                             t.pipeline_model_parallel_size)
+            sharing.transport(engines_on_gpu=sharing.on_gpu)
         except ValueError as error:
             problems.append(str(error))
     if cl.router_policy not in ROUTER_POLICIES:

@@ -1,9 +1,9 @@
 """Where the trainer ranks and the rollout manager run: Ray actors in a placement group, or (``--no-ray``)
 this process.
 
-Placement: one bundle per trainer rank (1 GPU each, packed onto as few nodes as possible) and, unless
-``--colocate``, one bundle with the rollout GPUs. Colocated engines use the trainer ranks' GPUs and sleep while
-they train. Without GPUs the bundles hold CPUs only and the counts mean processes. ``--debug-train-only`` starts
+Placement: one bundle per trainer rank (1 GPU each, packed onto as few nodes as possible) and one for the
+rollout manager, with the engines' GPUs when they have their own; ``gpu_sharing.py`` decides which, where the
+engines go, and the memory hand-overs. Without GPUs the bundles hold CPUs only and the counts mean processes. ``--debug-train-only`` starts
 no rollout manager (no engines), ``--debug-rollout-only`` no trainer ranks; an SFT run (``--loss-type sft_loss``)
 a rollout manager without engines (it reads the chats), on a CPU.
 
@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from vime_ext.arguments import TrainConfig
+from vime_ext.gpu_sharing import EnginePlacement, GpuSharing, RankDevice
 from vime_ext.net import free_port
 from vime_ext.trainer.results import LossSum, RankLayout, StepResult
 
@@ -60,10 +61,12 @@ class _TrainWorker:
         """Where rank 0's store listens: the loopback when every rank is on its node, else the node's address."""
         return ("127.0.0.1" if one_node else self.node_ip()), free_port()
 
-    def gpu_ids(self) -> list[int]:
+    def device(self) -> RankDevice:
+        """This rank's node and GPU (Ray's index on the node; -1 without one)."""
         import ray
 
-        return [int(g) for g in ray.get_gpu_ids()]
+        gpus = ray.get_gpu_ids()
+        return RankDevice(self.node_ip(), int(gpus[0]) if gpus else -1)
 
     def setup(self, config: TrainConfig, rank: int, world: int, addr: str, port: int) -> RankLayout:
         from vime_ext.trainer.actor import TrainActor
@@ -76,10 +79,10 @@ class _TrainWorker:
 
 
 class _ManagerWorker:
-    def setup(self, config: TrainConfig, gpu_ids: list[int] | None, log_dir: str | None) -> list[str]:
-        from vime_ext.rollout_manager import RolloutManager, gpu_ids_from_env
+    def setup(self, config: TrainConfig, placement: EnginePlacement | None, log_dir: str | None) -> list[str]:
+        from vime_ext.rollout_manager import RolloutManager
 
-        self.manager = RolloutManager(config, gpu_ids if gpu_ids is not None else gpu_ids_from_env(), log_dir)
+        self.manager = RolloutManager(config, placement, log_dir)
         return self.manager.engine_urls()
 
     def call(self, method: str, *args):
@@ -213,6 +216,7 @@ class Cluster:
 
     def __init__(self, config: TrainConfig, log_dir: str | None = None):
         self.config = config
+        self.sharing = GpuSharing.from_config(config)
         self.use_ray = not config.cluster.no_ray
         self.has_manager = not config.debug.debug_train_only
         self.has_actors = not config.debug.debug_rollout_only
@@ -233,9 +237,13 @@ class Cluster:
             self.ranks = TrainerRanks([TrainActor(self.config, 0, 1, "127.0.0.1", free_port())], use_ray=False)
             self.layouts = self.ranks.layout()
         if self.has_manager:
-            self._hand_gpus_to_engines()
-            self.manager = RolloutManagerHandle(RolloutManager(self.config, gpu_ids_from_env(), log_dir), False)
-            self._take_gpus_back()
+            placement = None
+            gpus = gpu_ids_from_env()
+            if self.sharing.shares_gpus and gpus and self.has_actors:  # the one rank runs on the first visible GPU
+                placement = self.sharing.place_colocated([RankDevice("local", gpus[0])])
+            self.sharing.before_engines_start(self.ranks)
+            self.manager = RolloutManagerHandle(RolloutManager(self.config, placement, log_dir), False)
+            self.sharing.after_engines_start(self.ranks)
 
     def _start_ray(self, log_dir):
         import ray
@@ -249,7 +257,8 @@ class Cluster:
             connect_ray(world)
         actor_bundle = {"CPU": 1, **({"GPU": 1} if gpus else {})}
         bundles = [dict(actor_bundle) for _ in range(world)]
-        rollout_gpus = 0 if (cl.colocate or not gpus or not self.has_engines) else (cl.rollout_num_gpus or 1)
+        self.sharing = GpuSharing.from_config(self.config, on_gpu=gpus)
+        rollout_gpus = self.sharing.rollout_bundle_gpus(self.has_engines)
         if self.has_manager:
             bundles.append({"CPU": 1, **({"GPU": rollout_gpus} if rollout_gpus else {})})
         self.placement_group = placement_group(bundles, strategy="PACK")
@@ -262,16 +271,16 @@ class Cluster:
         self._start_actors(world)
         if not self.has_manager:
             return
-        colocated_gpus = None
-        if cl.colocate and gpus:
-            colocated_gpus = sorted({g for a in self.ranks.handles for g in ray.get(a.gpu_ids.remote())})
-            self._hand_gpus_to_engines()
+        placement = None
+        if self.sharing.shares_gpus and gpus and world:
+            placement = self.sharing.place_colocated(ray.get([a.device.remote() for a in self.ranks.handles]))
+        self.sharing.before_engines_start(self.ranks)
         # Threaded: with --async-training the driver calls it (pushes, metrics) while the producer's rollout runs.
         worker = ray.remote(_ManagerWorker).options(
             num_cpus=1, num_gpus=rollout_gpus, scheduling_strategy=in_bundle(world), max_concurrency=4).remote()
-        ray.get(worker.setup.remote(self.config, colocated_gpus, log_dir))
+        ray.get(worker.setup.remote(self.config, placement, log_dir))
         self.manager = RolloutManagerHandle(worker, use_ray=True)
-        self._take_gpus_back()
+        self.sharing.after_engines_start(self.ranks)
 
     def _start_actors(self, world: int) -> None:
         """One trainer rank per bundle of the placement group, each building its model (from --hf-checkpoint,
@@ -297,20 +306,7 @@ class Cluster:
         for worker in self.ranks.handles:
             ray.kill(worker, no_restart=True)
         self._start_actors(len(self.ranks))
-        if not self.config.engines_resident:  # resident: the new ranks keep what they took, beside the engines
-            self._hand_gpus_to_engines()
-
-    def _hand_gpus_to_engines(self) -> None:
-        """Colocated on GPUs: the trainer ranks release their memory before the engines start, since vLLM sizes
-        its KV cache from the memory free at start-up; the driver takes turns from then on (train.py)."""
-        if self.config.cluster.colocate and len(self.ranks) and self.layouts[0].device == "cuda":
-            self.ranks.release_memory()
-
-    def _take_gpus_back(self) -> None:
-        """Colocated with --async-training: engines and trainer ranks stay resident side by side, so the ranks
-        take their memory back once the engines have taken their share (--vllm-gpu-memory-utilization)."""
-        if self.config.engines_resident and len(self.ranks) and self.layouts[0].device == "cuda":
-            self.ranks.restore_memory()
+        self.sharing.after_rank_restart(self.ranks)
 
     def shutdown(self) -> None:
         try:

@@ -14,21 +14,21 @@ import subprocess
 from vime_ext.arguments import TrainConfig
 from vime_ext.engines.generation_gate import GenerationGate
 from vime_ext.engines.reward_engine import RewardModelEngine
-from vime_ext.engines.servers import (EngineConfig, ServerProcess, has_flag, launch_engine, launch_router,
+from vime_ext.engines.servers import (EngineConfig, ServerProcess, launch_engine, launch_router,
                                       wait_until_serving, without_flag)
-from vime_ext.engines.weight_sync import WeightSync, WeightTarget, choose_transport
+from vime_ext.engines.weight_sync import WeightSync, WeightTarget
+from vime_ext.gpu_sharing import EnginePlacement, GpuSharing
 from vime_ext.net import free_port
 from vime_ext.rollout.data_source import DataSource
 from vime_ext.rollout.rollout import RolloutOutput, run_rollout
 
-COLOCATED_GPU_MEMORY = 0.4  # a colocated vLLM engine's default --gpu-memory-utilization
-
 
 class RolloutManager:
-    def __init__(self, config: TrainConfig, gpu_ids: list[int] | None = None, log_dir: str | None = None,
+    def __init__(self, config: TrainConfig, placement: EnginePlacement | None = None, log_dir: str | None = None,
                  hf_checkpoint: str | None = None):
-        """``gpu_ids``: the GPUs the engines may use (split evenly), None on CPU. ``hf_checkpoint``: the weights
-        the engines start from (default ``--hf-checkpoint``)."""
+        """``placement``: each engine's GPUs (and, colocated, the trainer ranks beside it); default: this
+        process's GPUs split as ``--rollout-num-gpus-per-engine`` says, or processes on a CPU.
+        ``hf_checkpoint``: the weights the engines start from (default ``--hf-checkpoint``)."""
         from transformers import AutoTokenizer
 
         self.config = config
@@ -55,30 +55,20 @@ class RolloutManager:
         # --partial-rollout: a push may land mid-rollout; the training rollouts' client waits at this gate
         self.gate = GenerationGate() if config.rollout.partial_rollout else None
         if not config.sft:  # SFT reads its chats; nothing is generated
-            self._start_engines(model, gpu_ids, log_dir)
+            sharing = GpuSharing.from_config(config)
+            self.placement = placement or sharing.place_separate(gpu_ids_from_env())
+            self._start_engines(model, sharing, log_dir)
 
-    def _start_engines(self, model: str, gpu_ids: list[int] | None, log_dir: str | None) -> None:
+    def _start_engines(self, model: str, sharing: GpuSharing, log_dir: str | None) -> None:
         config, cl = self.config, self.config.cluster
         self.log_dir = log_dir
-        extra = list(config.vllm_args)
-        # Colocated vLLM on GPUs: weights arrive over CUDA IPC from the trainer on the same GPU, the engine sleeps
-        # while the trainer trains, and it takes a share of the GPU the trainer leaves free (vLLM's default,
-        # 0.9, would not fit beside the trainer; --vllm-gpu-memory-utilization overrides).
-        self.transport = choose_transport(cl.weight_transport, cl.engine_backend, bool(gpu_ids), cl.colocate,
-                                          config.trainer.pipeline_model_parallel_size)
-        if cl.engine_backend == "vllm" and gpu_ids:
-            extra += ["--tensor-parallel-size", str(cl.rollout_num_gpus_per_engine)]
-            if cl.colocate:
-                extra += ["--enable-sleep-mode"]
-                if not has_flag(extra, "--gpu-memory-utilization"):
-                    extra += ["--gpu-memory-utilization", str(COLOCATED_GPU_MEMORY)]
+        on_gpu = any(self.placement.gpus)
+        self.transport = sharing.transport(on_gpu)
+        extra = list(config.vllm_args) + sharing.engine_flags(config.vllm_args, on_gpu)
         # Fixed ports: a crashed engine is restarted at the same address, which the router already knows.
         self.engine_configs: list[EngineConfig] = []
-        for i in range(cl.num_engines):
-            env = {}
-            if gpu_ids:
-                per = cl.rollout_num_gpus_per_engine
-                env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpu_ids[i * per:(i + 1) * per]))
+        for gpus in self.placement.gpus:
+            env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))} if gpus else {}
             self.engine_configs.append(EngineConfig(
                 model, backend=cl.engine_backend, host=cl.engine_host, port=free_port(), dtype=cl.engine_dtype,
                 max_model_len=cl.engine_max_model_len, extra_args=extra, env=env, log_dir=log_dir,
@@ -90,7 +80,7 @@ class RolloutManager:
             wait_until_serving(self.engines, timeout_s=900)
             self._launch_router()
             if config.rollout.rm_hf_checkpoint:
-                self.reward_model = RewardModelEngine(self._reward_model_config(gpu_ids))
+                self.reward_model = RewardModelEngine(self._reward_model_config(self.placement.gpus[0]))
                 self.args.rm_url = self.reward_model.url
         except BaseException:
             self.shutdown()
@@ -98,7 +88,7 @@ class RolloutManager:
         self.sync = WeightSync(self.engine_urls(), transport=self.transport)
         self.sync.init()
 
-    def _reward_model_config(self, gpu_ids: list[int] | None) -> EngineConfig:
+    def _reward_model_config(self, gpu_ids: tuple[int, ...]) -> EngineConfig:
         """--rm-hf-checkpoint's engine: the policy engines' --vllm-* flags, on the first engine GPU in a share of
         its memory of its own, without the weight-update routes or sleep mode, at a fixed port (a restart keeps
         args.rm_url)."""
@@ -127,7 +117,7 @@ class RolloutManager:
     def weight_target(self) -> WeightTarget:
         """Where the trainer sends weights, and over which transport."""
         return WeightTarget(tuple(self.engine_urls()), self.transport,
-                            self.config.cluster.rollout_num_gpus_per_engine, self.generation)
+                            self.config.cluster.rollout_num_gpus_per_engine, self.generation, self.placement.ranks)
 
     def rollout(self, rollout_id: int) -> RolloutOutput:
         """One training rollout: ``--rollout-batch-size`` checked groups from the training data."""

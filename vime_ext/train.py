@@ -83,10 +83,9 @@ class Trainer:
         layouts = self.cluster.layouts
         self.dp_size = layouts[0].dp_size if layouts else 1
         self.dp_rank = [layout.dp_rank for layout in layouts]
-        # Colocated on GPUs, the trainer ranks and the engines take turns with the accelerator memory: the
-        # cluster handed the ranks' memory over before the engines started (cluster.py).
-        self.engines_sleep = config.cluster.colocate and self.cluster.has_engines and not config.engines_resident
-        self.handover = self.engines_sleep and self.cluster.has_actors and layouts[0].device == "cuda"
+        # How the trainer ranks and the engines share the GPUs, and hand them over around each step.
+        self.sharing = self.cluster.sharing
+        self.engines = self.cluster.manager if self.cluster.has_engines else None
         self.start_rollout = 0
         self.restarts = 0  # trainer-rank restarts so far (--max-restarts)
         self.initial_data: dict | None = None  # the data position the run started from, for a restart without save
@@ -121,58 +120,12 @@ class Trainer:
         return time.perf_counter() - start
 
     def to_trainer(self, times: dict[str, float], memory: dict[str, float]) -> None:
-        """Colocated: the engines sleep and the trainer ranks take their memory back (``memory/rollout_*`` is
-        the device as the rollout left it, ``memory/reload_*`` after the reload)."""
-        if not self.engines_sleep:
-            return
-        if self.handover:
-            memory.update(_max_over_ranks(self.cluster.ranks.memory(), "rollout"))
-        tick = time.perf_counter()
-        self.cluster.manager.sleep()
-        times["sleep"] = time.perf_counter() - tick
-        if self.handover:
-            tick = time.perf_counter()
-            memory.update(_max_over_ranks(self.cluster.ranks.restore_memory(), "reload"))
-            times["reload"] = time.perf_counter() - tick
+        """The GPUs to the trainer ranks (colocated: the engines sleep; ``gpu_sharing.py``)."""
+        self.sharing.to_trainer(self.cluster.ranks, self.engines, times, memory)
 
     def to_engines(self, version: int, times: dict[str, float], memory: dict[str, float]) -> None:
-        """Push the weights of ``version`` to the engines; colocated, wake them around it. With the hand-over,
-        the trainer ranks release everything but the weights, the engines wake their weights, the push runs,
-        the ranks release the weights, and the engines wake their KV cache (the order that never holds two
-        full sets of memory at once)."""
-        if not self.engines_sleep:
-            times["weight_sync"] = self.push_weights(version)
-            return
-        if not self.handover:
-            tick = time.perf_counter()
-            self.cluster.manager.wake_up()
-            times["wake_up"] = time.perf_counter() - tick
-            times["weight_sync"] = self.push_weights(version)
-            return
-        memory.update(_max_over_ranks(self.cluster.ranks.memory(), "train"))
-        tick = time.perf_counter()
-        memory.update(_max_over_ranks(self.cluster.ranks.release_memory(keep_weights=True),
-                                      "offload"))
-        times["offload"] = time.perf_counter() - tick
-        tick = time.perf_counter()
-        self.cluster.manager.wake_up(["weights"])
-        times["wake_up"] = time.perf_counter() - tick
-        times["weight_sync"] = self.push_weights(version)
-        memory.update(_max_over_ranks(self.cluster.ranks.memory(), "push"))
-        tick = time.perf_counter()
-        released = _max_over_ranks(self.cluster.ranks.release_memory(), "released")
-        memory.update(released)
-        times["offload"] += time.perf_counter() - tick
-        tick = time.perf_counter()
-        try:
-            self.cluster.manager.wake_up(["kv_cache"])
-        except Exception as error:
-            left = ", ".join(f"{k} {v:.2f} GiB" for k, v in released.items() if k.endswith("_gb"))
-            raise RuntimeError(f"the engines could not take their KV cache back after the weight push; the "
-                               f"trainer ranks had released their memory ({left}); lower "
-                               f"--vllm-gpu-memory-utilization") from error
-        times["wake_up"] += time.perf_counter() - tick
-        memory.update(_max_over_ranks(self.cluster.ranks.memory(), "engines"))
+        """The weights of ``version`` to the engines, and the GPUs with them (colocated: woken around the push)."""
+        self.sharing.to_engines(lambda: self.push_weights(version), self.cluster.ranks, self.engines, times, memory)
 
     def out_of_time(self, rollout_id: int) -> bool:
         """Whether rollout ``rollout_id`` is the last one --exit-duration-in-mins allows. Decided once, at the
@@ -524,17 +477,6 @@ def _os_cause(err: BaseException) -> str:
         todo += [c for c in (e.__cause__, e.__context__) if c is not None]
         todo += [f for f in getattr(e, "failures", {}).values() if isinstance(f, BaseException)]
     return last_line(err)
-
-
-def _max_over_ranks(reports: list[dict[str, float]], phase: str) -> dict[str, float]:
-    """``{phase}_{key}``: the largest of each figure over the trainer ranks' reports (the rank that runs out of
-    memory first is the one that matters)."""
-    out: dict[str, float] = {}
-    for report in reports:
-        for key, value in (report or {}).items():
-            name = f"{phase}_{key}"
-            out[name] = max(out.get(name, value), value)
-    return out
 
 
 def _flat(tree: dict, prefix: str = "") -> dict:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from vime_ext.engines.servers import EngineConfig, server_command, server_env
-from vime_ext.engines.weight_sync import WeightSync, buckets, ipc_update_info, packed
+from vime_ext.engines.weight_sync import WeightSync, WeightSyncError, buckets, gpu_handles, ipc_update_info, packed
 
 
 def routes_of(release: str, calls: list) -> httpx.MockTransport:
@@ -80,14 +80,27 @@ def test_the_shm_engine_sends_as_the_trainer_does(monkeypatch):
 
 
 def test_ipc_payload_refuses_host_tensors():
-    with pytest.raises(ValueError, match="w is on cpu; CUDA IPC shares GPU memory only"):
-        ipc_update_info({"w": torch.ones(2)})
+    with pytest.raises(ValueError, match="w: ipc transport: a tensor on cpu; CUDA IPC shares GPU memory only"):
+        gpu_handles({"w": torch.ones(2)})
+
+
+def test_ipc_payload_keys_each_tensor_by_every_gpu_of_the_engine():
+    """Two ranks on a TP-2 engine's GPUs: each tensor's entry names both GPUs, each with its own copy's handle;
+    parts that disagree on the bucket are refused rather than posted."""
+    bucket = {"w": torch.ones(2, 3), "b": torch.zeros(3)}
+    parts = [("GPU-a", ["wa", "ba"]), ("GPU-b", ["wb", "bb"])]
+    handles = pickle.loads(base64.b64decode(ipc_update_info(bucket, parts)["ipc_handles_pickled"]))
+    assert handles == [{"GPU-a": "wa", "GPU-b": "wb"}, {"GPU-a": "ba", "GPU-b": "bb"}]
+    with pytest.raises(WeightSyncError, match="share a GPU"):
+        ipc_update_info(bucket, [("GPU-a", ["w", "b"]), ("GPU-a", ["w", "b"])])
+    with pytest.raises(WeightSyncError, match="shared 1 tensors of a bucket of 2"):
+        ipc_update_info(bucket, [("GPU-a", ["w", "b"]), ("GPU-b", ["w"])])
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA IPC handles need a GPU")
 def test_ipc_payload_names_each_tensor_by_gpu():
     bucket = {"w": torch.ones(2, 3, device="cuda", dtype=torch.bfloat16), "b": torch.zeros(3, device="cuda")}
-    info = ipc_update_info(bucket)
+    info = ipc_update_info(bucket, [gpu_handles(bucket)])
     assert info["names"] == ["w", "b"] and info["dtype_names"] == ["bfloat16", "float32"]
     assert info["shapes"] == [[2, 3], [3]]
     handles = pickle.loads(base64.b64decode(info["ipc_handles_pickled"]))

@@ -7,8 +7,11 @@ backend must match):
 
 - ``vime_shm``: safetensors files in shared memory (``shm_weight_transfer.py``); any engine on the trainer's
   host, CPU or GPU.
-- ``ipc``: vLLM's own CUDA IPC engine, for an engine on the trainer's GPU (colocated): each bucket travels as
-  IPC handles of the trainer's GPU tensors, which the engine maps and copies from; nothing is copied to the host.
+- ``ipc``: vLLM's own CUDA IPC engine, for engines on the trainer's GPUs (colocated): each bucket travels as
+  IPC handles of GPU tensors, which the engine maps and copies from; nothing is copied to the host. Every engine
+  worker maps the copy on its own GPU, found by that GPU's UUID: the trainer ranks on an engine's GPUs each hold
+  the full bucket, gather their handles to the first of them (``IpcShare``), and it posts one request per bucket
+  to that engine alone.
 - ``nccl``: vLLM's own NCCL engine, for engines on other GPUs or nodes: the sender is rank 0 of one NCCL group
   with every engine worker (``connect``) and broadcasts each bucket's tensors while the engines'
   ``/update_weights`` calls, which block until they have received them, wait in threads.
@@ -44,6 +47,17 @@ class WeightTarget:
     transport: str
     workers_per_engine: int = 1  # an engine's GPUs: its ranks in an NCCL group
     generation: int = 0  # bumped whenever engines restart: an NCCL group with them must be formed again
+    engine_ranks: tuple[tuple[int, ...], ...] = ()  # ipc: per engine, the trainer ranks on its GPUs in its order
+
+    def ipc_engine_of(self, rank: int) -> int:
+        """ipc: the engine on trainer rank ``rank``'s GPU. One trainer rank with no routes: the one engine."""
+        if not self.engine_ranks and len(self.urls) == 1 and rank == 0:
+            return 0
+        for engine, ranks in enumerate(self.engine_ranks):
+            if rank in ranks:
+                return engine
+        raise WeightSyncError(f"ipc transport: trainer rank {rank} is on none of the engines' GPUs "
+                              f"({self.engine_ranks or 'no routes given'})")
 
 
 def choose_transport(requested: str, engine_backend: str, on_gpu: bool, colocate: bool,
@@ -118,19 +132,57 @@ def tensor_meta(bucket: dict[str, torch.Tensor]) -> dict:
             "shapes": [list(t.shape) for t in bucket.values()]}
 
 
-def ipc_update_info(bucket: dict[str, torch.Tensor]) -> dict:
-    """``/update_weights`` body for vLLM's ``ipc`` engine: per tensor, its CUDA IPC handle keyed by the GPU's
-    UUID (the engine rebuilds the tensor on its own device index). The handles are pickled, which the engine
-    accepts only with ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` (set for colocated engines)."""
+def cuda_ipc_share(tensor: torch.Tensor) -> tuple[str, object]:
+    """The UUID of the GPU ``tensor`` lives on and a CUDA IPC handle of it (what ``reduce_tensor`` pickles; the
+    engine rebuilds the tensor on its own device index)."""
     from torch.multiprocessing.reductions import reduce_tensor
 
-    handles = []
+    if not tensor.is_cuda:
+        raise ValueError(f"ipc transport: a tensor on {tensor.device}; CUDA IPC shares GPU memory only")
+    return str(torch.cuda.get_device_properties(tensor.device).uuid), reduce_tensor(tensor)[1]
+
+
+def gpu_handles(bucket: dict[str, torch.Tensor], share: Callable = cuda_ipc_share) -> tuple[str, list]:
+    """This process's part of an IPC bucket: its GPU's UUID and one handle per tensor, in the bucket's order."""
+    gpus, handles = set(), []
     for name, tensor in bucket.items():
-        if not tensor.is_cuda:
-            raise ValueError(f"ipc transport: {name} is on {tensor.device}; CUDA IPC shares GPU memory only")
-        gpu = str(torch.cuda.get_device_properties(tensor.device).uuid)
-        handles.append({gpu: reduce_tensor(tensor)[1]})
+        try:
+            gpu, handle = share(tensor)
+        except ValueError as error:
+            raise ValueError(f"{name}: {error}") from None
+        gpus.add(gpu)
+        handles.append(handle)
+    if len(gpus) != 1:
+        raise ValueError(f"ipc transport: one bucket's tensors lie on {len(gpus)} GPUs ({sorted(gpus)}); a rank "
+                         "shares the copy on its own GPU only")
+    return gpus.pop(), handles
+
+
+def ipc_update_info(bucket: dict[str, torch.Tensor], parts: list[tuple[str, list]]) -> dict:
+    """``/update_weights`` body for vLLM's ``ipc`` engine: per tensor, a dict from each of the engine's GPU UUIDs to
+    the handle of the copy on that GPU (``parts``: ``gpu_handles`` of each rank on the engine's GPUs). The
+    handles are pickled, which the engine accepts only with ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` (set for
+    colocated engines)."""
+    gpus = [gpu for gpu, _ in parts]
+    if len(set(gpus)) != len(gpus):
+        raise WeightSyncError(f"ipc transport: two ranks of one engine share a GPU ({gpus})")
+    for gpu, handles in parts:
+        if len(handles) != len(bucket):
+            raise WeightSyncError(f"ipc transport: the rank on GPU {gpu} shared {len(handles)} tensors of a bucket "
+                                  f"of {len(bucket)}; the ranks of one engine must push the same buckets")
+    handles = [{gpu: part[i] for gpu, part in parts} for i in range(len(bucket))]
     return {**tensor_meta(bucket), "ipc_handles_pickled": base64.b64encode(pickle.dumps(handles)).decode()}
+
+
+@dataclass
+class IpcShare:
+    """How one trainer rank takes part in an IPC push: ``group``, the ranks on its engine's GPUs (None: it is the
+    only one), gathers every rank's handles to global rank ``lead``, which posts them; ``share`` names a tensor's
+    GPU and makes its handle (stand-in devices in the tests)."""
+    group: object | None = None
+    lead: int = 0
+    posts: bool = True
+    share: Callable[[torch.Tensor], tuple[str, object]] = cuda_ipc_share
 
 
 def _raise_refusal(calls: list[Future]) -> None:
@@ -169,7 +221,9 @@ class WeightSync:
     """Trainer side of the weight push for engines reachable at ``engine_urls``, over ``transport``."""
 
     def __init__(self, engine_urls: list[str], bucket_bytes: int = 512 * 2**20, transport: str = "vime_shm",
-                 shm_dir: str | None = None, timeout_s: float = 600.0):
+                 shm_dir: str | None = None, timeout_s: float = 600.0, ipc: IpcShare | None = None):
+        """``ipc``: with the ipc transport, this process's part among the ranks on the engine's GPUs (default:
+        alone, posting its own handles to every engine in ``engine_urls``)."""
         if transport not in TRANSPORTS:
             raise ValueError(f"weight transport {transport!r} is not one of {TRANSPORTS}")
         self.engine_urls = [u.rstrip("/") for u in engine_urls]
@@ -179,6 +233,7 @@ class WeightSync:
         self._http = httpx.Client(timeout=timeout_s)
         self._sent_versions: dict[str, str] = {}
         self.group = None  # nccl: this process's end of the group with the engines' workers (``connect``)
+        self.ipc = ipc or IpcShare()
 
     def post(self, url: str, route: str, **kwargs) -> None:
         """POST to one engine; an error answer raises ``WeightSyncError`` with the engine's reason."""
@@ -230,12 +285,7 @@ class WeightSync:
             if self.transport == "nccl":
                 self._broadcast(bucket)
             elif self.transport == "ipc":
-                # The bucket stays referenced until every engine has copied it (the call returns after the
-                # engine loaded it), so the shared GPU memory is not reused under it.
-                bucket = packed(bucket)
-                info = ipc_update_info(bucket)
-                for url in self.engine_urls:
-                    self.post(url, "/update_weights", json={"update_info": info})
+                self._send_ipc(packed(bucket))
             else:
                 path = os.path.join(self.shm_dir, f"vime_ext_weights_{uuid.uuid4().hex}.safetensors")
                 save_file(bucket, path)
@@ -246,6 +296,34 @@ class WeightSync:
                     os.unlink(path)
             sent += len(bucket)
         return sent
+
+    def _send_ipc(self, bucket: dict[str, torch.Tensor]) -> None:
+        """One bucket over CUDA IPC: every rank on the engine's GPUs gives its handles to the lead, which posts
+        them in one request. All keep the bucket until the engine has copied it (the lead's post returns after
+        the engine loaded it; the others wait for the lead's word), so the shared memory is not reused under it;
+        an engine's refusal is raised on every rank of the group, so none waits for a bucket that never comes."""
+        import torch.distributed as dist
+
+        mine = gpu_handles(bucket, self.ipc.share)
+        parts, failure = [mine], None
+        if self.ipc.group is not None:
+            parts = [None] * dist.get_world_size(self.ipc.group) if self.ipc.posts else None
+            dist.gather_object(mine, parts, dst=self.ipc.lead, group=self.ipc.group)
+        if self.ipc.posts:
+            try:
+                info = ipc_update_info(bucket, parts)
+                for url in self.engine_urls:
+                    self.post(url, "/update_weights", json={"update_info": info})
+            except Exception as error:  # noqa: BLE001 (told to the group, then raised here)
+                failure = error
+        if self.ipc.group is not None:
+            word = [None if failure is None else f"{type(failure).__name__}: {failure}"]
+            dist.broadcast_object_list(word, src=self.ipc.lead, group=self.ipc.group)
+            if failure is None and word[0] is not None:
+                raise WeightSyncError(f"ipc transport: rank {self.ipc.lead}, which posts this engine's buckets, "
+                                      f"failed: {word[0]}")
+        if failure is not None:
+            raise failure
 
     def _broadcast(self, bucket: dict[str, torch.Tensor]) -> None:
         """One bucket over NCCL: every engine's ``/update_weights`` (it receives in the order of the names it is

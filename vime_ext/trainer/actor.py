@@ -14,6 +14,7 @@ import torch
 from vime_ext.algorithms.advantages import gae_advantages, terminal_rewards, whiten
 from vime_ext.algorithms.train_data import TrainSequence
 from vime_ext.arguments import TrainConfig
+from vime_ext.gpu_sharing import GpuSharing
 from vime_ext.trainer.batching import MicroBatch, copy_rows, micro_batches
 from vime_ext.trainer.forward import forward_backward, forward_log_probs
 from vime_ext.trainer.memory_handover import (MemoryHandover, ipc_shareable_allocations, memory_snapshot,
@@ -57,7 +58,7 @@ class TrainActor:
         from vime_ext.trainer.parallel import Rendezvous, init_distributed
 
         self.config, self.shape, self.rank = config, config.shape, rank
-        if config.cluster.colocate and torch.cuda.is_available():
+        if GpuSharing.from_config(config).releases_memory():
             use_releasable_allocations()  # before anything is allocated: the hand-over must get it all back
         parallel = config.trainer.parallel
         # Sequence parallelism splits the packed row over TP ranks, so it must divide evenly.
@@ -306,14 +307,17 @@ class TrainActor:
     # ---- weights out: engines and checkpoints --------------------------------------------------------------
 
     def push_weights(self, target: "WeightTarget", bucket_bytes: int) -> int:
-        """Send this stage's weights to the engines ``target`` names (data-parallel rank 0's TP rank 0 sends;
-        every TP rank of that stage joins the gathers). The driver opens and closes the update around all
-        stages. The sender keeps its ``WeightSync`` between pushes (an NCCL group lives as long as its engines)
-        and makes a new one when the target changes, e.g. after an engine restart."""
+        """Send the weights to the engines ``target`` names. Over ipc (colocated) every rank takes part and feeds
+        the engine on its own GPU (``colocated_push.py``); otherwise each stage's data-parallel rank 0, TP rank 0
+        sends its stage's weights to every engine, the stage's other TP ranks joining the gathers. The driver
+        opens and closes the update around all of it. The sender is kept between pushes (an NCCL group lives as
+        long as its engines) and made again when the target changes, e.g. after an engine restart."""
         from vime_ext.trainer.hf_weights import iter_hf_weights
         from vime_ext.engines.weight_sync import WeightSync
 
         self.weights_ready()
+        if target.transport == "ipc":
+            return self._push_colocated(target, bucket_bytes)
         if self.ps.get_data_parallel_rank() != 0:
             return 0
         weights = iter_hf_weights(self.model, self.shape)
@@ -328,8 +332,17 @@ class TrainActor:
             if target.transport == "nccl":
                 sync.connect(target.workers_per_engine)
             self._weight_sync = ((target, bucket_bytes), sync)
-        with ipc_shareable_allocations(target.transport == "ipc"):
-            return self._weight_sync[1].send(weights)
+        return self._weight_sync[1].send(weights)
+
+    def _push_colocated(self, target: "WeightTarget", bucket_bytes: int) -> int:
+        from vime_ext.trainer.colocated_push import ColocatedPush
+
+        if self._weight_sync is None or self._weight_sync[0] != (target, bucket_bytes):
+            if self._weight_sync is not None:
+                self._weight_sync[1].close()
+            self._weight_sync = ((target, bucket_bytes), ColocatedPush(target, self.rank, bucket_bytes))
+        with ipc_shareable_allocations(True):
+            return self._weight_sync[1].send(self.model, self.shape)
 
     def weights_ready(self) -> None:
         """Finish what the optimizers left for the next forward (``--overlap-param-gather``'s all-gather of the

@@ -79,3 +79,35 @@ def iter_hf_weights(model: torch.nn.Module, shape: ModelShape) -> Iterator[tuple
             shards = [torch.empty_like(param.data) for _ in range(tp_size)]
             dist.all_gather(shards, param.data.contiguous(), group=tp_group)
         yield from mapping.to_hf(name, mapping.unshard(name, shards, param))
+
+
+@torch.no_grad()
+def iter_all_hf_weights(model: torch.nn.Module, shape: ModelShape) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield ``(hf_name, full tensor)`` for every pipeline stage's params, on this rank's device: its own stage's
+    gathered over TP (``iter_hf_weights``), the other stages' broadcast over the pipeline group by the rank that
+    holds them. For receivers on every trainer GPU (colocated engines, each mapping the copy on its own GPU).
+
+    Every rank of the model takes part; each stage's ranks broadcast in stage order, one tensor at a time (name,
+    dtype and shape first), so no rank holds more than one foreign tensor at once."""
+    from megatron.core import parallel_state
+
+    pp_size = parallel_state.get_pipeline_model_parallel_world_size()
+    if pp_size == 1:
+        yield from iter_hf_weights(model, shape)
+        return
+    group = parallel_state.get_pipeline_model_parallel_group()
+    stage_ranks = dist.get_process_group_ranks(group)
+    own_stage = parallel_state.get_pipeline_model_parallel_rank()
+    device = next(unwrap(model).parameters()).device
+    for stage, src in enumerate(stage_ranks):
+        own = iter_hf_weights(model, shape) if stage == own_stage else None
+        while True:
+            item = next(own, None) if own is not None else None
+            meta = [None if item is None else (item[0], item[1].dtype, tuple(item[1].shape))]
+            dist.broadcast_object_list(meta, src=src, group=group, device=device if device.type == "cuda" else None)
+            if meta[0] is None:
+                break
+            name, dtype, size = meta[0]
+            tensor = item[1].contiguous() if item is not None else torch.empty(size, dtype=dtype, device=device)
+            dist.broadcast(tensor, src=src, group=group)
+            yield name, tensor

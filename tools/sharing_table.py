@@ -1,0 +1,62 @@
+"""Per-phase seconds of training runs that differ in how engines and trainer share the GPUs: one row per run
+(a ``metrics.jsonl`` of ``--tensorboard-dir``), the median of each phase over the rollouts after the first
+(which compiles, warms caches and fills the engines' prefix caches from nothing), and the step's ratio to the
+first row's.
+
+    python tools/sharing_table.py "colocated, 4 GPUs=RUN_A/metrics.jsonl" "separate, 4 GPUs=RUN_B/metrics.jsonl"
+
+Hand-over: the engines' sleep and wake-up and the trainer ranks' release and reload of their memory (colocated
+only); push: the weight transfer itself.
+"""
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+HANDOVER = ("time/sleep", "time/reload", "time/offload", "time/wake_up")
+PHASES = [("rollout s", ("time/rollout",)), ("log-probs s", ("time/log_probs",)), ("train s", ("time/train",)),
+          ("hand-over s", HANDOVER), ("push s", ("time/weight_sync",)), ("step s", ("time/total",))]
+
+
+def phase_medians(path: Path) -> dict[str, float]:
+    """Each phase's median over the training rollouts after the first; a phase a run never logs is 0."""
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{number}: not valid JSON ({err.msg})") from err
+    rows = [r for r in rows if "time/total" in r]
+    if len(rows) < 2:
+        raise ValueError(f"{path}: {len(rows)} training rollouts; the table needs 2 or more (the first is left "
+                         "out as warm-up)")
+    return {name: statistics.median(sum(r.get(k, 0.0) for k in keys) for r in rows[1:]) for name, keys in PHASES}
+
+
+def table(runs: list[tuple[str, Path]]) -> str:
+    figures = [(label, phase_medians(path)) for label, path in runs]
+    first = figures[0][1]["step s"]
+    lines = ["| run | " + " | ".join(name for name, _ in PHASES) + " | step vs first |",
+             "|---" * (len(PHASES) + 2) + "|"]
+    for label, row in figures:
+        lines.append(f"| {label} | " + " | ".join(f"{row[name]:.2f}" for name, _ in PHASES)
+                     + f" | {first / row['step s']:.2f}x |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="+", help="LABEL=PATH to a run's metrics.jsonl")
+    args = parser.parse_args(argv)
+    runs = []
+    for run in args.runs:
+        label, eq, path = run.rpartition("=")
+        if not eq or not label:
+            parser.error(f"{run!r}: give LABEL=PATH")
+        runs.append((label, Path(path)))
+    print(table(runs))
+
+
+if __name__ == "__main__":
+    main()

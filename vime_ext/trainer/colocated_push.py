@@ -1,0 +1,47 @@
+"""A trainer rank's part in the colocated weight push (CUDA IPC): every rank holds every stage's full tensors on
+its own GPU and gives their handles to the engine on that GPU.
+
+vLLM's IPC engine takes, per tensor, one handle per GPU of the engine, keyed by the GPU's UUID, in one request;
+each of its workers maps the copy on its own GPU. So the ranks on one engine's GPUs (``WeightTarget.engine_ranks``,
+placed by ``gpu_sharing.py``) form a group: each builds the full tensors (TP gathers within its model copy,
+pipeline stages broadcast to each other: ``iter_all_hf_weights``), and the first of them gathers the group's
+handles and posts them to its engine alone. Every data-parallel copy feeds its own engines, so all GPUs work.
+"""
+
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from vime_ext.engines.weight_sync import IpcShare, WeightSync, WeightTarget, cuda_ipc_share
+from vime_ext.models.model_config import ModelShape
+from vime_ext.trainer.hf_weights import iter_all_hf_weights
+
+
+def engine_groups(engine_ranks: tuple[tuple[int, ...], ...]) -> list:
+    """One process group per engine with more than one rank (None for one rank). Every rank of the world must
+    call this with the same routes, as ``torch.distributed.new_group`` requires."""
+    return [dist.new_group(list(ranks)) if len(ranks) > 1 else None for ranks in engine_ranks]
+
+
+class ColocatedPush:
+    """This rank's sender for ``target``: kept between pushes, made again when the target changes."""
+
+    def __init__(self, target: WeightTarget, rank: int, bucket_bytes: int,
+                 share: Callable[[torch.Tensor], tuple[str, object]] = cuda_ipc_share):
+        if target.transport != "ipc":
+            raise ValueError(f"a colocated push goes over ipc, not {target.transport}")
+        engine = target.ipc_engine_of(rank)
+        ranks = target.engine_ranks[engine] if target.engine_ranks else (rank,)
+        group = engine_groups(target.engine_ranks)[engine] if target.engine_ranks else None
+        self.target = target
+        self.sync = WeightSync([target.urls[engine]], bucket_bytes=bucket_bytes, transport="ipc",
+                               ipc=IpcShare(group, lead=ranks[0], posts=rank == ranks[0], share=share))
+
+    def send(self, model: torch.nn.Module, shape: ModelShape) -> int:
+        """Push every tensor; returns how many this rank posted (0 on a rank that only gives its handles)."""
+        sent = self.sync.send(iter_all_hf_weights(model, shape))
+        return sent if self.sync.ipc.posts else 0
+
+    def close(self) -> None:
+        self.sync.close()
