@@ -24,10 +24,9 @@
 #                                       # (default 6) rollouts each; MemAgent on items of 1 to 9 chunks;
 #                                       # ASYNC_LAYOUT=split: trainer and engine on GPUs of their own
 #   ... gpu_recipe.sh async_split       # 4 GPUs: both split runs at once (2 GPUs each), then the table
-# and how engines and trainer share 4 GPUs (tools/sharing_table.py), after both prepares:
-#   ... gpu_recipe.sh sharing   # MemAgent colocated on 4 GPUs, then on GPUs 0-1 while MemUpdate runs colocated on
-#                               # 2-3; MemAgent apart on 4 (the default); MemUpdate colocated on 4 with two TP-2
-#                               # engines; the SmolLM2 smoke colocated on every GPU; then the table
+# and how engines and trainer share the machine's GPUs (tools/sharing_table.py), after both prepares:
+#   ... gpu_recipe.sh sharing   # MemAgent colocated (TP-1 engines), colocated at TP 2 (TP-2 engines), apart;
+#                               # MemUpdate colocated; the SmolLM2 smoke colocated on every GPU; then the table
 # or all of the above on one machine of 2 or more GPUs, as one background job (a device lease is 30 minutes):
 #   bash tools/gpu_recipe.sh all   # progress in VIME_EXT_OUT/all.log; with 4 GPUs, the two-GPU tests and the
 #                                  # async pair run on GPUs 2-3 while the loops and evals use GPUs 0-1, then
@@ -235,28 +234,32 @@ layout_run() {
   )
 }
 
+# sharing ARGS...: on every GPU of this machine (N of them), MemAgent colocated (TP 1 below 4 GPUs, else 2; TP-1
+# engines), colocated at TP 2 with TP-2 engines, and apart (the script's default); MemUpdate colocated; the
+# SmolLM2 smoke colocated; then the table
 sharing() {
-  local status=0 pid
+  local status=0 n all
+  n=$(source _common.sh && echo "${NUM_GPUS}")
+  all=$(seq -s, 0 $((n - 1)))
   : >"${OUT_DIR}/all.log"
-  log "sharing: $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1)"
-  layout_run mem_agent colocated_4gpu 0,1,2,3 6400 COLOCATE=1 -- "$@" || status=1
-  layout_run mem_agent colocated_2gpu 0,1 6410 COLOCATE=1 -- "$@" & pid=$!
-  layout_run mem_update colocated_2gpu 2,3 6420 COLOCATE=1 -- "$@" || status=1
-  wait "${pid}" || status=1
-  layout_run mem_agent separate_4gpu 0,1,2,3 6430 COLOCATE=0 -- "$@" || status=1
-  layout_run mem_update colocated_4gpu_tp2 0,1,2,3 6440 COLOCATE=1 -- --rollout-num-gpus-per-engine 2 "$@" \
+  log "sharing: ${n} x $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1)"
+  layout_run mem_agent "colocated_${n}gpu" "${all}" 6400 COLOCATE=1 -- "$@" || status=1
+  layout_run mem_agent "colocated_${n}gpu_tp2" "${all}" 6410 COLOCATE=1 TP=2 -- --rollout-num-gpus-per-engine 2 \
+    "$@" || status=1
+  layout_run mem_agent "separate_${n}gpu" "${all}" 6420 COLOCATE=0 -- "$@" || status=1
+  layout_run mem_update "colocated_${n}gpu" "${all}" 6430 COLOCATE=1 -- "$@" || status=1
+  VIME_EXT_OUT=${OUT_DIR}/smoke logged "smollm2_colocated_${n}gpu" "" bash tools/run_multi_gpu.sh colocate \
     || status=1
-  VIME_EXT_OUT=${OUT_DIR}/smoke logged smollm2_colocated_4gpu "" bash tools/run_multi_gpu.sh colocate || status=1
   sharing_table | tee "${OUT_DIR}/sharing_table.md" || status=1
   log "sharing: done, exit ${status}"
   return "${status}"
 }
 
 sharing_table() {
-  local runs=() name
-  for name in mem_agent_colocated_4gpu mem_agent_separate_4gpu mem_agent_colocated_2gpu mem_update_colocated_2gpu \
-      mem_update_colocated_4gpu_tp2; do
-    if [ -f "${OUT_DIR}/${name}_tb/metrics.jsonl" ]; then runs+=("${name}=${OUT_DIR}/${name}_tb/metrics.jsonl"); fi
+  local runs=() tb name
+  for tb in "${OUT_DIR}"/*_tb; do
+    name=$(basename "${tb}" _tb)
+    if [ -f "${tb}/metrics.jsonl" ]; then runs+=("${name}=${tb}/metrics.jsonl"); fi
   done
   python tools/sharing_table.py "${runs[@]}"
 }

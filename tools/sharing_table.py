@@ -6,7 +6,8 @@ first row's.
     python tools/sharing_table.py "colocated, 4 GPUs=RUN_A/metrics.jsonl" "separate, 4 GPUs=RUN_B/metrics.jsonl"
 
 Hand-over: the engines' sleep and wake-up and the trainer ranks' release and reload of their memory (colocated
-only); push: the weight transfer itself.
+only); push: the weight transfer itself; step: the whole step less its checkpoint save (a run saves at its end,
+which would otherwise decide the median of a short run).
 """
 
 import argparse
@@ -17,6 +18,7 @@ from pathlib import Path
 HANDOVER = ("time/sleep", "time/reload", "time/offload", "time/wake_up")
 PHASES = [("rollout s", ("time/rollout",)), ("log-probs s", ("time/log_probs",)), ("train s", ("time/train",)),
           ("hand-over s", HANDOVER), ("push s", ("time/weight_sync",)), ("step s", ("time/total",))]
+NEGATIVE = {"step s": ("time/save",)}  # subtracted from the phase
 
 
 def phase_medians(path: Path) -> dict[str, float]:
@@ -31,7 +33,8 @@ def phase_medians(path: Path) -> dict[str, float]:
     if len(rows) < 2:
         raise ValueError(f"{path}: {len(rows)} training rollouts; the table needs 2 or more (the first is left "
                          "out as warm-up)")
-    return {name: statistics.median(sum(r.get(k, 0.0) for k in keys) for r in rows[1:]) for name, keys in PHASES}
+    return {name: statistics.median(sum(r.get(k, 0.0) for k in keys) - sum(r.get(k, 0.0) for k in NEGATIVE.get(name, ()))
+                                    for r in rows[1:]) for name, keys in PHASES}
 
 
 def table(runs: list[tuple[str, Path]]) -> str:

@@ -1,0 +1,116 @@
+"""GPU sharing decided in one place (vime_ext/gpu_sharing.py): the mode from the flags, the engine count, the
+engines' vLLM flags and transport, and the order of the colocated hand-over.
+
+The hand-over's GPU branch (the trainer ranks hand their memory to the engines and back) needs CUDA and vLLM's
+sleep mode; its order is checked here with a recorder in place of the ranks and the manager, and ran for real on
+2 x H200 (docs/performance.md). The colocated loop on CPU engines runs for real in tests/train/test_train_loop.py."""
+
+import json
+
+import pytest
+
+from vime_ext.arguments import parse_train_args
+from vime_ext.gpu_sharing import COLOCATED_GPU_MEMORY, GpuSharing, Mode
+
+
+@pytest.fixture
+def base(tiny_hf_dirs, tmp_path) -> list[str]:
+    data = tmp_path / "prompts.jsonl"
+    data.write_text(json.dumps({"prompt": "1 + 1 =", "label": "2"}) + "\n")
+    return ["--hf-checkpoint", str(tiny_hf_dirs["qwen3"]), "--prompt-data", str(data)]
+
+
+@pytest.mark.parametrize("flags, mode, engines", [
+    ([], Mode.SEPARATE, 1),
+    (["--rollout-num-gpus", "4", "--rollout-num-gpus-per-engine", "2"], Mode.SEPARATE, 2),
+    (["--colocate", "--actor-num-gpus-per-node", "4"], Mode.COLOCATED, 4),
+    (["--colocate", "--actor-num-gpus-per-node", "4", "--rollout-num-gpus-per-engine", "2"], Mode.COLOCATED, 2),
+    (["--colocate", "--async-training"], Mode.RESIDENT, 1),
+])
+def test_the_mode_and_engine_count_come_from_the_flags(base, flags, mode, engines):
+    sharing = GpuSharing.from_config(parse_train_args(base + flags), on_gpu=True)
+    assert sharing.mode is mode and sharing.num_engines == engines
+    assert sharing.shares_gpus == (mode is not Mode.SEPARATE) and sharing.engines_sleep == (mode is Mode.COLOCATED)
+    # Engines with GPUs of their own get a bundle of them; colocated ones use the trainer's.
+    assert sharing.rollout_bundle_gpus(has_engines=True) == (0 if sharing.shares_gpus else sharing.rollout_gpus)
+
+
+def test_engine_flags_and_transport_follow_the_mode(base):
+    colocated = GpuSharing.from_config(parse_train_args(base + ["--colocate"]), on_gpu=True)
+    assert colocated.engine_flags([], engines_on_gpu=True) == [
+        "--tensor-parallel-size", "1", "--enable-sleep-mode", "--gpu-memory-utilization", str(COLOCATED_GPU_MEMORY)]
+    assert "--gpu-memory-utilization" not in colocated.engine_flags(["--gpu-memory-utilization", "0.7"], True)
+    assert colocated.transport(engines_on_gpu=True) == "ipc" and colocated.transport(engines_on_gpu=False) == "vime_shm"
+    resident = GpuSharing.from_config(parse_train_args(base + ["--colocate", "--async-training"]), on_gpu=True)
+    assert "--enable-sleep-mode" not in resident.engine_flags([], True) and resident.transport(True) == "ipc"
+    separate = GpuSharing.from_config(parse_train_args(base), on_gpu=True)
+    assert separate.engine_flags([], True) == ["--tensor-parallel-size", "1"] and separate.transport(True) == "nccl"
+    assert separate.engine_flags([], engines_on_gpu=False) == []
+
+
+class Recorder:
+    """Stands in for the trainer ranks and the rollout manager: records the calls, in order."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __len__(self):
+        return 2
+
+    def memory(self):
+        self.calls.append("ranks.memory")
+        return [{"allocated_gb": 1.0}, {"allocated_gb": 2.0}]
+
+    def release_memory(self, keep_weights=False):
+        self.calls.append(f"ranks.release(keep_weights={keep_weights})")
+        return [{}, {}]
+
+    def restore_memory(self):
+        self.calls.append("ranks.restore")
+        return [{}, {}]
+
+    def sleep(self):
+        self.calls.append("engines.sleep")
+
+    def wake_up(self, tags=None):
+        self.calls.append(f"engines.wake_up({tags})")
+
+
+def test_the_colocated_hand_over_never_holds_two_full_sets_of_memory(base):
+    sharing = GpuSharing.from_config(parse_train_args(base + ["--colocate"]), on_gpu=True)
+    both = Recorder()
+    times, memory = {}, {}
+    sharing.to_trainer(both, both, times, memory)
+    assert both.calls == ["ranks.memory", "engines.sleep", "ranks.restore"]
+    assert memory["rollout_allocated_gb"] == 2.0  # the largest over the ranks
+    both.calls.clear()
+    sharing.to_engines(lambda: both.calls.append("push") or 0.5, both, both, times, memory)
+    assert [c for c in both.calls if c != "ranks.memory"] == [
+        "ranks.release(keep_weights=True)", "engines.wake_up(['weights'])", "push", "ranks.release(keep_weights=False)",
+        "engines.wake_up(['kv_cache'])"]
+    assert times["weight_sync"] == 0.5 and {"sleep", "reload", "offload", "wake_up"} <= set(times)
+
+
+@pytest.mark.parametrize("flags", [[], ["--colocate", "--async-training"]])
+def test_engines_that_do_not_sleep_only_receive_the_push(base, flags):
+    sharing = GpuSharing.from_config(parse_train_args(base + flags), on_gpu=True)
+    both, times = Recorder(), {}
+    sharing.to_trainer(both, both, times, {})
+    sharing.to_engines(lambda: both.calls.append("push") or 0.1, both, both, times, {})
+    assert both.calls == ["push"] and times == {"weight_sync": 0.1}
+
+
+def test_start_up_hand_overs(base):
+    colocated = GpuSharing.from_config(parse_train_args(base + ["--colocate"]), on_gpu=True)
+    resident = GpuSharing.from_config(parse_train_args(base + ["--colocate", "--async-training"]), on_gpu=True)
+    for sharing, expected in ((colocated, ["ranks.release(keep_weights=False)"]),
+                              (resident, ["ranks.release(keep_weights=False)", "ranks.restore"])):
+        ranks = Recorder()
+        sharing.before_engines_start(ranks)
+        sharing.after_engines_start(ranks)
+        assert ranks.calls == expected
+    on_cpu = GpuSharing.from_config(parse_train_args(base + ["--colocate"]), on_gpu=False)
+    ranks = Recorder()
+    on_cpu.before_engines_start(ranks)
+    assert ranks.calls == []  # nothing to hand over without a GPU; the engines still sleep and wake
+    assert on_cpu.engines_sleep
