@@ -49,13 +49,22 @@ def connect_ray(world: int) -> None:
         ray.init(address="local", num_cpus=max(os.cpu_count() or 1, world + 2), **common)
 
 
+def _ray_node_address() -> str:
+    """The address of the Ray node this worker runs on, as the node was started with (``ray start
+    --node-ip-address``): the one its peers reach it at. ``ray.util.get_node_ip_address`` answers with the
+    machine's outward interface instead, which on a node started on another address (a second loopback node, a
+    machine with several networks) is not the node's."""
+    import ray
+
+    node_id = ray.get_runtime_context().get_node_id()
+    return next(n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id)
+
+
 class _TrainWorker:
     """The Ray-side holder of one TrainActor (created after the rank-0 address is known)."""
 
     def node_ip(self) -> str:
-        import ray
-
-        return ray.util.get_node_ip_address()
+        return _ray_node_address()
 
     def address(self, one_node: bool) -> tuple[str, int]:
         """Where rank 0's store listens: the loopback when every rank is on its node, else the node's address."""
@@ -78,7 +87,19 @@ class _TrainWorker:
         return getattr(self.actor, method)(*args)
 
 
+def _by_node(nodes: list[str]) -> str:
+    """``["a", "b", "a"]`` -> ``"a (ranks 0, 2), b (rank 1)"``."""
+    parts = []
+    for node in dict.fromkeys(nodes):
+        ranks = [str(r) for r, n in enumerate(nodes) if n == node]
+        parts.append(f"{node} (rank{'s' if len(ranks) > 1 else ''} {', '.join(ranks)})")
+    return ", ".join(parts)
+
+
 class _ManagerWorker:
+    def node_ip(self) -> str:
+        return _ray_node_address()
+
     def setup(self, config: TrainConfig, placement: EnginePlacement | None, log_dir: str | None) -> list[str]:
         from vime_ext.rollout_manager import RolloutManager
 
@@ -278,6 +299,7 @@ class Cluster:
         # Threaded: with --async-training the driver calls it (pushes, metrics) while the producer's rollout runs.
         worker = ray.remote(_ManagerWorker).options(
             num_cpus=1, num_gpus=rollout_gpus, scheduling_strategy=in_bundle(world), max_concurrency=4).remote()
+        print(f"rollout manager (and its engines) on {ray.get(worker.node_ip.remote())}", flush=True)
         ray.get(worker.setup.remote(self.config, placement, log_dir))
         self.manager = RolloutManagerHandle(worker, use_ray=True)
         self.sharing.after_engines_start(self.ranks)
@@ -293,7 +315,9 @@ class Cluster:
                                       scheduling_strategy=self._in_bundle(i)).remote() for i in range(world)]
         self.ranks = TrainerRanks(workers, use_ray=True)
         if world:
-            one_node = len(set(ray.get([a.node_ip.remote() for a in workers]))) == 1
+            nodes = ray.get([a.node_ip.remote() for a in workers])
+            print(f"trainer ranks on {_by_node(nodes)}", flush=True)
+            one_node = len(set(nodes)) == 1
             addr, port = ray.get(workers[0].address.remote(one_node))
             self.layouts = ray.get([a.setup.remote(self.config, r, world, addr, port) for r, a in enumerate(workers)])
 
