@@ -153,6 +153,25 @@ def test_a_failed_start_names_the_error_far_above_the_tail(tmp_path):
     assert free_elsewhere("3")
 
 
+def test_a_failed_start_whose_server_does_not_exit_is_stopped_and_reported(tmp_path):
+    """A TP-2 vLLM engine on 2 x H200 logged that its engine core failed to start, and its API server stayed up,
+    its workers hung: the wait stops such a server after the grace period instead of waiting for /health."""
+    hang = textwrap.dedent("""
+        import time
+        print("(EngineCore pid=1) ERROR 11-27 20:13:47 [core.py:1330] EngineCore failed to start.", flush=True)
+        print("(EngineCore pid=1) RuntimeError: Worker failed with error 'CUDA error'", flush=True)
+        time.sleep(600)
+    """)
+    server = stand_in(tmp_path, ["5"], lambda port: [sys.executable, "-c", hang])
+    started = time.time()
+    with pytest.raises(RuntimeError) as error:
+        wait_until_serving([server], timeout_s=120, failed_start_grace_s=2)
+    assert time.time() - started < 60
+    assert "failed to start and was still running 2 s later; stopped" in str(error.value)
+    assert "Worker failed with error" in str(error.value)
+    assert not server.alive() and free_elsewhere("5")
+
+
 PROFILE_ERROR = ("(EngineCore pid=1) AssertionError: Error in memory profiling. Initial free memory 67.64 GiB, "
                  "current free memory 137.35 GiB. This happens when other processes sharing the same container "
                  "release GPU memory while vLLM is profiling during initialization.")

@@ -44,6 +44,11 @@ ERROR_LINE = re.compile(r"(\w+(Error|Exception)\b|\bERROR\b|out of memory)")
 # cover) freed memory in between. Seen on an H200 with a second recipe's SFT run on the same GPU.
 RETRYABLE_START = re.compile(r"Error in memory profiling")
 START_TRIES = 3
+# vLLM's engine core logs this when it cannot start. Its API server does not always exit then: a TP-2 engine whose
+# workers hung freeing symmetric memory after a failed profile run kept it alive for 10 minutes (2 x H200), so the
+# wait gives a server that logged it FAILED_START_GRACE_S to exit, then stops it and reports.
+FAILED_START = re.compile(r"EngineCore failed to start")
+FAILED_START_GRACE_S = 60.0
 
 ROUTER_POLICIES = ("round_robin", "consistent_hash", "random", "power_of_two", "cache_aware")
 
@@ -77,13 +82,19 @@ class ServerProcess:
         head = "error lines:\n" + "\n".join(dict.fromkeys(errors[-lines:])) + "\n" if errors else ""
         return f"{head}last output:\n{text[-3000:]}"
 
-    def may_start_again(self) -> bool:
-        """Whether it died starting for a reason that another try can fix (RETRYABLE_START), with tries left."""
-        if self.alive() or self.tries >= START_TRIES or not self.log_path.is_file():
-            return False
+    def latest_start_log(self) -> str:
+        """The output of its latest start."""
+        if not self.log_path.is_file():
+            return ""
         with open(self.log_path, "rb") as log:
             log.seek(self.log_offset)
-            return RETRYABLE_START.search(log.read().decode(errors="replace")) is not None
+            return log.read().decode(errors="replace")
+
+    def may_start_again(self) -> bool:
+        """Whether it died starting for a reason that another try can fix (RETRYABLE_START), with tries left."""
+        if self.alive() or self.tries >= START_TRIES:
+            return False
+        return RETRYABLE_START.search(self.latest_start_log()) is not None
 
     def start_again(self) -> None:
         """The same command on the same port, its output appended to the same log, the start lock still held."""
@@ -293,9 +304,10 @@ def last_log_line(server: ServerProcess, width: int = 160) -> str:
     return lines[-1][:width] if lines else "(nothing logged yet)"
 
 
-def wait_until_serving(engines: list[ServerProcess], timeout_s: float = 600.0,
-                       progress_every_s: float = 15.0) -> None:
-    """Block until every engine answers /health; an engine that exits or stays silent raises with its log. A
+def wait_until_serving(engines: list[ServerProcess], timeout_s: float = 600.0, progress_every_s: float = 15.0,
+                       failed_start_grace_s: float = FAILED_START_GRACE_S) -> None:
+    """Block until every engine answers /health; an engine that exits, stays silent, or logged that it failed to
+    start (FAILED_START) and is still running ``failed_start_grace_s`` later, raises with its log. A
     vLLM engine on a GPU takes a minute or two to start (loading weights, torch.compile, CUDA-graph capture, the
     KV cache's profile run): every ``progress_every_s`` the wait prints how long it has been and each pending
     server's latest log line. Each engine's GPU start lock is released once it serves, dies or is given up on. An
@@ -304,6 +316,7 @@ def wait_until_serving(engines: list[ServerProcess], timeout_s: float = 600.0,
     start = time.time()
     deadline, next_report = start + timeout_s, start + progress_every_s
     pending = list(engines)
+    failed_at: dict[str, float] = {}  # when a still-running engine was first seen to have logged FAILED_START
     try:
         while pending:
             for engine in list(pending):
@@ -316,6 +329,14 @@ def wait_until_serving(engines: list[ServerProcess], timeout_s: float = 600.0,
                 if not engine.alive():
                     raise RuntimeError(f"engine {engine.url} exited with code {engine.process.returncode}; "
                                        f"log {engine.log_path}, {engine.failure_report()}")
+                if FAILED_START.search(engine.latest_start_log()):
+                    seen = failed_at.setdefault(engine.url, time.time())
+                    if time.time() - seen >= failed_start_grace_s:
+                        report = engine.failure_report()
+                        engine.stop()
+                        raise RuntimeError(f"engine {engine.url} failed to start and was still running "
+                                           f"{failed_start_grace_s:.0f} s later; stopped. Log {engine.log_path}, "
+                                           f"{report}")
                 try:
                     if httpx.get(engine.url + "/health", timeout=2.0).status_code == 200:
                         pending.remove(engine)
