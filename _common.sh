@@ -12,6 +12,9 @@ export VIME_EXT_CACHE="${VIME_EXT_CACHE:-${HOME}/.cache/vime_ext}"
 # Keep NCCL away from NVLink multicast (it can take shared hosts' GPUs down); harmless elsewhere.
 export NCCL_NVLS_ENABLE="${NCCL_NVLS_ENABLE:-0}"
 export TORCH_SYMM_MEM_DISABLE_MULTICAST="${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}"
+export NVSHMEM_DISABLE_NVLS="${NVSHMEM_DISABLE_NVLS:-1}"
+# vLLM's tensor-parallel all-reduce fusion: FlashInfer's single-node backend, not its multicast one (mnnvl).
+export VLLM_FLASHINFER_ALLREDUCE_BACKEND="${VLLM_FLASHINFER_ALLREDUCE_BACKEND:-trtllm}"
 
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   NUM_GPUS=$(nvidia-smi -L | wc -l)

@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 
 # Passed to every Ray worker: nothing is fetched from a hub at run time, and caches stay where the driver's are.
 _WORKER_ENV = ("HF_HUB_OFFLINE", "TOKENIZERS_PARALLELISM", "VIME_EXT_CACHE", "VIME_EXT_LOG_DIR",
-               "VLLM_CPU_KVCACHE_SPACE", "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "PYTHONPATH")
+               "VLLM_CPU_KVCACHE_SPACE", "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS",
+               "VLLM_FLASHINFER_ALLREDUCE_BACKEND", "PYTHONPATH")
 
 
 def connect_ray(world: int) -> None:

