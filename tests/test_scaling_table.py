@@ -33,3 +33,31 @@ def test_bad_input_is_named(tmp_path):
     one = write_rows(tmp_path / "one.jsonl", [{"step": 0, **{key: 1.0 for key, _ in COLUMNS}}])
     with pytest.raises(ValueError, match="1 training rollouts; the table needs 2 or more"):
         read_run(LAYOUT, one)
+
+
+def test_the_sharing_table_sums_the_hand_over_and_leaves_the_save_out(tmp_path):
+    """tools/sharing_table.py: per-phase medians after the first rollout; the hand-over is the sleep, reload,
+    offload and wake-up together; a step's save is not part of its step."""
+    from tools.sharing_table import main, phase_medians
+
+    step = {"time/rollout": 10.0, "time/log_probs": 1.0, "time/train": 5.0, "time/sleep": 0.5, "time/reload": 1.0,
+            "time/offload": 2.0, "time/wake_up": 0.5, "time/weight_sync": 0.4, "time/total": 20.0}
+    rows = [{**step, "time/total": 90.0}, step, {**step, "time/save": 30.0, "time/total": 50.0}]
+    colocated = write_rows(tmp_path / "colocated.jsonl", rows)
+    assert phase_medians(colocated) == {"rollout s": 10.0, "log-probs s": 1.0, "train s": 5.0, "hand-over s": 4.0,
+                                        "push s": 0.4, "step s": 20.0}
+    apart = write_rows(tmp_path / "apart.jsonl", [{"time/rollout": 8.0, "time/total": 10.0}] * 2)
+    assert phase_medians(apart)["hand-over s"] == 0.0  # engines on GPUs of their own hand nothing over
+    with pytest.raises(SystemExit):
+        main([str(colocated)])  # no label
+
+
+def test_the_sharing_table_prints_one_row_per_run(tmp_path, capsys):
+    from tools.sharing_table import main
+
+    row = {"time/rollout": 4.0, "time/total": 10.0}
+    main([f"x, 2 GPUs={write_rows(tmp_path / 'x.jsonl', [row, row])}",
+          f"y={write_rows(tmp_path / 'y.jsonl', [row, {**row, 'time/total': 5.0}])}"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2].startswith("| x, 2 GPUs | 4.00 |") and lines[2].endswith("| 10.00 | 1.00x |")
+    assert lines[3].endswith("| 5.00 | 2.00x |")

@@ -19,19 +19,26 @@ COLUMNS = [("rollout/tokens_per_s", "rollout tok/s"), ("train/tokens_per_s", "tr
            ("time/weight_sync", "weight push s"), ("time/total", "step s")]
 
 
-def read_run(layout: dict, metrics_path: Path) -> dict:
-    """The run's ``layout`` (gpus, actor_gpus, rollout_gpus, tp) and the median of each column over its rollouts
-    after the first."""
+def training_rollouts(metrics_path: Path) -> list[dict]:
+    """The training rollouts' lines of a ``metrics.jsonl`` (evaluation lines carry no step figures); a line that
+    is not JSON is named by file and line. At least two: the first is left out as warm-up."""
     rows = []
     for number, line in enumerate(metrics_path.read_text().splitlines(), start=1):
         try:
             rows.append(json.loads(line))
         except json.JSONDecodeError as err:
             raise ValueError(f"{metrics_path}:{number}: not valid JSON ({err.msg})") from err
-    rows = [r for r in rows if "time/total" in r]  # evaluation lines carry no step figures
+    rows = [r for r in rows if "time/total" in r]
     if len(rows) < 2:
         raise ValueError(f"{metrics_path}: {len(rows)} training rollouts; the table needs 2 or more (the first "
                          "is left out as warm-up)")
+    return rows
+
+
+def read_run(layout: dict, metrics_path: Path) -> dict:
+    """The run's ``layout`` (gpus, actor_gpus, rollout_gpus, tp) and the median of each column over its rollouts
+    after the first."""
+    rows = training_rollouts(metrics_path)
     figures = {}
     for key, _ in COLUMNS:
         values = [r[key] for r in rows[1:] if key in r]

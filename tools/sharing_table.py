@@ -11,9 +11,12 @@ which would otherwise decide the median of a short run).
 """
 
 import argparse
-import json
 import statistics
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tools.scaling_table import training_rollouts  # noqa: E402
 
 HANDOVER = ("time/sleep", "time/reload", "time/offload", "time/wake_up")
 PHASES = [("rollout s", ("time/rollout",)), ("log-probs s", ("time/log_probs",)), ("train s", ("time/train",)),
@@ -23,16 +26,7 @@ NEGATIVE = {"step s": ("time/save",)}  # subtracted from the phase
 
 def phase_medians(path: Path) -> dict[str, float]:
     """Each phase's median over the training rollouts after the first; a phase a run never logs is 0."""
-    rows = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{number}: not valid JSON ({err.msg})") from err
-    rows = [r for r in rows if "time/total" in r]
-    if len(rows) < 2:
-        raise ValueError(f"{path}: {len(rows)} training rollouts; the table needs 2 or more (the first is left "
-                         "out as warm-up)")
+    rows = training_rollouts(path)
     return {name: statistics.median(sum(r.get(k, 0.0) for k in keys) - sum(r.get(k, 0.0) for k in NEGATIVE.get(name, ()))
                                     for r in rows[1:]) for name, keys in PHASES}
 
