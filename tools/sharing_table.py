@@ -27,8 +27,10 @@ NEGATIVE = {"step s": ("time/save",)}  # subtracted from the phase
 def phase_medians(path: Path) -> dict[str, float]:
     """Each phase's median over the training rollouts after the first; a phase a run never logs is 0."""
     rows = training_rollouts(path)
-    return {name: statistics.median(sum(r.get(k, 0.0) for k in keys) - sum(r.get(k, 0.0) for k in NEGATIVE.get(name, ()))
-                                    for r in rows[1:]) for name, keys in PHASES}
+    def seconds(row: dict, name: str, keys: tuple[str, ...]) -> float:
+        return sum(row.get(k, 0.0) for k in keys) - sum(row.get(k, 0.0) for k in NEGATIVE.get(name, ()))
+
+    return {name: statistics.median(seconds(r, name, keys) for r in rows[1:]) for name, keys in PHASES}
 
 
 def table(runs: list[tuple[str, Path]]) -> str:

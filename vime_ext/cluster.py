@@ -3,9 +3,9 @@ this process.
 
 Placement: one bundle per trainer rank (1 GPU each, packed onto as few nodes as possible) and one for the
 rollout manager, with the engines' GPUs when they have their own; ``gpu_sharing.py`` decides which, where the
-engines go, and the memory hand-overs. Without GPUs the bundles hold CPUs only and the counts mean processes. ``--debug-train-only`` starts
-no rollout manager (no engines), ``--debug-rollout-only`` no trainer ranks; an SFT run (``--loss-type sft_loss``)
-a rollout manager without engines (it reads the chats), on a CPU.
+engines go, and the memory hand-overs. Without GPUs the bundles hold CPUs only and the counts mean processes.
+``--debug-train-only`` starts no rollout manager (no engines), ``--debug-rollout-only`` no trainer ranks; an SFT
+run (``--loss-type sft_loss``) a rollout manager without engines (it reads the chats), on a CPU.
 
 Every Ray worker gets the launch directory (the driver's working directory) on its module path, through Ray's
 runtime environment, so plug-ins named by dotted path import there as they do in the driver.
@@ -279,7 +279,6 @@ class Cluster:
             connect_ray(world)
         actor_bundle = {"CPU": 1, **({"GPU": 1} if gpus else {})}
         bundles = [dict(actor_bundle) for _ in range(world)]
-        self.sharing = GpuSharing.from_config(self.config, on_gpu=gpus)
         rollout_gpus = self.sharing.rollout_bundle_gpus(self.has_engines)
         if self.has_manager:
             bundles.append({"CPU": 1, **({"GPU": rollout_gpus} if rollout_gpus else {})})
