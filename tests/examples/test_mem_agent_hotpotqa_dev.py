@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from examples.mem_agent.data import DataError, read_eval_file
-from examples.mem_agent.hotpotqa_dev import (MEMBER, build_item, held_out_docs, main, read_dev_json, read_hotpotqa,
-                                             split_questions, write_eval_files, write_training_items)
+from examples.mem_agent.hotpotqa_dev import (MEMBER, build_item, eval_token_counts, held_out_docs, main,
+                                             read_dev_json, read_hotpotqa, split_questions, write_eval_files,
+                                             write_training_items)
 
 SLICE = Path(__file__).parent / "data" / "hotpotqa_dev_slice.json"
 
@@ -128,3 +129,20 @@ def test_the_command_writes_test_validation_and_training_files(tmp_path, capsys)
     assert len((tmp_path / "hotpotqa_train.jsonl").read_text().splitlines()) == 2
     splits = json.loads((tmp_path / "splits.json").read_text())
     assert len(splits["test"]) == len(splits["validation"]) == 4 and splits["train"] == 8
+
+
+def test_token_counts_without_building_the_items_match_the_items(dev, tmp_path):
+    """The per-length token figures come from per-paragraph counts (the long files are too big to tokenize
+    whole); on the files themselves they agree with tokenizing each context whole."""
+    from transformers import AutoTokenizer
+
+    from vime_ext.models.packaged import qwen_tokenizer_dir
+
+    tokenizer = AutoTokenizer.from_pretrained(qwen_tokenizer_dir())
+    splits = split_questions(dev, 4, 4)
+    counts = eval_token_counts(dev, splits.test, [20, 60], tokenizer)
+    for path in write_eval_files(dev, splits.test, [20, 60], tmp_path):
+        items, _ = read_eval_file(path)
+        exact = [len(tokenizer(item.context, add_special_tokens=False)["input_ids"]) for item, _ in items]
+        estimated = counts[int(path.stem.split("_")[1])]
+        assert all(abs(e - x) <= 0.001 * x for e, x in zip(estimated, exact)), (estimated, exact)
