@@ -55,15 +55,11 @@ class EnginePlacement:
     gpus: tuple[tuple[int, ...], ...]
     ranks: tuple[tuple[int, ...], ...] = ()
 
-    def __len__(self) -> int:
-        return len(self.gpus)
-
 
 @dataclass(frozen=True)
 class GpuSharing:
     mode: Mode
     on_gpu: bool  # CUDA on the trainer's machine (the ranks' and engines' devices are GPUs)
-    trainer_gpus: int  # trainer ranks over every node
     rollout_gpus: int  # GPUs the engines run on: their own (separate) or the trainer's (colocated, resident)
     gpus_per_engine: int
     sleep_level: int
@@ -80,8 +76,7 @@ class GpuSharing:
             on_gpu = torch.cuda.is_available()
         mode = Mode.SEPARATE if not cl.colocate else (Mode.RESIDENT if config.rollout.async_training
                                                       else Mode.COLOCATED)
-        return cls(mode=mode, on_gpu=on_gpu, trainer_gpus=cl.actor_world_size,
-                   rollout_gpus=cl.actor_world_size if cl.colocate else (cl.rollout_num_gpus or 1),
+        return cls(mode=mode, on_gpu=on_gpu, rollout_gpus=cl.actor_world_size if cl.colocate else (cl.rollout_num_gpus or 1),
                    gpus_per_engine=cl.rollout_num_gpus_per_engine, sleep_level=cl.engine_sleep_level,
                    engine_backend=cl.engine_backend, requested_transport=cl.weight_transport,
                    pipeline_size=config.trainer.pipeline_model_parallel_size)

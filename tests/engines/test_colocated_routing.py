@@ -46,7 +46,7 @@ def engine_server() -> ThreadingHTTPServer:
 
 
 def sharing(engine_tp: int) -> GpuSharing:
-    return GpuSharing(Mode.COLOCATED, on_gpu=True, trainer_gpus=4, rollout_gpus=4, gpus_per_engine=engine_tp,
+    return GpuSharing(Mode.COLOCATED, on_gpu=True, rollout_gpus=4, gpus_per_engine=engine_tp,
                       sleep_level=1, engine_backend="vllm", requested_transport="auto", pipeline_size=1)
 
 

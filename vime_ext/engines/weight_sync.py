@@ -50,9 +50,7 @@ class WeightTarget:
     engine_ranks: tuple[tuple[int, ...], ...] = ()  # ipc: per engine, the trainer ranks on its GPUs in its order
 
     def ipc_engine_of(self, rank: int) -> int:
-        """ipc: the engine on trainer rank ``rank``'s GPU. One trainer rank with no routes: the one engine."""
-        if not self.engine_ranks and len(self.urls) == 1 and rank == 0:
-            return 0
+        """ipc: the engine on trainer rank ``rank``'s GPU."""
         for engine, ranks in enumerate(self.engine_ranks):
             if rank in ranks:
                 return engine

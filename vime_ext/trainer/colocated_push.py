@@ -32,9 +32,8 @@ class ColocatedPush:
         if target.transport != "ipc":
             raise ValueError(f"a colocated push goes over ipc, not {target.transport}")
         engine = target.ipc_engine_of(rank)
-        ranks = target.engine_ranks[engine] if target.engine_ranks else (rank,)
-        group = engine_groups(target.engine_ranks)[engine] if target.engine_ranks else None
-        self.target = target
+        ranks = target.engine_ranks[engine]
+        group = engine_groups(target.engine_ranks)[engine]
         self.sync = WeightSync([target.urls[engine]], bucket_bytes=bucket_bytes, transport="ipc",
                                ipc=IpcShare(group, lead=ranks[0], posts=rank == ranks[0], share=share))
 
