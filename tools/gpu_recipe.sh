@@ -25,6 +25,7 @@
 #                                       # ASYNC_LAYOUT=split: trainer and engine on GPUs of their own
 #   ... gpu_recipe.sh async_split       # 4 GPUs: both split runs at once (2 GPUs each), then the table
 # and how engines and trainer share the machine's GPUs (tools/sharing_table.py), after both prepares:
+#   ... gpu_recipe.sh layout EXAMPLE NAME VAR=VALUE... [-- flags]   # one of its runs; sharing_table: the table
 #   ... gpu_recipe.sh sharing   # MemAgent colocated (TP-1 engines), apart, MemUpdate colocated, MemAgent
 #                               # colocated at TP 2 (TP-2 engines), CONVERT=1 evals of both colocated saves, the
 #                               # SmolLM2 smoke colocated on every GPU; then the table
@@ -37,7 +38,7 @@
 # (one GPU: colocated, optimizer offload); any of the script's variables may be set around this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-STAGE=${1:?usage: gpu_recipe.sh prepare|train|eval|train_only|replay|weight_sync|table|both|async_bench|async_split|one_gpu|sharing|all [flags]}
+STAGE=${1:?usage: gpu_recipe.sh prepare|train|eval|train_only|replay|weight_sync|table|both|async_bench|async_split|one_gpu|sharing|layout|sharing_table|all [flags]}
 shift
 EXAMPLE=${EXAMPLE:-mem_agent}
 WORK=${WORK:-/tmp/gpu_recipe}
@@ -280,6 +281,12 @@ sharing_table() {
 case "${STAGE}" in
   sharing)
     sharing "$@" ;;
+  layout)
+    # one of sharing's runs alone, on every GPU: layout EXAMPLE NAME VAR=VALUE... [-- train.py flags]
+    layout_run "$1" "$2" "$(seq -s, 0 $(( $(source _common.sh && echo "${NUM_GPUS}") - 1 )))" "${RAY_PORT:-6440}" \
+      "${@:3}" ;;
+  sharing_table)
+    sharing_table | tee "${OUT_DIR}/sharing_table.md" ;;
   prepare)
     if [ ! -f "${HF_CKPT}/config.json" ]; then
       python tools/make_random_hf.py --shape qwen3-4b --out "${HF_CKPT}"
@@ -375,6 +382,6 @@ case "${STAGE}" in
     one_gpu "$@" ;;
   all)
     everything "$@" ;;
-  *) echo "usage: gpu_recipe.sh prepare|train|eval|train_only|replay|weight_sync|table|both|async_bench|async_split|one_gpu|sharing|all" >&2
+  *) echo "usage: gpu_recipe.sh prepare|train|eval|train_only|replay|weight_sync|table|both|async_bench|async_split|one_gpu|sharing|layout|sharing_table|all" >&2
      exit 2 ;;
 esac
