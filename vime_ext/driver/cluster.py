@@ -102,7 +102,7 @@ class _ManagerWorker:
         return _ray_node_address()
 
     def setup(self, config: TrainConfig, placement: EnginePlacement | None, log_dir: str | None) -> list[str]:
-        from vime_ext.rollout_manager import RolloutManager
+        from vime_ext.driver.rollout_manager import RolloutManager
 
         self.manager = RolloutManager(config, placement, log_dir)
         return self.manager.engine_urls()
@@ -252,7 +252,7 @@ class Cluster:
             self._start_local(log_dir)
 
     def _start_local(self, log_dir):
-        from vime_ext.rollout_manager import RolloutManager, gpu_ids_from_env
+        from vime_ext.driver.rollout_manager import RolloutManager, gpu_ids_from_env
         from vime_ext.trainer.actor import TrainActor
 
         if self.has_actors:
