@@ -271,7 +271,7 @@ def _rank_actor(flags: list[str]):
 def _train_on(actor, config, layout, seed: int = 0, nan_advantage: bool = False):
     """One rollout of ``rl_sequences(seed)``, this rank's data-parallel share of it; ``nan_advantage`` gives
     the first sequence a NaN advantage, which makes every gradient NaN."""
-    from vime_ext.train import plan_steps
+    from vime_ext.driver.step import plan_steps
 
     sequences = rl_sequences(config.shape.vocab_size, seed=seed)
     if nan_advantage:
@@ -531,7 +531,7 @@ def sft_loss_step(out_dir: str, flags: list[str]) -> None:
     from vime_ext.agent.sample import Sample
     from vime_ext.algorithms.train_data import samples_to_train_data
     from vime_ext.rollout.sft_rollout import chat_sample
-    from vime_ext.train import plan_steps
+    from vime_ext.driver.step import plan_steps
 
     config, actor, layout = _rank_actor(flags)
     masker = ChatMasker(AutoTokenizer.from_pretrained(config.checkpoint.hf_checkpoint))

@@ -6,8 +6,8 @@ import inspect
 
 import pytest
 
-from vime_ext.cluster import RolloutManagerHandle, TrainerRanks
-from vime_ext.rollout_manager import RolloutManager
+from vime_ext.driver.cluster import RolloutManagerHandle, TrainerRanks
+from vime_ext.driver.rollout_manager import RolloutManager
 from vime_ext.trainer.actor import TrainActor
 
 

@@ -390,7 +390,7 @@ def test_the_mem_update_smollm2_recipe_chains_sft_rl_and_both_evaluations(tiny_h
 
     # `all` with the base model's result copied from an earlier run (BASE_FROM): no base evaluation, its row in
     # the table. The stand-in evaluations write no results: the 4 x H200 run's stand in for them.
-    run = ROOT / "docs/runs/mem_update_smollm2_h200x4_run2/eval"
+    run = ROOT / "records/mem_update_smollm2_h200x4_run2/eval"
     (work / "eval").mkdir(exist_ok=True)
     for save_file in ("sft_s2", "rl_s2"):
         (work / "eval" / f"{save_file}.json").write_text((run / "rl_s0.json").read_text())

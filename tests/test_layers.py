@@ -18,8 +18,8 @@ LAYERS = [
     ("config", ["vime_ext.arguments", "vime_ext.gpu_sharing"]),  # the run's flags, checked; how GPUs are shared
     ("convert", ["vime_ext.convert"]),  # HF <-> Megatron names, one file per family
     ("trainer", ["vime_ext.trainer"]),
-    ("driver", ["vime_ext.rollout_manager", "vime_ext.cluster", "vime_ext.rollout_ahead", "vime_ext.train",
-                "vime_ext.evaluate", "vime_ext.demo"]),
+    ("driver", ["vime_ext.driver", "vime_ext.evaluate"]),  # the loop and the processes it starts; evaluation
+    ("entry points", ["vime_ext.train", "vime_ext.demo"]),
 ]
 
 

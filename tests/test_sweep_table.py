@@ -7,7 +7,7 @@ from statistics import mean
 
 from tools.sweep_table import main
 
-RUN = Path(__file__).resolve().parents[1] / "docs/runs/mem_agent_smollm2_h200x4_run4"
+RUN = Path(__file__).resolve().parents[1] / "records/mem_agent_smollm2_h200x4_run4"
 
 
 def test_a_variant_row_has_both_models_sub_em_and_grpo_signal(tmp_path):

@@ -117,7 +117,7 @@ def main(argv=None) -> None:
     from vime_ext.arguments import parse_train_args
     from vime_ext.models.model_config import ModelShape
     from vime_ext.net import free_port
-    from vime_ext.train import plan_steps
+    from vime_ext.driver.step import plan_steps
     from vime_ext.trainer.actor import TrainActor
 
     # First, while this process holds no GPU memory: the rate to beat.

@@ -193,7 +193,7 @@ def fetch(folder: Path, models: bool = False) -> None:
 
 def part_bytes(root: Path = ROOT) -> int:
     """The largest part (whole MiB) that fits a call beside the working tree as it travels: the files git tracks
-    or would track (untracked, not ignored), less TREE_MARGIN. docs/runs grows with every GPU run, so a fixed part
+    or would track (untracked, not ignored), less TREE_MARGIN. records/ grows with every GPU run, so a fixed part
     size once made the first call of a session too big."""
     listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=root, check=True,
                             capture_output=True).stdout.decode().split("\0")

@@ -1,7 +1,7 @@
 """Where the forward-only log-prob pass spends its time at 4096 tokens (Qwen3-4B shape): wall time vs summed
 kernel time, and the top kernels, for the Megatron SDPA model and the HF peer; 4096 and 4097 tokens.
 
-    python3 tools/probe_log_probs.py [--shape qwen3-4b]   (one CUDA GPU; a run: docs/logprob_probe_qwen3-4b_h100.txt)
+    python3 tools/probe_log_probs.py [--shape qwen3-4b]   (one CUDA GPU; a run: records/logprob_probe_qwen3-4b_h100.txt)
 """
 import sys
 import time

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
     from vime_ext.arguments import TrainConfig
-    from vime_ext.cluster import RolloutManagerHandle, TrainerRanks
+    from vime_ext.driver.cluster import RolloutManagerHandle, TrainerRanks
 
 # A colocated vLLM engine's default --gpu-memory-utilization: vLLM's own default, 0.9, would not fit beside the
 # trainer's CUDA context and what its allocator cannot hand back.

@@ -3,7 +3,7 @@ model are averaged (mean, and the spread as min..max), from the summaries ``run-
 
     python -m examples.mem_agent.length_table --save-dir SAVE_DIR --model base=base --model "SFT=sft_s*" \
         --model "SFT + RL=rl_s*" [--train-length 170] [--cost-of rl_s0] [--ceiling ceiling.json ...]
-        [--out docs/runs/mem_agent_smollm2]
+        [--out records/mem_agent_smollm2]
 
 A model is ``NAME=PATTERN``: every ``SAVE_FILE`` matching the glob pattern is one of its seeds. A length whose
 evaluation was cut before its end (its rows are saved, its summary is not: the lease ended) is tabled from the

@@ -2,7 +2,7 @@
 with the range, from the summaries ``run-eval.sh`` wrote (``RESULTS/SAVE_FILE.json``).
 
     python -m examples.mem_update.results_table --results RESULTS --model base=base --model "SFT=sft_s*" \
-        --model "SFT + RL=rl_s*" [--out docs/runs/mem_update_smollm2]
+        --model "SFT + RL=rl_s*" [--out records/mem_update_smollm2]
 
 Writes ``OUT.md`` (QA before and after, their difference, the reward, the store and the calls per episode, then
 the calls per tool, then the goal checked: SFT + RL above SFT on the QA difference and the reward) and

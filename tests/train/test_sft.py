@@ -25,7 +25,7 @@ def chats(tmp_path, num: int, seed: int):
 @pytest.mark.slow
 def test_sft_on_smollm2_lowers_held_out_loss_without_engines(smollm2_dir, tmp_path):
     from vime_ext.arguments import parse_train_args
-    from vime_ext.train import Trainer
+    from vime_ext.driver.loop import Trainer
 
     config = parse_train_args(["--hf-checkpoint", str(smollm2_dir), "--prompt-data", str(chats(tmp_path, 16, 0)),
                                *SFT, "--rollout-batch-size", "4", "--num-rollout", "2", "--lr", "1e-4",

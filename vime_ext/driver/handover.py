@@ -1,0 +1,75 @@
+"""The weights and the GPUs between the trainer ranks and the engines, as the driver sees them: push a version,
+hand the GPUs to one side or the other (the policy of each sharing mode is ``vime_ext/gpu_sharing.py``'s), and
+restart an engine that died so that it serves the current weights, never the starting ones."""
+
+import threading
+import time
+from collections.abc import Callable
+
+from tqdm import tqdm
+
+from vime_ext.driver.cluster import Cluster
+
+WEIGHT_BUCKET_BYTES = 512 * 2**20
+
+
+class HandOver:
+    def __init__(self, cluster: Cluster):
+        self.cluster = cluster
+        self.sharing = cluster.sharing
+        self.manager = cluster.manager if cluster.has_engines else None
+        # Held while the engines generate, take weights or evaluate: with --async-training a rollout runs beside
+        # training, and the weights must not change inside one.
+        self.lock = threading.Lock()
+        self.pushed: Callable[[int], None] | None = None  # told each version the engines hold (the async producer)
+
+    @property
+    def both_sides(self) -> bool:
+        """Engines and trainer ranks both run (not SFT, nor a debug run with one side only)."""
+        return self.cluster.has_engines and self.cluster.has_actors
+
+    def push_weights(self, version: int) -> float:
+        """The trainer ranks' weights to every engine as ``version``; an engine that dies mid-push is restarted and
+        the push tried once more. Returns its seconds."""
+        if not self.both_sides:
+            return 0.0
+        start, manager = time.perf_counter(), self.cluster.manager
+        with self.lock:  # between two rollouts, or (--partial-rollout) pausing the one in flight
+            for attempt in range(2):
+                try:
+                    manager.begin_weight_update()  # restarts an engine that died since the last one
+                    self.cluster.ranks.push_weights(manager.weight_target(), WEIGHT_BUCKET_BYTES)
+                    manager.finish_weight_update(version)
+                    break
+                except Exception as err:  # noqa: BLE001 (an engine that died mid-push; anything else goes on up)
+                    if attempt or not manager.dead_engines():
+                        raise
+                    tqdm.write(f"an engine died during the weight push ({type(err).__name__}); restarting it and "
+                               "pushing again")
+        if self.pushed is not None:
+            self.pushed(version)
+        return time.perf_counter() - start
+
+    def to_trainer(self, times: dict[str, float], memory: dict[str, float]) -> None:
+        """The GPUs to the trainer ranks (colocated: the engines sleep)."""
+        self.sharing.to_trainer(self.cluster.ranks, self.manager, times, memory)
+
+    def to_engines(self, version: int, times: dict[str, float], memory: dict[str, float]) -> None:
+        """The weights of ``version`` to the engines, and the GPUs with them (colocated: woken around the push)."""
+        self.sharing.to_engines(lambda: self.push_weights(version), self.cluster.ranks, self.manager, times, memory)
+
+    def round_trip(self, version: int, times: dict[str, float], memory: dict[str, float]) -> None:
+        """To the trainer and back with ``version``: after a load, a restart, or a healed engine."""
+        self.to_trainer(times, memory)
+        self.to_engines(version, times, memory)
+
+    def heal_engines(self, version: int, times: dict[str, float], memory: dict[str, float]) -> None:
+        """An engine that died since the last weight push (during training, say) is restarted and given the
+        current weights before the next rollout. Colocated, the round trip through the trainer side puts every
+        engine to sleep (restarting the dead one while the memory is the engines') and wakes them around the
+        push."""
+        if not self.both_sides or not self.cluster.manager.dead_engines():
+            return
+        tick = time.perf_counter()
+        self.round_trip(version, times, memory)
+        times["engine_restart"] = time.perf_counter() - tick
