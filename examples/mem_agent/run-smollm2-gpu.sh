@@ -50,7 +50,7 @@ SFT_NUM=${SFT_NUM:-512} SFT_EPOCHS=${SFT_EPOCHS:-1} SFT_LR=${SFT_LR:-1e-4}
 SFT_DOCS=${SFT_DOCS:-${TRAIN_DOCS}}
 MAX_MODEL_LEN=${MAX_MODEL_LEN:-4096}  # a chat: the prompt, a 256-token memory, a 2048-token chunk, the reply
 DEMO_MEMORY=$(( MEM_MAX_MEMORY - 8 )) DEMO_KEEP=${DEMO_KEEP:-relevant}
-# 9 GRPO steps: the published three seeds' (4 x H200, 2026-11-27; docs/mem_agent.md, sixth run)
+# 9 GRPO steps: the published three seeds' (4 x H200, 2026-11-27; records/mem_agent_log.md, sixth run)
 smollm2_recipe_defaults 9
 
 prepare() {

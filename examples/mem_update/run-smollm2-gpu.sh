@@ -31,7 +31,7 @@ export TURN_TOKENS=${TURN_TOKENS:-256}  # a reply's budget, in the launch script
 MAX_MODEL_LEN=${MAX_MODEL_LEN:-8192}  # SmolLM2's context: an episode's bound
 RAY_PORT_BASE=${RAY_PORT_BASE:-6390}  # beside MemAgent's seeds (6380 + seed) on one machine
 export MEMUP_SCORER=${MEMUP_SCORER:-reader}
-# 7 GRPO steps: the published three seeds' (H200, 2026-11-27; docs/mem_update.md, sixth and seventh runs)
+# 7 GRPO steps: the published three seeds' (H200, 2026-11-27; records/mem_update_log.md, sixth and seventh runs)
 smollm2_recipe_defaults 7
 
 prepare() {
