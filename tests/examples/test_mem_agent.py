@@ -244,7 +244,7 @@ def mem_rollout(engine, tmp_path, prompts: int, num_docs: int, settings: dict):
                            custom_rm_path="examples.mem_agent.reward.reward")
     args = plugin_args([config], {"mem_max_memory": 6, "mem_max_final": 5, **settings})
     args.tokenizer = mem_args(model).tokenizer
-    return args, run_rollout(args, url, 0, DataSource(read_jsonl(data), 2, prompts)).groups
+    return args, run_rollout(args, url, 0, DataSource(read_jsonl(data), 2)).groups
 
 
 def test_one_sequence_per_chat_with_masks_and_advantages(engine, tmp_path):

@@ -178,7 +178,7 @@ def test_every_sample_of_a_group_starts_from_the_same_snapshot():
 
     record = PromptRecord("Where did Caroline get Rex?", "a shelter", {"memories": json.loads(json.dumps(MEMORIES))},
                           "data.jsonl:1")
-    (group,) = DataSource([record], group_size=4, batch_size=1).get_samples()
+    (group,) = DataSource([record], group_size=4).get_samples(1)
     first = STORE.create(group[0].metadata["memories"])
     tools = ToolBox(first, make_retriever("bm25"))
     for name, arguments in [("manage_memory", {"operation": "update", "memory_id": "a", "content": "changed"}),

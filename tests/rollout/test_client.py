@@ -233,7 +233,7 @@ def test_group_rollout_with_plugins(engines, tiny_hf_dirs):
     args.tokenizer, args.weight_version = AutoTokenizer.from_pretrained(tiny_hf_dirs["llama"]), 2
     records = [PromptRecord([{"role": "user", "content": "2+2?"}], "4", {}, "a:1"),
                PromptRecord("word " * 300, "x", {}, "a:2")]  # too long for the tiny model's 128-token context
-    output = run_rollout(args, live[0], 0, DataSource(records, 4, 2))
+    output = run_rollout(args, live[0], 0, DataSource(records, 4))
     good, bad = output.groups
     assert [s.index for s in good + bad] == list(range(8))
     assert {s.group_index for s in good} == {0} and {s.group_index for s in bad} == {1}
@@ -292,7 +292,7 @@ def test_a_plugin_that_raises_or_hangs_fails_its_sample_not_the_run(engines, tin
         args = plugin_args([config])
         args.tokenizer = tokenizer
         _FIRST_TRIES.clear()
-        return run_rollout(args, live[0], 0, DataSource(records, 2, 5))
+        return run_rollout(args, live[0], 0, DataSource(records, 2))
 
     output = rollout("regenerate")
     fine, flaky, broken, hang, nan = output.groups
@@ -357,7 +357,7 @@ def test_plain_def_plugins_run_off_the_loop_and_time_out(engines, tiny_hf_dirs):
         args = plugin_args([config])
         args.tokenizer = AutoTokenizer.from_pretrained(tiny_hf_dirs["llama"])
         records = [PromptRecord(f"Say {label} {i}.", label, {}, f"s:{i}") for i in range(2)]
-        return [s for g in run_rollout(args, live[0], 0, DataSource(records, 3, 2)).groups for s in g]
+        return [s for g in run_rollout(args, live[0], 0, DataSource(records, 3)).groups for s in g]
 
     _ACTIVE.update(now=0, most=0)
     assert all(s.status in TRAINABLE and s.reward == 1.0 for s in rollout("fine"))
@@ -401,7 +401,7 @@ def test_the_readme_agent_runs(engines, tiny_hf_dirs, tmp_path, monkeypatch):
     args = plugin_args([config], {"num_chats": 3})
     args.tokenizer = AutoTokenizer.from_pretrained(tiny_hf_dirs["llama"])
     records = [PromptRecord(f"What is {i} + {i}?", str(2 * i), {}, f"q:{i}") for i in range(2)]
-    output = run_rollout(args, live[0], 0, DataSource(records, 2, 2))
+    output = run_rollout(args, live[0], 0, DataSource(records, 2))
     samples = [s for g in output.groups for s in g]
     assert all(len(s.turns) == 2 and s.reward in (0.0, 1.0) for s in samples)
     metrics = rollout_metrics(samples, "rollout")

@@ -38,11 +38,11 @@ class RolloutManager:
         self.args = config.plugin_args()
         self.args.tokenizer = self.tokenizer
         self.data_source = DataSource(config.read_data(d.prompt_data), config.rollout.n_samples_per_prompt,
-                                      config.rollout.rollout_batch_size, shuffle=d.rollout_shuffle, seed=d.seed)
+                                      shuffle=d.rollout_shuffle, seed=d.seed)
         self.eval_sources = {}
         for name, path in e.datasets().items():
             records = config.read_data(path)
-            self.eval_sources[name] = DataSource(records, e.n_samples_per_eval_prompt, len(records))
+            self.eval_sources[name] = DataSource(records, e.n_samples_per_eval_prompt)
         self.engines: list[ServerProcess] = []
         self.router: ServerProcess | None = None
         self.reward_model: RewardModelEngine | None = None

@@ -8,19 +8,19 @@ from vime_ext.data.prompt_dataset import PromptDataset, PromptRecord
 
 
 class DataSource:
-    def __init__(self, records: list[PromptRecord], group_size: int, batch_size: int, shuffle: bool = False,
-                 seed: int = 0):
-        self.records, self.group_size, self.batch_size = records, group_size, batch_size
+    def __init__(self, records: list[PromptRecord], group_size: int, shuffle: bool = False, seed: int = 0):
+        self.records, self.group_size = records, group_size
         self.dataset = PromptDataset(records, 1, shuffle=shuffle, seed=seed)
 
     def __len__(self) -> int:
         return len(self.records)
 
-    def get_samples(self, num_groups: int | None = None) -> list[list[Sample]]:
-        """``num_groups`` prompts (default ``batch_size``), ``group_size`` Samples each, numbered from 0."""
+    def get_samples(self, num_groups: int) -> list[list[Sample]]:
+        """``num_groups`` prompts (a rollout function asks for ``args.rollout_batch_size``, or its over-sampling
+        batch), ``group_size`` Samples each, numbered from 0."""
         n = self.group_size
         groups = []
-        for g in range(self.batch_size if num_groups is None else num_groups):
+        for g in range(num_groups):
             record = self.dataset.next_batch()[0]
             groups.append([Sample(prompt=record.prompt, label=record.label,
                                   metadata={**record.metadata, "source": record.source}, group_index=g,
