@@ -1,4 +1,7 @@
-"""Ports for the servers a run starts (engines, routers, rendezvous), below every layer that starts one."""
+"""Ports and interfaces for the servers a run starts (engines, routers, rendezvous), below every layer that
+starts one."""
+
+import os
 
 import random
 import socket
@@ -39,3 +42,16 @@ def free_port() -> int:
     with socket.socket() as s:  # every port below the range taken: fall back to one the kernel picks
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def loopback_sockets_env(host: str) -> dict[str, str]:
+    """For processes whose peers all reach them at ``host``: when that is the loopback, NCCL's bootstrap sockets
+    on the loopback too (``NCCL_SOCKET_IFNAME=lo``). NCCL otherwise listens on the machine's first outward
+    interface even when every rank is on this node; the data itself goes over NVLink or shared memory either
+    way. A value the user set wins; another host (several nodes) gets nothing."""
+    if host not in LOOPBACK:
+        return {}
+    return {"NCCL_SOCKET_IFNAME": os.environ.get("NCCL_SOCKET_IFNAME", "lo")}

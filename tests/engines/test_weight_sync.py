@@ -4,6 +4,7 @@ The IPC transport itself needs a GPU and vLLM on CUDA; it runs on the device (do
 
 import base64
 import json
+import os
 import pickle
 
 import httpx
@@ -123,6 +124,51 @@ def test_engines_start_without_nvlink_multicast(monkeypatch):
     monkeypatch.setenv("VLLM_FLASHINFER_ALLREDUCE_BACKEND", "mnnvl")  # a cluster where the user allows it
     assert server_env(EngineConfig("/m"))["VLLM_FLASHINFER_ALLREDUCE_BACKEND"] == "mnnvl"
     assert "NCCL_NVLS_ENABLE" not in server_env(EngineConfig("/m", backend="hf"))
+
+
+def test_nccl_sockets_stay_on_the_loopback_when_every_party_is_local(monkeypatch):
+    """The NCCL weight push on one node: vLLM's rendezvous store listens on the trainer address alone (the
+    loopback for local engines; checked on the real store, vLLM's StatelessProcessGroup), and NCCL's bootstrap
+    sockets of the engines and the trainer ranks go to the loopback too, unless the user chose an interface.
+    Engines served on another address (several nodes) keep NCCL's default."""
+    import psutil
+
+    from vime_ext.engines.weight_sync import nccl_rendezvous, trainer_address
+    from vime_ext.net import free_port
+    from vime_ext.trainer.parallel import Rendezvous
+
+    host = trainer_address(["http://127.0.0.1:8001", "http://localhost:8002"])
+    assert host == "127.0.0.1"
+    port = free_port()
+    group = nccl_rendezvous(host, port, 0, 1)
+    listening = {c.laddr.ip for c in psutil.Process().net_connections("tcp")
+                 if c.status == psutil.CONN_LISTEN and c.laddr.port == port}
+    assert listening == {"127.0.0.1"}, listening
+    del group
+
+    monkeypatch.delenv("NCCL_SOCKET_IFNAME", raising=False)
+    assert server_env(EngineConfig("/m"))["NCCL_SOCKET_IFNAME"] == "lo"  # engines bind 127.0.0.1 by default
+    assert "NCCL_SOCKET_IFNAME" not in server_env(EngineConfig("/m", host="10.0.0.5"))
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "eth1")
+    assert server_env(EngineConfig("/m"))["NCCL_SOCKET_IFNAME"] == "eth1"
+
+    # a trainer rank: set before its process group starts, for a rendezvous on the loopback only
+    import vime_ext.trainer.parallel as parallel
+
+    class Started(Exception):
+        pass
+
+    def init_process_group(**_):
+        raise Started(os.environ.get("NCCL_SOCKET_IFNAME"))
+
+    monkeypatch.setattr(parallel.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(parallel.dist, "init_process_group", init_process_group)
+    monkeypatch.setattr(parallel, "_store", lambda rendezvous, timeout: None)  # no store on 10.0.0.5 here
+    for addr, expected in (("127.0.0.1", "lo"), ("10.0.0.5", None)):
+        monkeypatch.delenv("NCCL_SOCKET_IFNAME", raising=False)
+        with pytest.raises(Started) as started:
+            parallel.init_distributed(parallel.ParallelConfig(), rendezvous=Rendezvous(0, 2, addr, 1))
+        assert started.value.args[0] == expected, addr
 
 
 def test_engines_are_started_for_their_transport():

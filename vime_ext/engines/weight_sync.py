@@ -190,15 +190,22 @@ def _raise_refusal(calls: list[Future]) -> None:
             raise call.exception()
 
 
-def vllm_nccl_group(host: str, port: int, rank: int, world_size: int):
-    """This process's end of the group vLLM's NCCL engine forms on its workers: vLLM's TCP-store rendezvous
-    (``StatelessProcessGroup``, apart from torch.distributed's groups) and its NCCL communicator, on the current
-    GPU. Both exist in vLLM 0.26 and 0.32."""
-    from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
+def nccl_rendezvous(host: str, port: int, rank: int, world_size: int):
+    """vLLM's TCP-store rendezvous for the weight push's group (``StatelessProcessGroup``, apart from
+    torch.distributed's groups); rank 0's store listens on ``host`` alone (``trainer_address``: the loopback
+    when every engine is local). In vLLM 0.26 and 0.32."""
     from vllm.distributed.utils import StatelessProcessGroup
 
-    store = StatelessProcessGroup.create(host=host, port=port, rank=rank, world_size=world_size)
-    return PyNcclCommunicator(store, device=torch.cuda.current_device())
+    return StatelessProcessGroup.create(host=host, port=port, rank=rank, world_size=world_size)
+
+
+def vllm_nccl_group(host: str, port: int, rank: int, world_size: int):
+    """This process's end of the group vLLM's NCCL engine forms on its workers: the rendezvous and vLLM's NCCL
+    communicator on the current GPU (its bootstrap sockets on the loopback when this rank's are:
+    ``loopback_sockets_env``)."""
+    from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
+
+    return PyNcclCommunicator(nccl_rendezvous(host, port, rank, world_size), device=torch.cuda.current_device())
 
 
 def trainer_address(engine_urls: list[str]) -> str:

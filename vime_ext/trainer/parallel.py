@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from vime_ext.models.model_config import ParallelConfig
+from vime_ext.net import loopback_sockets_env
 from vime_ext.trainer import cpu_shim
 
 
@@ -42,6 +43,8 @@ def init_distributed(parallel: ParallelConfig, seed: int = 1234, timeout_s: int 
             torch.cuda.set_device(local_rank)
         timeout = timedelta(seconds=timeout_s)
         if rendezvous is not None:
+            for key, value in loopback_sockets_env(rendezvous.addr).items():  # every rank on this node
+                os.environ.setdefault(key, value)
             dist.init_process_group(backend=backend, store=_store(rendezvous, timeout), rank=rendezvous.rank,
                                     world_size=rendezvous.world_size, timeout=timeout)
         elif "WORLD_SIZE" in os.environ:
