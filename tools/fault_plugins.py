@@ -64,6 +64,12 @@ def _arm(fault: str, sample) -> None:
             return bool(ranks) and ranks[0].cpu_percent(interval=0.2) > 50
 
         _when(training, lambda: _processes("_TrainWorker")[0].kill(), "trainer rank killed mid-step")
+    elif fault == "trainer_stop_mid_step":  # alive but answering nothing, as a wedged rank: the watchdog's case
+        def busy() -> bool:
+            ranks = _processes("_TrainWorker")
+            return bool(ranks) and ranks[0].cpu_percent(interval=0.2) > 50
+
+        _when(busy, lambda: _processes("_TrainWorker")[0].send_signal(signal.SIGSTOP), "trainer rank stopped mid-step")
     elif fault == "save_kill":
         save = Path(os.environ["VIME_FAULT_SAVE"])
         _when(lambda: (save / "iter_0000004.partial").exists(), lambda: os.killpg(os.getpgrp(), signal.SIGKILL),

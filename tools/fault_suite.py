@@ -47,6 +47,7 @@ FAULTS = [
     Fault("engine_kill_during_push", "engine SIGKILL during the weight push"),
     Fault("router_kill", "router SIGKILL mid-rollout"),
     Fault("trainer_kill_mid_step", "trainer rank SIGKILL mid-step (Ray)", ["--ray"]),
+    Fault("trainer_stop_mid_step", "trainer rank SIGSTOP mid-step: hung (Ray)", ["--ray", "--trainer-hang-timeout", "20"]),
     Fault("save_kill", "run SIGKILL while saving; then --load", resume=True),
     Fault("plugin_raise", "reward raises for one sample (once)"),
     Fault("plugin_hang", "reward hangs for one sample (once)", ["--rollout-sample-timeout", "20"]),

@@ -79,6 +79,9 @@ class ClusterConfig:
                                                           "machines without Ray and single-rank debugging"})
     max_restarts: int = _help("times the trainer ranks are restarted from the last complete checkpoint after one "
                               "of them dies (Ray only; 0: the run ends)", 1)
+    trainer_hang_timeout: float = _help("seconds a trainer rank may go without progress (a micro-batch, a weight "
+                                        "bucket, a save) before it counts as hung: the group is killed and "
+                                        "restarted as after a dead rank (Ray only; 0: never)", 1800.0)
 
     @property
     def actor_world_size(self) -> int:
@@ -520,6 +523,8 @@ def _check(config: TrainConfig) -> None:
         problems.append("--num-rollout must be at least 1")
     if cl.max_restarts < 0:
         problems.append(f"--max-restarts must be 0 or more, got {cl.max_restarts}")
+    if cl.trainer_hang_timeout < 0:
+        problems.append(f"--trainer-hang-timeout must be 0 (never) or more, got {cl.trainer_hang_timeout:g}")
     for name in ("hf_checkpoint", "ref_load", "critic_load"):
         path = getattr(c, name)
         if path and not os.path.exists(path):

@@ -12,6 +12,7 @@ runtime environment, so plug-ins named by dotted path import there as they do in
 """
 
 import os
+import time
 from typing import TYPE_CHECKING
 
 import torch
@@ -85,7 +86,26 @@ class _TrainWorker:
         return self.actor.layout()
 
     def call(self, method: str, *args):
-        return getattr(self.actor, method)(*args)
+        self.actor.progress.tick(method)
+        try:
+            return getattr(self.actor, method)(*args)
+        finally:
+            self.actor.progress.tick(f"after {method}")
+
+    def heartbeat(self) -> tuple[int, str]:
+        """The rank's progress count and phase. Runs in a concurrency group of its own (``_train_worker``), so it
+        answers while ``call`` works, unless the whole process is stopped."""
+        actor = getattr(self, "actor", None)
+        return actor.progress.read() if actor is not None else (0, "starting")
+
+
+def _train_worker():
+    """``_TrainWorker`` as a Ray actor class whose heartbeat has a thread of its own."""
+    import ray
+
+    cls = type("_TrainWorker", (_TrainWorker,), {  # the name process titles show
+        "heartbeat": ray.method(concurrency_group="watch")(_TrainWorker.heartbeat)})
+    return ray.remote(concurrency_groups={"watch": 1})(cls)
 
 
 def _by_node(nodes: list[str]) -> str:
@@ -112,7 +132,11 @@ class _ManagerWorker:
 
 
 class TrainerDied(RuntimeError):
-    """A trainer rank's process is gone (OOM-killed, node lost); the driver may restart the group."""
+    """A trainer rank's process is gone (OOM-killed, node lost), or hung; the driver may restart the group."""
+
+
+class TrainerHung(TrainerDied):
+    """A trainer rank made no progress for --trainer-hang-timeout seconds (stopped, or stuck in a collective)."""
 
 
 class TrainerRanks:
@@ -122,8 +146,8 @@ class TrainerRanks:
     (``_TrainWorker``), so the driver's code is the same either way; tests/test_cluster_proxies.py checks that
     every method here exists on ``TrainActor`` with the same parameters."""
 
-    def __init__(self, handles: list, use_ray: bool):
-        self.handles, self._use_ray = handles, use_ray
+    def __init__(self, handles: list, use_ray: bool, hang_timeout: float = 0.0):
+        self.handles, self._use_ray, self.hang_timeout = handles, use_ray, hang_timeout
 
     def __len__(self) -> int:
         return len(self.handles)
@@ -133,10 +157,42 @@ class TrainerRanks:
             return [getattr(h, method)(*args) for h, args in zip(self.handles, per_rank)]
         import ray
 
+        refs = [h.call.remote(method, *args) for h, args in zip(self.handles, per_rank)]
         try:
-            return ray.get([h.call.remote(method, *args) for h, args in zip(self.handles, per_rank)])
+            if self.hang_timeout:
+                self._watch(refs, method)
+            return ray.get(refs)
         except ray.exceptions.RayActorError as err:
             raise TrainerDied(f"a trainer rank died during {method}: {str(err).strip().splitlines()[0]}") from err
+
+    def _watch(self, refs: list, method: str) -> None:
+        """Wait for every rank's call, reading each working rank's progress meanwhile; a rank whose count has not
+        moved, or that has not answered, for ``hang_timeout`` seconds is named and the group given up as hung
+        (the driver then restarts it as after a dead rank). A rank that fails returns at once."""
+        import ray
+
+        poll = min(10.0, self.hang_timeout / 4)
+        seen = [None] * len(refs)
+        moved = [time.monotonic()] * len(refs)
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=len(pending), timeout=poll)
+            ray.get(done)  # a rank that failed (or died) raises here, without waiting for the others
+            working = [i for i, ref in enumerate(refs) if ref in pending]
+            beats = {i: self.handles[i].heartbeat.remote() for i in working}
+            now = time.monotonic()
+            for i, beat in beats.items():
+                try:
+                    progress = ray.get(beat, timeout=poll)
+                except ray.exceptions.GetTimeoutError:  # the process answers nothing: stopped, or wedged
+                    progress = None
+                if progress is not None and progress != seen[i]:
+                    seen[i], moved[i] = progress, now
+                elif now - moved[i] > self.hang_timeout:
+                    phase = seen[i][1] if seen[i] else method
+                    state = "did not answer" if progress is None else "made no progress"
+                    raise TrainerHung(f"trainer rank {i} {state} for {now - moved[i]:.0f} s during {method} "
+                                      f"(last phase: {phase}; --trainer-hang-timeout {self.hang_timeout:g})")
 
     def _all(self, method: str, *args) -> list:
         return self._each(method, [args] * len(self.handles))
@@ -310,10 +366,10 @@ class Cluster:
         import ray
 
         gpus = torch.cuda.is_available()
-        worker_cls = ray.remote(_TrainWorker)
+        worker_cls = _train_worker()
         workers = [worker_cls.options(num_cpus=1, num_gpus=1 if gpus else 0,
                                       scheduling_strategy=self._in_bundle(i)).remote() for i in range(world)]
-        self.ranks = TrainerRanks(workers, use_ray=True)
+        self.ranks = TrainerRanks(workers, use_ray=True, hang_timeout=self.config.cluster.trainer_hang_timeout)
         if world:
             nodes = ray.get([a.node_ip.remote() for a in workers])
             print(f"trainer ranks on {_by_node(nodes)}", flush=True)

@@ -73,7 +73,7 @@ class Trainer:
                     if not recovery.can_restart():
                         raise
                     self.stop_ahead()  # what it made was for weights the restart throws away
-                    rollout_id = recovery.recover(err)
+                    rollout_id = recovery.recover(err, rollout_id)
                     self.start_ahead(rollout_id)
                     bar.n = rollout_id
                     continue

@@ -105,12 +105,12 @@ class Recovery:
     def can_restart(self) -> bool:
         return self.restarts < self.config.cluster.max_restarts
 
-    def recover(self, err: Exception) -> int:
-        """A trainer rank died: a new group of ranks starts, loads the last complete checkpoint (``--save``'s, else
+    def recover(self, err: Exception, rollout_id: int) -> int:
+        """A trainer rank died or hung in rollout ``rollout_id``: a new group of ranks starts, loads the last complete checkpoint (``--save``'s, else
         the one the run started from, else the starting weights and data position), and the run goes on from
         there; the rollouts since are generated again, and their steps trained once, on the restored weights."""
         self.restarts += 1
-        print(f"{err}; restarting the trainer ranks ({self.restarts} of --max-restarts "
+        print(f"rollout {rollout_id}: {err}; restarting the trainer ranks ({self.restarts} of --max-restarts "
               f"{self.config.cluster.max_restarts})", flush=True)
         self.cluster.restart_actors()
         for path in (self.config.checkpoint.save, self.config.checkpoint.load):

@@ -19,6 +19,7 @@ from vime_ext.trainer.batching import MicroBatch, copy_rows, micro_batches
 from vime_ext.trainer.forward import forward_backward, forward_log_probs
 from vime_ext.trainer.memory_handover import (MemoryHandover, ipc_shareable_allocations, memory_snapshot,
                                               use_releasable_allocations)
+from vime_ext.trainer.progress import Progress
 from vime_ext.trainer.rl_loss import LossSettings, micro_batch_loss, micro_batch_sft_loss
 from vime_ext.trainer.results import LogProbMismatch, LossSum, RankLayout, StepResult
 
@@ -57,6 +58,7 @@ class TrainActor:
         from vime_ext.trainer.optimizer import build_optimizer
         from vime_ext.trainer.parallel import Rendezvous, init_distributed
 
+        self.progress = Progress()  # read by the driver's watchdog while this rank works
         self.config, self.shape, self.rank = config, config.shape, rank
         if GpuSharing.from_config(config).releases_memory():
             use_releasable_allocations()  # before anything is allocated: the hand-over must get it all back
@@ -170,6 +172,7 @@ class TrainActor:
         chunk = self.config.trainer.log_probs_chunk_size
         temperature = self.loss_settings.temperature
         for batch in batches:
+            self.progress.tick()
             if old:
                 batch.old_log_probs = forward_log_probs(self.model, self.shape, batch.tokens, chunk, temperature,
                                                         batch.packing)
@@ -261,6 +264,7 @@ class TrainActor:
         start = time.perf_counter()
         steps = []
         for batches, step_totals in zip(step_batches, totals):
+            self.progress.tick()
             stats = self._policy_step(batches, *step_totals) if update_policy else {}
             if self.critic is not None:
                 stats.update(self.critic.train_step(batches, *step_totals))
@@ -297,6 +301,7 @@ class TrainActor:
             pack_multiple=self.pack_multiple)]
         total, count = 0.0, 0.0
         for batch in batches:
+            self.progress.tick()
             log_probs = forward_log_probs(self.model, self.shape, batch.tokens, t.log_probs_chunk_size, 1.0,
                                           batch.packing)
             if log_probs is not None:
@@ -320,7 +325,7 @@ class TrainActor:
             return self._push_colocated(target, bucket_bytes)
         if self.ps.get_data_parallel_rank() != 0:
             return 0
-        weights = iter_hf_weights(self.model, self.shape)
+        weights = self._ticking(iter_hf_weights(self.model, self.shape))
         if self.ps.get_tensor_model_parallel_rank() != 0:
             for _ in weights:  # take part in the TP gathers
                 pass
@@ -333,6 +338,12 @@ class TrainActor:
                 sync.connect(target.workers_per_engine)
             self._weight_sync = ((target, bucket_bytes), sync)
         return self._weight_sync[1].send(weights)
+
+    def _ticking(self, weights):
+        """``weights``, the progress ticking with each tensor."""
+        for item in weights:
+            self.progress.tick()
+            yield item
 
     def _push_colocated(self, target: "WeightTarget", bucket_bytes: int) -> int:
         from vime_ext.trainer.colocated_push import ColocatedPush
