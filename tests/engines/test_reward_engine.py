@@ -39,7 +39,7 @@ def test_a_restart_that_hangs_is_stopped_and_tried_again(tiny_hf_dirs, tmp_path,
         url = rm.url
         monkeypatch.setattr(reward_engine, "START_TIMEOUT_S", 5.0)  # for the hung start; the launcher resets it
         os.kill(launches[0].process.pid, signal.SIGKILL)
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + 960  # the real start's own bound (900 s), not one tuned to an idle machine
         while rm.restarts == 0:
             assert time.monotonic() < deadline, f"no restart; launches: {len(launches)}"
             time.sleep(0.2)
