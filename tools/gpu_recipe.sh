@@ -26,6 +26,9 @@
 #   ... gpu_recipe.sh async_split       # 4 GPUs: both split runs at once (2 GPUs each), then the table
 # and how engines and trainer share the machine's GPUs (tools/sharing_table.py), after both prepares:
 #   ... gpu_recipe.sh layout EXAMPLE NAME VAR=VALUE... [-- flags]   # one of its runs; sharing_table: the table
+# and the real RULER-HQA's rows without RL (packaged SmolLM2-135M and Qwen2.5-Coder-1.5B, every length to 896K
+# tokens, no document, the gold pair):
+#   ... gpu_recipe.sh base_rows   # BASE_MODELS, REAL_LENGTHS; the 1.5B model's packages: gpu_wheels.py --models
 #   ... gpu_recipe.sh sharing   # MemAgent colocated (TP-1 engines), apart, MemUpdate colocated, MemAgent
 #                               # colocated at TP 2 (TP-2 engines), CONVERT=1 evals of both colocated saves, the
 #                               # SmolLM2 smoke colocated on every GPU; then the table
@@ -38,7 +41,7 @@
 # (one GPU: colocated, optimizer offload); any of the script's variables may be set around this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-STAGE=${1:?usage: gpu_recipe.sh prepare|train|eval|train_only|replay|weight_sync|table|both|async_bench|async_split|one_gpu|sharing|layout|sharing_table|all [flags]}
+STAGE=${1:?usage: gpu_recipe.sh prepare|train|eval|train_only|replay|weight_sync|table|both|async_bench|async_split|one_gpu|sharing|layout|sharing_table|base_rows|all [flags]}
 shift
 EXAMPLE=${EXAMPLE:-mem_agent}
 WORK=${WORK:-/tmp/gpu_recipe}
@@ -287,6 +290,22 @@ case "${STAGE}" in
       "${@:3}" ;;
   sharing_table)
     sharing_table | tee "${OUT_DIR}/sharing_table.md" ;;
+  base_rows)
+    # The real RULER-HQA's rows without RL: each packaged model (BASE_MODELS) through MemAgent's workflow,
+    # untrained, on the 128 test questions at every length (REAL_LENGTHS, documents; MemAgent's to 896K tokens)
+    # and the two references (eval_0: no document; eval_2: the gold pair); MemAgent's chunks of 5000 tokens and
+    # memory updates of 1024. Sub-EM, seconds per item and tokens read per second per length:
+    # OUT_DIR/base_rows/ruler_hqa_N/MODEL.summary.json, and the plot beside them.
+    lengths=${REAL_LENGTHS:-50 100 200 400 800 1600 3200 6400}
+    [ -f "${WORK}/real/test/eval_0.json" ] || python -m examples.mem_agent.hotpotqa_dev --out-dir "${WORK}/real" \
+      --eval-lengths ${lengths} --validation-lengths 50 --train-num 64 --count-tokens
+    for model in ${BASE_MODELS:-smollm2-135m qwen2.5-coder-1.5b}; do
+      MODEL_PATH=$(python -m vime_ext.models.packaged "${model}" | tail -1) DATA_ROOT="${WORK}/real/test" \
+        LENGTH="0 2 ${lengths}" SAVE_DIR="${OUT_DIR}/base_rows" SAVE_FILE="${model}" N_PROC="${N_PROC:-128}" \
+        LENGTHS_AT_ONCE=1 MEM_CHUNK_TOKENS=5000 MEM_MAX_MEMORY=1024 MAX_MODEL_LEN="${MAX_MODEL_LEN:-8192}" \
+        bash examples/mem_agent/run-eval.sh 2>&1 | tee "${OUT_DIR}/base_rows_${model}.log" \
+        | { grep --line-buffered -v "it/s\]\|s/it\]" || true; }  # grep: 1 when every line was a progress bar
+    done ;;
   prepare)
     if [ ! -f "${HF_CKPT}/config.json" ]; then
       python tools/make_random_hf.py --shape qwen3-4b --out "${HF_CKPT}"
@@ -382,6 +401,6 @@ case "${STAGE}" in
     one_gpu "$@" ;;
   all)
     everything "$@" ;;
-  *) echo "usage: gpu_recipe.sh prepare|train|eval|train_only|replay|weight_sync|table|both|async_bench|async_split|one_gpu|sharing|layout|sharing_table|all" >&2
+  *) echo "usage: gpu_recipe.sh prepare|train|eval|train_only|replay|weight_sync|table|both|async_bench|async_split|one_gpu|sharing|layout|sharing_table|base_rows|all" >&2
      exit 2 ;;
 esac

@@ -52,12 +52,18 @@ def _answers(value: Any, where: str) -> list[str]:
     return list(value)
 
 
-def _context(value: Any, where: str) -> str:
+def _context(value: Any, where: str, closed_book: bool = False) -> str:
+    """The document text; ``closed_book`` (an item of 0 documents, the reference row without any document) asks
+    for an empty one."""
     if isinstance(value, list):
         raise DataError(f"{where}: field 'context' is a list of document indices ({len(value)} entries), not text; "
                         "this loader needs the documents themselves (rebuild the file with its text)")
+    if closed_book:
+        if value != "":
+            raise DataError(f"{where}: an item of num_docs 0 (closed book) must have an empty 'context'")
+        return value
     if not isinstance(value, str) or not value.strip():
-        raise DataError(f"{where}: field 'context' must be non-empty text")
+        raise DataError(f"{where}: field 'context' must be non-empty text (num_docs 0 for a closed-book item)")
     return value
 
 
@@ -96,9 +102,11 @@ def item_from_eval_entry(entry: Any, where: str) -> QAItem:
             raise DataError(f"{where}: missing field {key!r}; fields: {sorted(entry)}")
     if not isinstance(entry["input"], str) or not entry["input"].strip():
         raise DataError(f"{where}: field 'input' (the question) must be non-empty text")
-    context = _context(entry["context"], where)
+    closed_book = entry.get("num_docs") == 0
+    context = _context(entry["context"], where, closed_book)
+    num_docs = 0 if closed_book else int(entry.get("num_docs") or context.count("Document "))
     return QAItem(entry.get("index", where), entry["input"].strip(), _answers(entry["answers"], f"{where}: answers"),
-                  context, int(entry.get("num_docs") or context.count("Document ")), "ruler_hqa")
+                  context, num_docs, "ruler_hqa")
 
 
 def read_eval_file(path: str | Path) -> tuple[list[tuple[QAItem, dict]], list[str]]:

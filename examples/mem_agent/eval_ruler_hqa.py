@@ -112,7 +112,9 @@ def plot(save_dir: Path) -> Path | None:
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, points in sorted(curves.items()):
         points.sort()
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
+        line, = ax.plot([n for n, _ in points if n > 0], [v for n, v in points if n > 0], marker="o", label=name)
+        for _, closed_book in (p for p in points if p[0] == 0):  # eval_0: no document, a level, not a length
+            ax.axhline(closed_book, color=line.get_color(), linestyle="--", label=f"{name}, no document")
     path = save_dir / "ruler_hqa_sub_em.png"
     save_sub_em_figure(fig, ax, "documents per question (RULER-HQA length)", path)
     return path

@@ -19,7 +19,9 @@ random, shuffled with a fixed seed, numbered ``Document i:``. Here, in addition:
 - three disjoint sets of questions: ``test`` (128, reported once), ``validation`` (128, for choosing recipes) and
   the rest for training (``--train-num`` of them, 200 documents each, as MemAgent's items);
 - a training item's padding is drawn only from documents that belong to no test or validation question, so no
-  test or validation question's paragraphs (gold or distractor) appear in training.
+  test or validation question's paragraphs (gold or distractor) appear in training;
+- two reference files for the test questions, as lengths of the same scheme: ``eval_0.json`` (no document:
+  closed book) and ``eval_2.json`` (the two gold paragraphs alone).
 
 Not done here: MemAgent also dropped the questions its base models answer without any document. That needs the
 policy's base model on a GPU; every file built here keeps all the questions of its split.
@@ -205,6 +207,22 @@ def write_eval_files(dev: HotpotDev, questions: tuple[int, ...], lengths: list[i
     return paths
 
 
+def write_reference_files(dev: HotpotDev, questions: tuple[int, ...], folder: Path) -> list[Path]:
+    """The two reference rows' files, as lengths of the same scheme: ``eval_0.json``, the questions with no
+    document (closed book: the workflow answers from its empty memory), and ``eval_2.json``, each question with its
+    two gold paragraphs alone (a bridge or comparison question's supporting pair), in the fixed shuffle."""
+    closed, gold = [], []
+    for q in questions:
+        question = dev.questions[q]
+        closed.append(QAItem(question.index, question.question, [question.answer], "", 0, "hotpotqa"))
+        pair = list(question.gold)
+        random.Random(SHUFFLE_SEED).shuffle(pair)
+        gold.append(QAItem(question.index, question.question, [question.answer],
+                           format_documents([dev.docs[d] for d in pair]), len(pair), "hotpotqa"))
+    return [write_eval_items(Path(folder) / "eval_0.json", closed),
+            write_eval_items(Path(folder) / "eval_2.json", gold)]
+
+
 def eval_token_counts(dev: HotpotDev, questions: tuple[int, ...], lengths: list[int], tokenizer,
                       seed: int = 0) -> dict[int, list[int]]:
     """Per length, each item's context tokens as ``write_eval_files`` would build it, without writing it: every
@@ -276,6 +294,8 @@ def main(argv=None) -> int:
           f"validation {len(splits.validation)}, training {len(splits.train)}")
     for path in write_eval_files(dev, splits.test, args.eval_lengths, out / "test", args.seed):
         print(path)
+    for path in write_reference_files(dev, splits.test, out / "test"):
+        print(f"{path} (reference: {'no document' if path.name == 'eval_0.json' else 'the two gold paragraphs'})")
     if args.count_tokens:
         from transformers import AutoTokenizer
 

