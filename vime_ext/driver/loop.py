@@ -11,14 +11,13 @@ engines), ``recovery.py`` (save, resume, restart), ``async_rollouts.py`` (``--as
 
 import contextlib
 import json
-import sys
 import time
 from dataclasses import asdict
 
 from tqdm import tqdm
 
 from vime_ext.agent.sample import TRAINABLE, Sample
-from vime_ext.arguments import TrainConfig, parse_train_args
+from vime_ext.arguments import TrainConfig
 from vime_ext.driver.async_rollouts import Generated, RolloutAhead
 from vime_ext.driver.cluster import Cluster, TrainerDied
 from vime_ext.driver.handover import HandOver
@@ -28,7 +27,6 @@ from vime_ext.rollout.debug_data import load_rollout, save_rollout
 from vime_ext.rollout.rollout import RolloutOutput, rollout_metrics
 from vime_ext.rollout.sft_rollout import check_chats
 from vime_ext.rollout.validate import RolloutError, check_groups
-from vime_ext.trainer.checkpoint import SaveError
 
 
 class Trainer:
@@ -245,23 +243,3 @@ def _flat(tree: dict, prefix: str = "") -> dict:
         else:
             out[f"{prefix}{key}"] = value if isinstance(value, (int, float, str, bool)) or value is None else str(value)
     return out
-
-
-def main(argv: list[str] | None = None) -> list[dict[str, float]]:
-    from vime_ext.arguments import ConfigError
-    from vime_ext.data.prompt_dataset import DataError
-
-    try:
-        trainer = Trainer(parse_train_args(argv))
-    except (ConfigError, DataError) as err:  # the user's flags or data: one message, no traceback
-        print(f"train.py: {err}", file=sys.stderr)
-        raise SystemExit(2) from err
-    try:
-        return trainer.run()
-    except SaveError as err:  # the machine's disk, not a bug: one message
-        print(f"train.py: {err}", file=sys.stderr)
-        raise SystemExit(1) from err
-
-
-if __name__ == "__main__":
-    main()
