@@ -179,6 +179,20 @@ def test_qwen3_scripts_match_the_benchmark_shapes(script, shape, tmp_path):
     assert config.shape.num_layers in (28, 36)
 
 
+def test_the_qwen25_coder_script_matches_the_packaged_model(tmp_path):
+    """scripts/models/qwen2.5-coder-1.5B.sh against the config.json that ``python -m vime_ext.models.packaged
+    qwen2.5-coder-1.5b`` wrote on this project's machine (qwen25_coder_1_5b_config.json beside this file: the
+    model's 1.1 GB packages are not installed in CI)."""
+    hf = tmp_path / "qwen25"
+    hf.mkdir()
+    (hf / "config.json").write_text((Path(__file__).parent / "qwen25_coder_1_5b_config.json").read_text())
+    data = tmp_path / "p.jsonl"
+    data.write_text(json.dumps({"prompt": "hi", "label": "x"}) + "\n")
+    config = parse_train_args(["--hf-checkpoint", str(hf), "--prompt-data", str(data)]
+                              + model_args("qwen2.5-coder-1.5B.sh"))
+    assert (config.shape.family, config.shape.num_layers, config.shape.hidden_size) == ("qwen2", 28, 1536)
+
+
 def test_custom_config_becomes_args(base, tmp_path, monkeypatch):
     config_file = tmp_path / "agent.yaml"
     config_file.write_text("chunk_size: ${VIME_TEST_CHUNK:-5000}\nmemory_budget: 1024\nname: ${VIME_TEST_NAME}-x\n"
