@@ -503,3 +503,21 @@ def test_the_real_benchmark_base_rows_run_every_length_and_both_references(tmp_p
     assert last(args, "--data-root") == str(work / "real/test") and last(args, "--save-file") == "smollm2-135m"
     assert Path(last(args, "--model-path"), "config.json").is_file()  # the packaged model, built for real
     assert last(args, "--max-model-len") == "8192"
+
+
+def test_mem_agent_script_takes_the_qwen25_coder_model(tmp_path):
+    """The real-benchmark recipe (examples/mem_agent/README.md): the same script with the packaged 1.5B model's
+    MODEL_ARGS (checked by train.py's parser against that model's config.json) and MemAgent's chunking."""
+    model = tmp_path / "qwen25"
+    model.mkdir()
+    (model / "config.json").write_text((ROOT / "tests/train/qwen25_coder_1_5b_config.json").read_text())
+    (tmp_path / "qwen25_torch_dist").mkdir()
+    (tmp_path / "qwen25_torch_dist/latest_checkpointed_iteration.txt").write_text("1")
+    (tmp_path / "train.jsonl").write_text("")
+    args, _ = run_with_stand_ins(tmp_path, "examples/mem_agent/run-qwen3-4b-train.sh", {
+        "HF_CKPT": str(model), "TRAIN_DATA": str(tmp_path / "train.jsonl"), "SAVE_PATH": str(tmp_path / "ckpt"),
+        "MODEL_ARGS_SCRIPT": str(ROOT / "scripts/models/qwen2.5-coder-1.5B.sh"), "MEM_CHUNK_TOKENS": "5000",
+        "ADVANTAGE": "memagent"})
+    assert last(args, "--hidden-size") == "1536" and "--add-qkv-bias" in args
+    assert last(args, "--ref-load") == str(tmp_path / "qwen25_torch_dist")
+    assert "--disable-grpo-std-normalization" in args
