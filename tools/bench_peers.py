@@ -1,0 +1,175 @@
+"""One fixed GRPO workload, timed the same way for every framework that runs it, and one table.
+
+    python tools/bench_peers.py --workload w1 --model-dir DIR --out OUT [--frameworks vime_ext]
+    python tools/bench_peers.py --table OUT                   # the table of the results already in OUT
+
+A workload is fixed in everything that decides the work: the prompts (exactly ``prompt_tokens`` tokens each, the
+same file for every framework), samples per prompt, responses of exactly ``response_tokens`` tokens
+(``ignore_eos``), temperature 1, one optimizer step per rollout, bf16, no KL term, and a reward that costs nothing
+but varies (a hash of the response, ``tools/bench_plugins.py``). W1: a Qwen3-0.6B-shaped model with random
+weights (``tools/make_random_hf.py``), 32 prompts of 256 tokens x 8 samples of 1,024 tokens. W2: the Qwen3-4B
+shape, 8 x 8 samples of 2,048 tokens. ``tiny``: a CPU smoke of the same path.
+
+Per framework: median seconds per step over the timed steps (after ``warmup`` steps), trained tokens per second
+per GPU (samples x (prompt + response) tokens / step seconds / GPUs), the phase split where the framework logs it,
+and peak GPU memory. Each framework writes ``OUT/<framework>.json``; the table reads them all.
+
+Frameworks: ``vime_ext`` (``train.py``, colocated on one GPU, engine asleep while the trainer trains). The peers
+(TRL's ``GRPOTrainer`` with vLLM colocated, verl's ``main_ppo``) are not written yet: they need their wheels on the
+GPU machine and a run there to check each setting; their rows will come from the same workload files.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+PHASES = [("generate", ("time/rollout",)), ("log-probs", ("time/log_probs",)), ("train", ("time/train",)),
+          ("weight sync", ("time/weight_sync",)), ("sleep/wake", ("time/sleep", "time/wake_up", "time/reload",
+                                                                   "time/offload"))]
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    shape: str  # tools/bench_train.py's SHAPES
+    prompts: int
+    prompt_tokens: int
+    samples: int
+    response_tokens: int
+    warmup: int = 2
+    timed: int = 5
+
+    @property
+    def steps(self) -> int:
+        return self.warmup + self.timed
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.prompts * self.samples * (self.prompt_tokens + self.response_tokens)
+
+
+WORKLOADS = {
+    "w1": Workload("w1", "qwen3-0.6b", 32, 256, 8, 1024),
+    "w2": Workload("w2", "qwen3-4b", 8, 256, 8, 2048),
+    "tiny": Workload("tiny", "tiny", 2, 16, 2, 8, warmup=1, timed=2),
+}
+
+
+def write_prompts(tokenizer, workload: Workload, path: Path, seed: int = 0) -> Path:
+    """``workload.prompts`` prompts of exactly ``prompt_tokens`` tokens under ``tokenizer`` (plain text, no chat
+    template: every framework tokenizes it as is), as prompt-data JSONL; each one checked after re-tokenizing."""
+    import random
+
+    rng = random.Random(seed)
+    words = [w for w in ("river", "stone", "light", "paper", "garden", "window", "music", "orange", "silver",
+                         "forest", "market", "winter") if len(tokenizer(f" {w}", add_special_tokens=False)["input_ids"]) == 1]
+    rows = []
+    for i in range(workload.prompts):
+        text = f"Prompt {i}:" + "".join(f" {rng.choice(words)}" for _ in range(workload.prompt_tokens))
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"][:workload.prompt_tokens]
+        text = tokenizer.decode(ids)
+        count = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+        if count != workload.prompt_tokens:
+            raise ValueError(f"prompt {i}: {count} tokens after re-tokenizing, not {workload.prompt_tokens}")
+        rows.append({"prompt": text, "label": ""})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def vime_ext_command(workload: Workload, model_dir: Path, data: Path, out: Path, gpu: bool) -> list[str]:
+    """This project's run of the workload: colocated on one GPU (the engine asleep while the trainer trains), one
+    optimizer step per rollout, no KL, the bench's reward and ignore_eos generate."""
+    samples = workload.prompts * workload.samples
+    command = [sys.executable, "-m", "vime_ext.train", "--hf-checkpoint", str(model_dir), "--prompt-data", str(data),
+               "--rollout-batch-size", str(workload.prompts), "--n-samples-per-prompt", str(workload.samples),
+               "--rollout-max-response-len", str(workload.response_tokens), "--rollout-temperature", "1.0",
+               "--global-batch-size", str(samples), "--num-rollout", str(workload.steps),
+               "--custom-generate-function-path", "tools.bench_plugins.generate",
+               "--custom-rm-path", "tools.bench_plugins.reward", "--lr", "1e-6",
+               "--tensorboard-dir", str(out / "vime_ext_tb")]
+    if gpu:
+        command += ["--colocate", "--bf16", "--use-dynamic-batch-size", "--max-tokens-per-gpu", "16384"]
+    else:  # the CPU smoke: the transformers engine, in this process
+        command += ["--engine-backend", "hf", "--no-ray"]
+    return command
+
+
+def run_vime_ext(workload: Workload, model_dir: Path, data: Path, out: Path) -> dict:
+    import torch
+
+    gpu = torch.cuda.is_available()
+    start = time.perf_counter()
+    with open(out / "vime_ext.log", "w") as log:
+        done = subprocess.run(vime_ext_command(workload, model_dir, data, out, gpu), stdout=log,
+                              stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    if done.returncode:
+        raise RuntimeError(f"vime_ext exited {done.returncode}; its log: {out / 'vime_ext.log'}")
+    rows = [json.loads(line) for line in (out / "vime_ext_tb" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "time/total" in r]
+    return result("vime_ext", workload, steps, gpus=1, wall=time.perf_counter() - start)
+
+
+def result(framework: str, workload: Workload, steps: list[dict], gpus: int, wall: float) -> dict:
+    """A framework's figures from its per-step metrics (``time/*`` seconds, ``memory/*`` GiB), the warm-up left
+    out."""
+    if len(steps) != workload.steps:
+        raise ValueError(f"{framework}: {len(steps)} steps logged, the workload has {workload.steps}")
+    timed = steps[workload.warmup:]
+    step_s = statistics.median(s["time/total"] - s.get("time/save", 0.0) for s in timed)
+    phases = {name: statistics.median(sum(s.get(k, 0.0) for k in keys) for s in timed) for name, keys in PHASES}
+    peak = max((v for s in timed for k, v in s.items() if k.startswith("memory/") and k.endswith("peak_allocated_gb")),
+               default=None)
+    return {"framework": framework, "workload": asdict(workload), "gpus": gpus, "step_s": step_s,
+            "tokens_per_s_per_gpu": workload.tokens_per_step / step_s / gpus, "phases": phases,
+            "peak_gpu_gb": peak, "wall_s": wall}
+
+
+def table(results: list[dict]) -> str:
+    """One row per framework; the last column is vime_ext's tokens/s/GPU over the row's."""
+    ours = next((r for r in results if r["framework"] == "vime_ext"), None)
+    lines = ["| framework | step s | tokens/s/GPU | " + " | ".join(f"{n} s" for n, _ in PHASES)
+             + " | peak GiB | vime_ext / this |", "|---" * (len(PHASES) + 5) + "|"]
+    for r in results:
+        ratio = f"{ours['tokens_per_s_per_gpu'] / r['tokens_per_s_per_gpu']:.2f}x" if ours else ""
+        peak = "" if r["peak_gpu_gb"] is None else f"{r['peak_gpu_gb']:.1f}"
+        lines.append(f"| {r['framework']} | {r['step_s']:.2f} | {r['tokens_per_s_per_gpu']:,.0f} | "
+                     + " | ".join(f"{r['phases'][n]:.2f}" for n, _ in PHASES) + f" | {peak} | {ratio} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="w1")
+    parser.add_argument("--model-dir", type=Path, help="an HF checkpoint of the workload's shape")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--frameworks", nargs="+", default=["vime_ext"], choices=["vime_ext"])
+    parser.add_argument("--table", action="store_true", help="only print the table of the results in --out")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if not args.table:
+        if args.model_dir is None:
+            parser.error("--model-dir is needed to run (python tools/make_random_hf.py --shape SHAPE --out DIR)")
+        from transformers import AutoTokenizer
+
+        workload = WORKLOADS[args.workload]
+        data = write_prompts(AutoTokenizer.from_pretrained(args.model_dir), workload, args.out / "prompts.jsonl")
+        for framework in args.frameworks:
+            figures = run_vime_ext(workload, args.model_dir, data, args.out)
+            (args.out / f"{framework}.json").write_text(json.dumps(figures, indent=1))
+    results = [json.loads(p.read_text()) for p in sorted(args.out.glob("*.json"))]
+    print(table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,17 @@
+"""The plug-ins of tools/bench_peers.py's workloads: every response exactly ``--rollout-max-response-len`` tokens
+(the engine ignores end-of-sequence), and a reward that costs nothing but varies, so that GRPO's groups have
+non-zero advantages and every step trains."""
+
+import hashlib
+from dataclasses import replace
+
+from vime_ext.agent.generate import generate as single_turn
+
+
+async def generate(args, sample, sampling_params, evaluation=False):
+    return await single_turn(args, sample, replace(sampling_params, ignore_eos=True), evaluation)
+
+
+def reward(args, sample) -> float:
+    """A number in [0, 1) from the response's text: the same text, the same reward."""
+    return int(hashlib.sha256(sample.response.encode()).hexdigest()[:8], 16) / 2**32
