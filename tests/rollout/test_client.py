@@ -373,8 +373,8 @@ async def reward_by_length(args, sample) -> float:
     return float(sample.response_length)
 
 
-def test_the_readme_agent_runs(engines, tiny_hf_dirs, tmp_path, monkeypatch):
-    """The example agent of the README's "Writing an agent", as printed there, through the default rollout
+def test_the_manual_s_agent_runs(engines, tiny_hf_dirs, tmp_path, monkeypatch):
+    """The example agent of docs/agents.md ("Writing an agent"), as printed there, through the default rollout
     function: three sequences per trajectory, the reward and its extra metric."""
     import re
     import sys
@@ -388,16 +388,15 @@ def test_the_readme_agent_runs(engines, tiny_hf_dirs, tmp_path, monkeypatch):
     from vime_ext.rollout.plugins import plugin_args
     from vime_ext.rollout.rollout import rollout_metrics, run_rollout
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme[readme.index("## Writing an agent"):]
-    code = re.search(r"A three-chat agent.*?```python\n(.*?)```", section, re.S).group(1)
-    (tmp_path / "readme_agent.py").write_text(code)
+    page = (Path(__file__).resolve().parents[2] / "docs" / "agents.md").read_text()
+    code = re.search(r"A three-chat agent.*?```python\n(.*?)```", page, re.S).group(1)
+    (tmp_path / "manual_agent.py").write_text(code)
     monkeypatch.syspath_prepend(str(tmp_path))
     urls, procs = engines
     live = [u for u, p in zip(urls, procs) if p.poll() is None]
     config = RolloutConfig(rollout_batch_size=2, n_samples_per_prompt=2, rollout_max_response_len=5,
-                           custom_generate_function_path="readme_agent.generate",
-                           custom_rm_path="readme_agent.reward")
+                           custom_generate_function_path="manual_agent.generate",
+                           custom_rm_path="manual_agent.reward")
     args = plugin_args([config], {"num_chats": 3})
     args.tokenizer = AutoTokenizer.from_pretrained(tiny_hf_dirs["llama"])
     records = [PromptRecord(f"What is {i} + {i}?", str(2 * i), {}, f"q:{i}") for i in range(2)]
@@ -406,7 +405,7 @@ def test_the_readme_agent_runs(engines, tiny_hf_dirs, tmp_path, monkeypatch):
     assert all(len(s.turns) == 2 and s.reward in (0.0, 1.0) for s in samples)
     metrics = rollout_metrics(samples, "rollout")
     assert metrics["rollout/sequences_per_sample"] == 3.0 and "rollout/no_answer" in metrics
-    sys.modules.pop("readme_agent", None)
+    sys.modules.pop("manual_agent", None)
 
 
 def test_a_reply_paused_for_a_weight_update_continues_from_its_tokens(engines, tiny_hf_dirs):

@@ -189,7 +189,7 @@ def test_a_dead_or_hung_trainer_rank_is_restarted_from_the_last_checkpoint(tiny_
     whole = tmp_path / "whole"
     train(flags + ["--save", str(whole)], tmp_path / "whole.log")
     faulty = with_reward(flags, "even_token_share_killing_a_trainer_rank")
-    for sig, extra in (("SIGKILL", []), ("SIGSTOP", ["--trainer-hang-timeout", "15"])):
+    for sig, extra in (("SIGKILL", []), ("SIGSTOP", ["--trainer-hang-timeout", "20"])):
         cut, marker = tmp_path / f"cut_{sig}", tmp_path / f"trainer_{sig}"
         train(faulty + extra + ["--save", str(cut)], tmp_path / f"{sig}.log",
               env={"VIME_TEST_TRAINER_KILLED": str(marker), "VIME_TEST_TRAINER_SIGNAL": sig})
@@ -197,7 +197,7 @@ def test_a_dead_or_hung_trainer_rank_is_restarted_from_the_last_checkpoint(tiny_
         log = (tmp_path / f"{sig}.log").read_text()
         assert "restarting the trainer ranks (1 of --max-restarts 1)" in log
         if sig == "SIGSTOP":  # named, with the call and the rollout it was in
-            assert "rollout 2: trainer rank 0 did not answer for" in log and "--trainer-hang-timeout 15" in log
+            assert "rollout 2: trainer rank 0 did not answer for" in log and "--trainer-hang-timeout 20" in log
         assert f"the trainer ranks restarted from {cut}; going on from rollout 2" in log
         expected, got = metrics(whole / "tensorboard"), metrics(cut / "tensorboard")
         assert sorted(got) == [0, 1, 2, 3] and got[3]["train/restarts"] == 1
