@@ -5,6 +5,7 @@ MODULE`` or ``python tools/X.py`` line through its module's argparse parser (run
 there, nothing executed after it)."""
 
 import argparse
+import os
 import re
 import runpy
 import shlex
@@ -109,15 +110,21 @@ def parse_only(command: str, monkeypatch) -> None:
 
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_args)
     monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args", parse_known_args)
-    if words[1] == "-m":
-        monkeypatch.setattr(sys, "argv", [words[2], *words[3:]])
-        runpy.run_module(words[2], run_name="__main__", alter_sys=True)
-    else:
-        monkeypatch.setattr(sys, "argv", words[1:])
-        runpy.run_path(str(ROOT / words[1]), run_name="__main__")
+    environment = dict(os.environ)  # the converters hide the GPUs at import; the other tests must not inherit it
+    try:
+        if words[1] == "-m":
+            monkeypatch.setattr(sys, "argv", [words[2], *words[3:]])
+            runpy.run_module(words[2], run_name="__main__", alter_sys=True)
+        else:
+            monkeypatch.setattr(sys, "argv", words[1:])
+            runpy.run_path(str(ROOT / words[1]), run_name="__main__")
+    finally:
+        os.environ.clear()
+        os.environ.update(environment)
 
 
-@pytest.mark.parametrize("page,command", python_commands(), ids=[f"{p}#{i}" for i, (p, _) in enumerate(python_commands())])
+@pytest.mark.parametrize("page,command", python_commands(),
+                         ids=[f"{p}#{i}" for i, (p, _) in enumerate(python_commands())])
 def test_every_python_command_in_the_manual_parses(page, command, monkeypatch):
     with pytest.raises(Parsed):
         try:
