@@ -32,9 +32,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from tools.sharing_table import HANDOVER  # noqa: E402
+
 PHASES = [("generate", ("time/rollout",)), ("log-probs", ("time/log_probs",)), ("train", ("time/train",)),
-          ("weight sync", ("time/weight_sync",)), ("sleep/wake", ("time/sleep", "time/wake_up", "time/reload",
-                                                                   "time/offload"))]
+          ("weight sync", ("time/weight_sync",)), ("sleep/wake", HANDOVER)]
 
 
 @dataclass(frozen=True)
@@ -70,8 +71,9 @@ def write_prompts(tokenizer, workload: Workload, path: Path, seed: int = 0) -> P
     import random
 
     rng = random.Random(seed)
-    words = [w for w in ("river", "stone", "light", "paper", "garden", "window", "music", "orange", "silver",
-                         "forest", "market", "winter") if len(tokenizer(f" {w}", add_special_tokens=False)["input_ids"]) == 1]
+    candidates = ("river", "stone", "light", "paper", "garden", "window", "music", "orange", "silver", "forest",
+                  "market", "winter")
+    words = [w for w in candidates if len(tokenizer(f" {w}", add_special_tokens=False)["input_ids"]) == 1]
     rows = []
     for i in range(workload.prompts):
         text = f"Prompt {i}:" + "".join(f" {rng.choice(words)}" for _ in range(workload.prompt_tokens))

@@ -3,7 +3,8 @@
 # run-qwen3-4b-train.sh with only its documented variables, then CONVERT=1 evaluation of the saved iteration.
 # The model is a random-weight Qwen3-4B (tools/make_random_hf.py: the real shape and Qwen's tokenizer), since it
 # cannot be downloaded here; MemAgent's data is the real HotpotQA dev set (DATA=real, default) or generated
-# (DATA=generated); speed and memory are what a run of the real model would show, rewards are not. One stage per call, so that each fits a device call; work files persist in WORK:
+# (DATA=generated); speed and memory are what a run of the real model would show, rewards are not. One stage per
+# call, so that each fits a device call; work files persist in WORK:
 #   EXAMPLE=mem_agent bash tools/gpu_recipe.sh prepare   # the 8 GB model, its torch_dist copy, the data
 #   EXAMPLE=mem_agent bash tools/gpu_recipe.sh train [train.py flags]   # NUM_ROLLOUT rollouts, push, save
 #   EXAMPLE=mem_agent bash tools/gpu_recipe.sh eval      # CONVERT=1 run-eval.sh on the last iteration
@@ -41,7 +42,9 @@
 # (one GPU: colocated, optimizer offload); any of the script's variables may be set around this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-STAGE=${1:?usage: gpu_recipe.sh prepare|train|eval|train_only|replay|weight_sync|table|both|async_bench|async_split|one_gpu|sharing|layout|sharing_table|base_rows|all [flags]}
+USAGE="usage: gpu_recipe.sh prepare|train|eval|train_only|replay|weight_sync|table|both|async_bench|async_split"
+USAGE+="|one_gpu|sharing|layout|sharing_table|base_rows|all [flags]"
+STAGE=${1:?${USAGE}}
 shift
 EXAMPLE=${EXAMPLE:-mem_agent}
 WORK=${WORK:-/tmp/gpu_recipe}
@@ -147,7 +150,7 @@ async_table() {
 # the loops' parts (train alone, rollout replayed) and the efficiency tables.
 everything() {
   local gpus side_pid=""
-  gpus=$(source _common.sh && echo "${NUM_GPUS}")  # its count: CUDA_VISIBLE_DEVICES narrows nvidia-smi's
+  gpus=$(gpu_count)
   : >"${OUT_DIR}/all.log"
   log "all: ${gpus} x $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1)"
   if (( gpus < 2 )); then log "all: needs 2 or more GPUs"; return 1; fi
@@ -247,10 +250,19 @@ layout_run() {
 # sharing ARGS...: on every GPU of this machine (N of them), MemAgent colocated (trainer TP 1 below 4 GPUs, else
 # 2; TP-1 engines) and apart (the script's default), MemUpdate colocated, MemAgent colocated with TP-2 engines;
 # the table; CONVERT=1 evaluation of both colocated saves; the SmolLM2 smoke colocated on every GPU
+# gpu_count: this machine's GPUs (CUDA_VISIBLE_DEVICES narrows them); every_gpu: their list, 0 to N - 1
+gpu_count() {
+  (source _common.sh && echo "${NUM_GPUS}")
+}
+
+every_gpu() {
+  seq -s, 0 $(( $(gpu_count) - 1 ))
+}
+
 sharing() {
   local status=0 n all
-  n=$(source _common.sh && echo "${NUM_GPUS}")
-  all=$(seq -s, 0 $((n - 1)))
+  n=$(gpu_count)
+  all=$(every_gpu)
   : >"${OUT_DIR}/all.log"
   log "sharing: ${n} x $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1)"
   # In order of what a short lease must not miss: both layouts of MemAgent (the table), MemUpdate colocated, the
@@ -286,8 +298,7 @@ case "${STAGE}" in
     sharing "$@" ;;
   layout)
     # one of sharing's runs alone, on every GPU: layout EXAMPLE NAME VAR=VALUE... [-- train.py flags]
-    layout_run "$1" "$2" "$(seq -s, 0 $(( $(source _common.sh && echo "${NUM_GPUS}") - 1 )))" "${RAY_PORT:-6440}" \
-      "${@:3}" ;;
+    layout_run "$1" "$2" "$(every_gpu)" "${RAY_PORT:-6440}" "${@:3}" ;;
   sharing_table)
     sharing_table | tee "${OUT_DIR}/sharing_table.md" ;;
   base_rows)
@@ -401,6 +412,6 @@ case "${STAGE}" in
     one_gpu "$@" ;;
   all)
     everything "$@" ;;
-  *) echo "usage: gpu_recipe.sh prepare|train|eval|train_only|replay|weight_sync|table|both|async_bench|async_split|one_gpu|sharing|layout|sharing_table|base_rows|all" >&2
+  *) echo "${USAGE}" >&2
      exit 2 ;;
 esac

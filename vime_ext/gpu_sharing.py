@@ -76,7 +76,8 @@ class GpuSharing:
             on_gpu = torch.cuda.is_available()
         mode = Mode.SEPARATE if not cl.colocate else (Mode.RESIDENT if config.rollout.async_training
                                                       else Mode.COLOCATED)
-        return cls(mode=mode, on_gpu=on_gpu, rollout_gpus=cl.actor_world_size if cl.colocate else (cl.rollout_num_gpus or 1),
+        return cls(mode=mode, on_gpu=on_gpu,
+                   rollout_gpus=cl.actor_world_size if cl.colocate else (cl.rollout_num_gpus or 1),
                    gpus_per_engine=cl.rollout_num_gpus_per_engine, sleep_level=cl.engine_sleep_level,
                    engine_backend=cl.engine_backend, requested_transport=cl.weight_transport,
                    pipeline_size=config.trainer.pipeline_model_parallel_size)

@@ -2,7 +2,6 @@
 starts one."""
 
 import os
-
 import random
 import socket
 from pathlib import Path
@@ -44,7 +43,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
+LOOPBACK = ("127.0.0.1", "localhost")  # the hosts local servers are served and reached at
 
 
 def loopback_sockets_env(host: str) -> dict[str, str]:

@@ -171,9 +171,13 @@ def held_out_docs(dev: HotpotDev, splits: Splits) -> set[int]:
 def build_item(dev: HotpotDev, question: DevQuestion, num_docs: int, pool: list[int], rng: random.Random) -> QAItem:
     """The question's own paragraphs and ``num_docs`` minus their count others from ``pool``, shuffled with the
     fixed seed and numbered as RULER-HQA's documents."""
-    chosen = choose_docs(question, num_docs, pool, rng)
+    return _item(dev, question, choose_docs(question, num_docs, pool, rng))
+
+
+def _item(dev: HotpotDev, question: DevQuestion, docs: list[int]) -> QAItem:
+    """The question with ``docs`` as its numbered documents (none: an empty context of 0 documents)."""
     return QAItem(question.index, question.question, [question.answer],
-                  format_documents([dev.docs[d] for d in chosen]), num_docs, "hotpotqa")
+                  format_documents([dev.docs[d] for d in docs]), len(docs), "hotpotqa")
 
 
 def choose_docs(question: DevQuestion, num_docs: int, pool: list[int], rng: random.Random) -> list[int]:
@@ -214,11 +218,10 @@ def write_reference_files(dev: HotpotDev, questions: tuple[int, ...], folder: Pa
     closed, gold = [], []
     for q in questions:
         question = dev.questions[q]
-        closed.append(QAItem(question.index, question.question, [question.answer], "", 0, "hotpotqa"))
+        closed.append(_item(dev, question, []))
         pair = list(question.gold)
         random.Random(SHUFFLE_SEED).shuffle(pair)
-        gold.append(QAItem(question.index, question.question, [question.answer],
-                           format_documents([dev.docs[d] for d in pair]), len(pair), "hotpotqa"))
+        gold.append(_item(dev, question, pair))
     return [write_eval_items(Path(folder) / "eval_0.json", closed),
             write_eval_items(Path(folder) / "eval_2.json", gold)]
 

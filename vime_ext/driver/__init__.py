@@ -1,6 +1,7 @@
 """The driver: the process that runs a training job and the processes it starts (``docs/architecture.md``).
 
-- ``loop.py``: the loop (rollout, train, push, log, evaluate); ``python -m vime_ext.train`` (``vime_ext/train.py``) runs it.
+- ``loop.py``: the loop (rollout, train, push, log, evaluate); ``python -m vime_ext.train``
+  (``vime_ext/train.py``) runs it.
 - ``step.py``: the trainer ranks' side of one step (sequences, optimizer steps, metrics).
 - ``handover.py``: weights and GPUs between trainer ranks and engines (the policy: ``vime_ext/gpu_sharing.py``).
 - ``recovery.py``: save, resume, restart after a dead trainer rank, the time limit.

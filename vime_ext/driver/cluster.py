@@ -180,12 +180,11 @@ class TrainerRanks:
             ray.get(done)  # a rank that failed (or died) raises here, without waiting for the others
             working = [i for i, ref in enumerate(refs) if ref in pending]
             beats = {i: self.handles[i].heartbeat.remote() for i in working}
+            answered, _ = ray.wait(list(beats.values()), num_returns=len(beats), timeout=poll)
             now = time.monotonic()
             for i, beat in beats.items():
-                try:
-                    progress = ray.get(beat, timeout=poll)
-                except ray.exceptions.GetTimeoutError:  # the process answers nothing: stopped, or wedged
-                    progress = None
+                # no answer: the process answers nothing (stopped, or wedged)
+                progress = ray.get(beat) if beat in answered else None
                 if progress is not None and progress != seen[i]:
                     seen[i], moved[i] = progress, now
                 elif now - moved[i] > self.hang_timeout:

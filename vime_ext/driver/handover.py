@@ -33,7 +33,7 @@ class HandOver:
         the push tried once more. Returns its seconds."""
         if not self.both_sides:
             return 0.0
-        start, manager = time.perf_counter(), self.cluster.manager
+        start, manager = time.perf_counter(), self.manager
         with self.lock:  # between two rollouts, or (--partial-rollout) pausing the one in flight
             for attempt in range(2):
                 try:
@@ -68,7 +68,7 @@ class HandOver:
         current weights before the next rollout. Colocated, the round trip through the trainer side puts every
         engine to sleep (restarting the dead one while the memory is the engines') and wakes them around the
         push."""
-        if not self.both_sides or not self.cluster.manager.dead_engines():
+        if not self.both_sides or not self.manager.dead_engines():
             return
         tick = time.perf_counter()
         self.round_trip(version, times, memory)

@@ -106,9 +106,10 @@ class Recovery:
         return self.restarts < self.config.cluster.max_restarts
 
     def recover(self, err: Exception, rollout_id: int) -> int:
-        """A trainer rank died or hung in rollout ``rollout_id``: a new group of ranks starts, loads the last complete checkpoint (``--save``'s, else
-        the one the run started from, else the starting weights and data position), and the run goes on from
-        there; the rollouts since are generated again, and their steps trained once, on the restored weights."""
+        """A trainer rank died or hung in rollout ``rollout_id``: a new group of ranks starts, loads the last
+        complete checkpoint (``--save``'s, else the one the run started from, else the starting weights and data
+        position), and the run goes on from there; the rollouts since are generated again, and their steps
+        trained once, on the restored weights."""
         self.restarts += 1
         print(f"rollout {rollout_id}: {err}; restarting the trainer ranks ({self.restarts} of --max-restarts "
               f"{self.config.cluster.max_restarts})", flush=True)
