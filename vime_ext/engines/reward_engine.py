@@ -45,6 +45,7 @@ class RewardModelEngine:
                     continue
                 print(f"the reward model's engine {self.url} exited (code {self.server.process.returncode}); "
                       f"restarting it. Its log: {self.server.log_path}", flush=True)
+                self.server.stop()  # the processes it left behind
                 try:
                     self.server = launch_engine(self.config)  # the same port: plug-ins keep args.rm_url
                 except Exception as err:  # tried again at the next look

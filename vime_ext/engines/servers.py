@@ -67,6 +67,9 @@ class ServerProcess:
     env: dict[str, str] = field(default_factory=dict)
     tries: int = 1  # starts so far
     log_offset: int = 0  # where the latest start's output begins in log_path
+    # Its child processes, recorded once it serves. vLLM's engine core (and a TP engine's workers) outlive an API
+    # server that is SIGKILLed, holding the GPU's memory, so a restart on that GPU would find none free.
+    family: list = field(default_factory=list)
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -105,13 +108,46 @@ class ServerProcess:
             log.flush()
             self.process = _spawn(self.command, self.env, log)
 
+    def remember_family(self) -> None:
+        """Record its descendants now (psutil handles: they know their start time, so a reused pid is not one)."""
+        import psutil
+
+        try:
+            self.family = psutil.Process(self.process.pid).children(recursive=True)
+        except psutil.Error:  # it has exited: keep what was recorded
+            pass
+
+    def reap_family(self, grace_s: float = 10.0) -> list[int]:
+        """Stop the recorded descendants still running (SIGTERM, then SIGKILL after ``grace_s``); returns their
+        pids."""
+        import psutil
+
+        left = [p for p in self.family if p.is_running()]
+        for process in left:
+            try:
+                process.terminate()
+            except psutil.Error:
+                pass
+        _, still = psutil.wait_procs(left, timeout=grace_s)
+        for process in still:
+            try:
+                process.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(still, timeout=grace_s)
+        self.family = []
+        return [p.pid for p in left]
+
     def release_start_lock(self) -> None:
         if self.start_lock is not None:
             self.start_lock.release()
             self.start_lock = None
 
     def stop(self) -> None:
-        if self.alive():
+        """Stop it and every process it started, whether it is running or has died (its orphans are stopped)."""
+        died = not self.alive()
+        if not died:
+            self.remember_family()
             # Its memory comes free while it exits: not inside another engine's profile run on the same GPU.
             lock = None
             if self.gpus and not holds(self.gpus):
@@ -128,6 +164,10 @@ class ServerProcess:
             finally:
                 if lock is not None:
                     lock.release()
+        orphans = self.reap_family()
+        if orphans and died:
+            print(f"{self.name} {self.url} had exited (code {self.process.returncode}) leaving processes "
+                  f"{orphans}; stopped them", flush=True)
         self.release_start_lock()
 
 
@@ -353,6 +393,7 @@ def wait_until_serving(engines: list[ServerProcess], timeout_s: float = 600.0, p
                 try:
                     if httpx.get(engine.url + "/health", timeout=2.0).status_code == 200:
                         pending.remove(engine)
+                        engine.remember_family()
                         engine.release_start_lock()
                 except httpx.HTTPError:
                     pass
