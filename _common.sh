@@ -102,7 +102,13 @@ fi
 # has the table): COLOCATE (1: engines share the trainer's GPUs and sleep while it trains; the default on one
 # GPU), ACTOR_NODES (nodes for trainer ranks), ACTOR_GPUS (trainer GPUs per node), ROLLOUT_GPUS (engine GPUs,
 # not with COLOCATE=1), TP, and OPTIMIZER_OFFLOAD (1: Adam's states and fp32 masters on the host; the default
-# with one trainer GPU, where a 4B model's 48 GB of them do not fit beside its weights and gradients).
+# with one trainer GPU, where a 4B model's 48 GB of them do not fit beside its weights and gradients, and
+# wherever a trainer GPU's share would not fit its memory: below).
+gpu_memory_gib() {  # the smallest GPU's memory in GiB (0 without GPUs)
+  if [ "${NUM_GPUS}" -eq 0 ]; then echo 0; return; fi
+  nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | sort -n | head -1 | awk '{print int($1 / 1024)}'
+}
+
 gpu_layout() {
   local gpus=$(( NUM_GPUS > 0 ? NUM_GPUS : 1 ))
   COLOCATE=${COLOCATE:-$(( gpus == 1 ? 1 : 0 ))}
@@ -118,7 +124,15 @@ gpu_layout() {
     ROLLOUT_GPUS=${ROLLOUT_GPUS:-$(( gpus - ACTOR_GPUS > 0 ? gpus - ACTOR_GPUS : 1 ))}
   fi
   TP=${TP:-$(( ACTOR_GPUS >= 4 ? 2 : 1 ))}
-  OPTIMIZER_OFFLOAD=${OPTIMIZER_OFFLOAD:-$(( NUM_GPUS > 0 && ACTOR_NODES * ACTOR_GPUS == 1 ? 1 : 0 ))}
+  # Adam on the host when a trainer GPU cannot hold it. A 4B model's GiB per trainer GPU: bf16 weights and fp32
+  # gradients, 24 split over TP; fp32 masters and Adam's two moments, 48 split over every trainer GPU (TP, then
+  # megatron's distributed optimizer over the data-parallel ranks); 32 for the rest (the logits of 16384 tokens
+  # and their gradient in fp32, activations, the allocator's slack). 2 trainer GPUs at TP 1 on 4 x H100 (79 GiB)
+  # need 80 and ran out of memory at the second step (2026-11-28); on H200s (140 GiB) they fit. One trainer GPU
+  # always offloads (104; on one GPU the engine's memory shares it too).
+  local trainer_gpus=$(( ACTOR_NODES * ACTOR_GPUS ))
+  OPTIMIZER_OFFLOAD=${OPTIMIZER_OFFLOAD:-$(( NUM_GPUS > 0 && (trainer_gpus == 1 \
+    || 24 / TP + 48 / trainer_gpus + 32 > $(gpu_memory_gib)) ? 1 : 0 ))}
   LAYOUT_ARGS=(--actor-num-nodes "${ACTOR_NODES}" --actor-num-gpus-per-node "${ACTOR_GPUS}"
     --tensor-model-parallel-size "${TP}")
   if [ "${COLOCATE}" = 1 ]; then LAYOUT_ARGS+=(--colocate); else LAYOUT_ARGS+=(--rollout-num-gpus "${ROLLOUT_GPUS}"); fi

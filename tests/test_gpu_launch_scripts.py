@@ -19,6 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 NVIDIA_SMI = """#!/bin/bash
 if [ "$1" = -L ]; then for ((i = 0; i < ${STAND_IN_GPUS:-4}; i++)); do echo "GPU $i: NVIDIA H200 (UUID: GPU-$i)"; done
+elif [ "$1" = --query-gpu=memory.total ]; then
+  for ((i = 0; i < ${STAND_IN_GPUS:-4}; i++)); do echo "${STAND_IN_GPU_MIB:-143771}"; done
 else echo "NVIDIA H200"; fi
 """
 RAY = """#!/bin/bash
@@ -143,6 +145,10 @@ LAYOUTS = [(1, {}, ("1", "colocated", "1", True)),
            (8, {}, ("4", "4", "2", False)),
            (8, {"COLOCATE": "1"}, ("8", "colocated", "2", False)),
            (2, {"COLOCATE": "1", "OPTIMIZER_OFFLOAD": "0"}, ("2", "colocated", "1", False)),
+           # H100s (81559 MiB): two trainer GPUs at TP 1 keep Adam on the host; four at TP 2 do not
+           (4, {"STAND_IN_GPU_MIB": "81559"}, ("2", "2", "1", True)),
+           (2, {"STAND_IN_GPU_MIB": "81559", "COLOCATE": "1"}, ("2", "colocated", "1", True)),
+           (4, {"STAND_IN_GPU_MIB": "81559", "COLOCATE": "1"}, ("4", "colocated", "2", False)),
            (8, {"ACTOR_NODES": "2", "ROLLOUT_GPUS": "8"}, ("4", "8", "2", False)),
            # CUDA_VISIBLE_DEVICES narrows the machine's 8 to the 2 named (nvidia-smi lists all 8)
            (8, {"CUDA_VISIBLE_DEVICES": "2,3"}, ("1", "1", "1", True))]

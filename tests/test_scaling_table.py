@@ -61,3 +61,8 @@ def test_the_sharing_table_prints_one_row_per_run(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[2].startswith("| x, 2 GPUs | 4.00 |") and lines[2].endswith("| 10.00 | 1.00x |")
     assert lines[3].endswith("| 5.00 | 2.00x |")
+    # A run that died after its first rollout (4 x H100, out of memory) is a row saying so, not the table's end.
+    main([f"died={write_rows(tmp_path / 'died.jsonl', [row])}", f"x={write_rows(tmp_path / 'x.jsonl', [row, row])}"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2].startswith("| died | ") and "1 training rollouts" in lines[2]
+    assert lines[3].endswith("| 10.00 | 1.00x |")

