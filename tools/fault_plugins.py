@@ -93,6 +93,10 @@ def _arm(fault: str, sample) -> None:
         engine = _processes(*ENGINES)[0]
         _record(f"engine {engine.pid} killed mid-rollout")
         engine.kill()
+    elif fault == "engine_stop":  # alive but answering nothing, as a hung engine: the engine watchdog's case
+        engine = _processes(*ENGINES)[0]
+        _record(f"engine {engine.pid} stopped mid-rollout")
+        engine.send_signal(signal.SIGSTOP)
     elif fault == "engine_kill_during_push":
         _when(_engine_paused, lambda: _processes(*ENGINES)[0].kill(), "engine killed during the weight push")
     elif fault == "router_kill":

@@ -82,6 +82,8 @@ class ClusterConfig:
     trainer_hang_timeout: float = _help("seconds a trainer rank may go without progress (a micro-batch, a weight "
                                         "bucket, a save) before it counts as hung: the group is killed and "
                                         "restarted as after a dead rank (Ray only; 0: never)", 1800.0)
+    engine_hang_timeout: float = _help("seconds a serving engine may go without answering /health before it counts "
+                                       "as hung: it is killed and restarted as a dead engine (0: never)", 300.0)
 
     @property
     def actor_world_size(self) -> int:
@@ -525,6 +527,8 @@ def _check(config: TrainConfig) -> None:
         problems.append(f"--max-restarts must be 0 or more, got {cl.max_restarts}")
     if cl.trainer_hang_timeout < 0:
         problems.append(f"--trainer-hang-timeout must be 0 (never) or more, got {cl.trainer_hang_timeout:g}")
+    if cl.engine_hang_timeout < 0:
+        problems.append(f"--engine-hang-timeout must be 0 (never) or more, got {cl.engine_hang_timeout:g}")
     for name in ("hf_checkpoint", "ref_load", "critic_load"):
         path = getattr(c, name)
         if path and not os.path.exists(path):

@@ -276,8 +276,9 @@ def test_ppo_reward_rises_and_the_critic_follows(smollm2_dir, tmp_path):
 def test_training_survives_a_crashed_engine(mode, tiny_model, tmp_path):
     """An engine is killed in rollout 1, while that rollout's other samples are being generated (the kill comes
     from the reward plugin, not after a sleep).
-    - Two engines: the rollout in flight fails over to the other engine; the dead one is restarted before the
-      next weight push (so it serves the trainer's weights).
+    - Two engines, one hung (SIGSTOP: alive, answering nothing): the watchdog (--engine-hang-timeout 10) kills
+      it; the rollout in flight fails over to the other engine; the dead one is restarted before the next weight
+      push (so it serves the trainer's weights).
     - --colocate, its one engine: if requests were in flight, they are aborted, regenerated once (the engine is
       still dead), and their groups dropped; the driver then restarts the engine with the same weights and
       generates the rollout again from the same data position. If the engine had finished (the transformers
@@ -299,10 +300,11 @@ def test_training_survives_a_crashed_engine(mode, tiny_model, tmp_path):
     flags += ["--async-training"] if mode == "async_two_engines" else []
     env = {"VIME_TEST_ENGINE_KILLED": str(marker)}
     if mode == "two_engines":
-        env["VIME_TEST_SOCKETS"] = str(tmp_path / "sockets.json")
+        env |= {"VIME_TEST_SOCKETS": str(tmp_path / "sockets.json"), "VIME_TEST_ENGINE_SIGNAL": "SIGSTOP"}
+        flags += ["--engine-hang-timeout", "10"]
     train(flags + ["--no-ray", "--engine-backend", "hf", "--num-rollout", "4", "--tensorboard-dir", str(out)],
           tmp_path / "run.log", env=env)
-    assert marker.read_text().startswith("killed")
+    assert marker.read_text().startswith("stopped" if mode == "two_engines" else "killed")
     if mode == "two_engines":
         sockets = json.loads((tmp_path / "sockets.json").read_text())
         assert sum("hf_engine" in c for _, _, c in sockets) == 2 and any("router" in c for _, _, c in sockets)
@@ -317,6 +319,8 @@ def test_training_survives_a_crashed_engine(mode, tiny_model, tmp_path):
         assert all(rows[i]["rollout/groups_dropped"] == 0 and rows[i]["train/sequences"] == 8 for i in range(4))
         return
     assert [rows[i]["rollout/engine_restarts"] for i in range(4)] == [0, 1, 1, 1]  # restarted in rollout 1
+    if mode == "two_engines":
+        assert [rows[i]["rollout/engine_hangs"] for i in range(4)] == [0, 1, 1, 1]  # found hung, killed
     assert all(rows[i]["rollout/groups_dropped"] == 0 and rows[i]["train/sequences"] == 8 for i in range(4))
     # After the restart and push, every engine serves the trainer's weights again.
     assert rows[3]["rollout/weight_version"] == 3 and rows[3]["train/sequences"] == 8

@@ -12,6 +12,7 @@ import os
 import subprocess
 
 from vime_ext.arguments import TrainConfig
+from vime_ext.engines.engine_watchdog import EngineWatchdog
 from vime_ext.engines.generation_gate import GenerationGate
 from vime_ext.engines.reward_engine import RewardModelEngine
 from vime_ext.engines.servers import (EngineConfig, ServerProcess, launch_engine, launch_router,
@@ -46,6 +47,7 @@ class RolloutManager:
         self.engines: list[ServerProcess] = []
         self.router: ServerProcess | None = None
         self.reward_model: RewardModelEngine | None = None
+        self.watchdog: EngineWatchdog | None = None
         self.restarts = 0
         self.router_restarts = 0
         self.fresh: set[str] = set()  # engines restarted since the last sleep: awake, and not to be woken again
@@ -87,6 +89,8 @@ class RolloutManager:
             raise
         self.sync = WeightSync(self.engine_urls(), transport=self.transport)
         self.sync.init()
+        if cl.engine_hang_timeout > 0:
+            self.watchdog = EngineWatchdog(lambda: self.engines, cl.engine_hang_timeout)
 
     def _reward_model_config(self, gpu_ids: tuple[int, ...]) -> EngineConfig:
         """--rm-hf-checkpoint's engine: the policy engines' --vllm-* flags, on the first engine GPU in a share of
@@ -199,6 +203,8 @@ class RolloutManager:
 
     def restart_count(self) -> dict[str, int]:
         counts = {"engine_restarts": self.restarts, "router_restarts": self.router_restarts}
+        if self.watchdog is not None:
+            counts["engine_hangs"] = self.watchdog.hangs
         if self.reward_model is not None:
             counts["rm_engine_restarts"] = self.reward_model.restarts
         return counts
@@ -245,6 +251,8 @@ class RolloutManager:
         self._post_all("/wake_up", skip=self.fresh, **({"tags": tags} if tags else {}))
 
     def shutdown(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.stop()
         if self.reward_model is not None:
             self.reward_model.stop()
         for server in [self.router, *self.engines]:

@@ -70,6 +70,7 @@ class ServerProcess:
     # Its child processes, recorded once it serves. vLLM's engine core (and a TP engine's workers) outlive an API
     # server that is SIGKILLed, holding the GPU's memory, so a restart on that GPU would find none free.
     family: list = field(default_factory=list)
+    served: bool = False  # it has answered /health (wait_until_serving): from then on a silence is a hang
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -137,6 +138,14 @@ class ServerProcess:
         psutil.wait_procs(still, timeout=grace_s)
         self.family = []
         return [p.pid for p in left]
+
+    def kill(self) -> None:
+        """SIGKILL it (stopped or not) and then what it started: for a server that answers nothing. Called from a
+        watcher thread: it does not wait for the exit itself (``alive()`` on another thread, which polls, would
+        read "running" while this one held the wait)."""
+        self.remember_family()
+        self.process.kill()
+        self.reap_family()
 
     def release_start_lock(self) -> None:
         if self.start_lock is not None:
@@ -394,6 +403,7 @@ def wait_until_serving(engines: list[ServerProcess], timeout_s: float = 600.0, p
                     if httpx.get(engine.url + "/health", timeout=2.0).status_code == 200:
                         pending.remove(engine)
                         engine.remember_family()
+                        engine.served = True
                         engine.release_start_lock()
                 except httpx.HTTPError:
                     pass
