@@ -46,3 +46,21 @@ def test_result_leaves_the_warm_up_out_and_the_table_compares_with_this_project(
     assert rows[3].endswith("| 2.00x |")
     with pytest.raises(ValueError, match="2 steps logged, the workload has 3"):
         result("vime_ext", tiny, steps[:2], gpus=1, wall=1.0)
+
+
+def test_trl_scores_a_completion_as_this_project_does_and_its_untimed_phases_show_as_such():
+    """tools/bench_trl.py's reward is the bench plug-in's on the same text; a row from TRL's steps (which time the
+    generation and the weight sync, not the log-prob and training passes apart) shows those as "-", not 0."""
+    from types import SimpleNamespace
+
+    from tools.bench_plugins import reward
+    from tools.bench_trl import hash_reward
+
+    texts = ["river stone light", "", "Prompt 3: winter"]
+    assert hash_reward(["p"] * 3, texts) == [reward(None, SimpleNamespace(response=t)) for t in texts]
+    tiny = WORKLOADS["tiny"]
+    steps = [{"time/total": t, "time/rollout": t / 2, "time/weight_sync": 0.1} for t in (9.0, 2.0, 4.0)]
+    trl = result("trl", tiny, steps, gpus=1, wall=20.0)
+    assert trl["phases"]["generate"] == 1.5 and trl["phases"]["train"] is None
+    row = table([trl]).splitlines()[2]
+    assert row.startswith("| trl | 3.00 |") and "| 1.50 | - | - | 0.10 | - |" in row

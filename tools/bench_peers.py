@@ -14,9 +14,10 @@ Per framework: median seconds per step over the timed steps (after ``warmup`` st
 per GPU (samples x (prompt + response) tokens / step seconds / GPUs), the phase split where the framework logs it,
 and peak GPU memory. Each framework writes ``OUT/<framework>.json``; the table reads them all.
 
-Frameworks: ``vime_ext`` (``train.py``, colocated on one GPU, engine asleep while the trainer trains). The peers
-(TRL's ``GRPOTrainer`` with vLLM colocated, verl's ``main_ppo``) are not written yet: they need their wheels on the
-GPU machine and a run there to check each setting; their rows will come from the same workload files.
+Frameworks: ``vime_ext`` (``train.py``, colocated on one GPU, engine asleep while the trainer trains) and ``trl``
+(``tools/bench_trl.py``: TRL's ``GRPOTrainer``, vLLM colocated in its process, asleep while it trains; needs
+``trl`` importable). A framework named twice runs twice, the second row marked "again": list ``vime_ext`` after
+the peers too, to bound the machine's drift over the run. verl's ``main_ppo`` is not written yet.
 """
 
 import argparse
@@ -106,19 +107,40 @@ def vime_ext_command(workload: Workload, model_dir: Path, data: Path, out: Path,
     return command
 
 
-def run_vime_ext(workload: Workload, model_dir: Path, data: Path, out: Path) -> dict:
+def run_command(name: str, command: list[str], out: Path) -> float:
+    """``command`` with its output in ``OUT/<name>.log``; its wall seconds."""
+    start = time.perf_counter()
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    with open(out / f"{name}.log", "w") as log:
+        done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                              env={**os.environ, "PYTHONPATH": path})
+    if done.returncode:
+        raise RuntimeError(f"{name} exited {done.returncode}; its log: {out / f'{name}.log'}")
+    return time.perf_counter() - start
+
+
+def run_vime_ext(name: str, workload: Workload, model_dir: Path, data: Path, out: Path, engine_memory: float) -> dict:
     import torch
 
     gpu = torch.cuda.is_available()
-    start = time.perf_counter()
-    with open(out / "vime_ext.log", "w") as log:
-        done = subprocess.run(vime_ext_command(workload, model_dir, data, out, gpu), stdout=log,
-                              stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    if done.returncode:
-        raise RuntimeError(f"vime_ext exited {done.returncode}; its log: {out / 'vime_ext.log'}")
-    rows = [json.loads(line) for line in (out / "vime_ext_tb" / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in rows if "time/total" in r]
-    return result("vime_ext", workload, steps, gpus=1, wall=time.perf_counter() - start)
+    command = vime_ext_command(workload, model_dir, data, out / name, gpu)
+    if gpu:
+        command += ["--vllm-gpu-memory-utilization", str(engine_memory)]
+    wall = run_command(name, command, out)
+    rows = [json.loads(line) for line in (out / name / "vime_ext_tb" / "metrics.jsonl").read_text().splitlines()]
+    return result(name, workload, [r for r in rows if "time/total" in r], gpus=1, wall=wall)
+
+
+def run_trl(name: str, workload: Workload, model_dir: Path, data: Path, out: Path, engine_memory: float) -> dict:
+    (out / name).mkdir(parents=True, exist_ok=True)
+    wall = run_command(name, [sys.executable, "tools/bench_trl.py", "--workload", workload.name, "--model-dir",
+                              str(model_dir), "--prompts", str(data), "--out", str(out / name),
+                              "--engine-memory", str(engine_memory)], out)
+    steps = [json.loads(line) for line in (out / name / "trl_steps.jsonl").read_text().splitlines()]
+    return result(name, workload, steps, gpus=1, wall=wall)
+
+
+RUNNERS = {"vime_ext": run_vime_ext, "trl": run_trl}
 
 
 def result(framework: str, workload: Workload, steps: list[dict], gpus: int, wall: float) -> dict:
@@ -128,7 +150,9 @@ def result(framework: str, workload: Workload, steps: list[dict], gpus: int, wal
         raise ValueError(f"{framework}: {len(steps)} steps logged, the workload has {workload.steps}")
     timed = steps[workload.warmup:]
     step_s = statistics.median(s["time/total"] - s.get("time/save", 0.0) for s in timed)
-    phases = {name: statistics.median(sum(s.get(k, 0.0) for k in keys) for s in timed) for name, keys in PHASES}
+    # A phase the framework does not time apart is left out (None), not shown as 0
+    phases = {name: statistics.median(sum(s.get(k, 0.0) for k in keys) for s in timed)
+              if any(k in s for s in timed for k in keys) else None for name, keys in PHASES}
     peak = max((v for s in timed for k, v in s.items() if k.startswith("memory/") and k.endswith("peak_allocated_gb")),
                default=None)
     return {"framework": framework, "workload": asdict(workload), "gpus": gpus, "step_s": step_s,
@@ -139,13 +163,14 @@ def result(framework: str, workload: Workload, steps: list[dict], gpus: int, wal
 def table(results: list[dict]) -> str:
     """One row per framework; the last column is vime_ext's tokens/s/GPU over the row's."""
     ours = next((r for r in results if r["framework"] == "vime_ext"), None)
+    cell = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
     lines = ["| framework | step s | tokens/s/GPU | " + " | ".join(f"{n} s" for n, _ in PHASES)
              + " | peak GiB | vime_ext / this |", "|---" * (len(PHASES) + 5) + "|"]
     for r in results:
         ratio = f"{ours['tokens_per_s_per_gpu'] / r['tokens_per_s_per_gpu']:.2f}x" if ours else ""
         peak = "" if r["peak_gpu_gb"] is None else f"{r['peak_gpu_gb']:.1f}"
         lines.append(f"| {r['framework']} | {r['step_s']:.2f} | {r['tokens_per_s_per_gpu']:,.0f} | "
-                     + " | ".join(f"{r['phases'][n]:.2f}" for n, _ in PHASES) + f" | {peak} | {ratio} |")
+                     + " | ".join(cell(r["phases"][n]) for n, _ in PHASES) + f" | {peak} | {ratio} |")
     return "\n".join(lines)
 
 
@@ -154,7 +179,9 @@ def main(argv=None) -> int:
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="w1")
     parser.add_argument("--model-dir", type=Path, help="an HF checkpoint of the workload's shape")
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--frameworks", nargs="+", default=["vime_ext"], choices=["vime_ext"])
+    parser.add_argument("--frameworks", nargs="+", default=["vime_ext"], choices=sorted(RUNNERS),
+                        help="run in this order; a name given twice runs twice (its second row: NAME_again)")
+    parser.add_argument("--engine-memory", type=float, default=0.5, help="vLLM's share of the GPU, for every one")
     parser.add_argument("--table", action="store_true", help="only print the table of the results in --out")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -165,10 +192,13 @@ def main(argv=None) -> int:
 
         workload = WORKLOADS[args.workload]
         data = write_prompts(AutoTokenizer.from_pretrained(args.model_dir), workload, args.out / "prompts.jsonl")
+        seen = set()
         for framework in args.frameworks:
-            figures = run_vime_ext(workload, args.model_dir, data, args.out)
-            (args.out / f"{framework}.json").write_text(json.dumps(figures, indent=1))
-    results = [json.loads(p.read_text()) for p in sorted(args.out.glob("*.json"))]
+            name = f"{framework}_again" if framework in seen else framework
+            seen.add(framework)
+            figures = RUNNERS[framework](name, workload, args.model_dir, data, args.out, args.engine_memory)
+            (args.out / f"{name}.result.json").write_text(json.dumps(figures, indent=1))
+    results = [json.loads(p.read_text()) for p in sorted(args.out.glob("*.result.json"))]
     print(table(results))
     return 0
 

