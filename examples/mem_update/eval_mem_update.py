@@ -41,6 +41,9 @@ def summarize(metrics: dict[str, float]) -> dict:
                                   if get(f"calls_{name}") is not None},
                "errors_per_kind": {kind: get(f"errors_{kind}") for kind in ERROR_KINDS
                                    if get(f"errors_{kind}") is not None}}
+    for group in ("seen", "unseen"):  # the question the agent was shown, and the conversation's others
+        before, after = get(f"qa_before_{group}"), get(f"qa_after_{group}")
+        summary[f"qa_delta_{group}"] = None if before is None or after is None else after - before
     summary["categories"] = {name: {"qa_before": get(f"{name}_qa_before"), "qa_after": get(f"{name}_qa_after")}
                              for name in CATEGORIES.values() if get(f"{name}_qa_before") is not None}
     return summary

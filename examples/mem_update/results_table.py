@@ -19,6 +19,7 @@ from examples.mem_update.tools import ERROR_KINDS
 from vime_ext.evaluate import mean_and_range, model_groups
 
 COLUMNS = [("qa_before", "QA before", 3), ("qa_after", "QA after", 3), ("qa_delta", "QA delta", 3),
+           ("qa_delta_seen", "QA delta, seen question", 3), ("qa_delta_unseen", "QA delta, unseen questions", 3),
            ("reward", "reward", 3), ("final_memory_count", "memories after", 1),
            ("final_memory_chars", "characters after", 0), ("valid_tool_calls", "valid calls", 2),
            ("tool_errors", "errors", 2), ("store_edits", "edits", 2), ("unfinished", "unfinished", 2)]

@@ -7,8 +7,9 @@ answered from the store after the episode than before it, times how economical t
     density = min(1.2, mean characters per memory, new / max(old, 1))
     change  = max(0.8, 1 - 0.5 |n_new - n_old| / max(n_old, 1))
 
-QA is the mean score over the target question (and ``memup_extra_questions`` other questions of the same
-conversation) of one of two scorers, each reading the ``memup_top_k`` memories retrieved for the question:
+QA is the mean score over the target question (seen: the agent was shown it) and ``memup_extra_questions`` other
+questions of the same conversation (unseen), or over one of the two (``memup_reward_questions``: both, seen,
+unseen), of one of two scorers, each reading the ``memup_top_k`` memories retrieved for the question:
 
 - ``proxy``: the share of the answer's words (lower case, split on white space, punctuation at the edges
   ignored) that occur in the retrieved memories, clipped to [0.1, 1.0]; an answer without words scores 0.5
@@ -21,8 +22,9 @@ The before and after stores are the namespace's snapshot and its final state, bo
 dropped here. An unfinished episode (no final reply) is scored the same way, as published, unless
 ``memup_unfinished_reward`` fixes its reward. When scoring raises (the reader's engine failed, say), the reward
 is ``memup_error_reward`` (-0.1, as published), the error is logged and counted in ``reward_error``. Metrics:
-memory_reward, qa_before, qa_after, performance_delta, efficiency, unfinished, reward_error, and under
-the question's LoCoMo category name (multi_hop, temporal, open_domain, single_hop, adversarial) the reward and
+memory_reward, qa_before, qa_after, performance_delta (over the questions the reward uses), qa_before_seen,
+qa_after_seen and, with unseen questions, qa_before_unseen, qa_after_unseen; efficiency, unfinished, reward_error;
+and under the question's LoCoMo category name (multi_hop, temporal, open_domain, single_hop, adversarial) the reward and
 ``<category>_qa_before`` / ``_qa_after``.
 """
 
@@ -122,9 +124,20 @@ async def reward(args, sample) -> dict:
     try:
         namespace = STORE.get(name)
         extra = sample.metadata.get("extra_qa", [])[:settings.extra_questions]
-        questions = [(str(sample.prompt), str(sample.label))] + [(q["question"], q["answer"]) for q in extra]
-        before = await qa_score(args, settings, questions, list(namespace.initial))
-        after = await qa_score(args, settings, questions, namespace.memories())
+        seen = [(str(sample.prompt), str(sample.label))]
+        unseen = [(q["question"], q["answer"]) for q in extra]
+        if settings.reward_questions == "unseen" and not unseen:
+            raise ValueError("memup_reward_questions is unseen, but the sample has no other questions (extra_qa)")
+        scores = {}  # (seen | unseen, before | after) -> QA
+        for group, questions in (("seen", seen), ("unseen", unseen)):
+            for when, memories in (("before", list(namespace.initial)), ("after", namespace.memories())):
+                if questions:
+                    scores[group, when] = await qa_score(args, settings, questions, memories)
+        used = {"seen": [(1, "seen")], "unseen": [(1, "unseen")],
+                "both": [(len(seen), "seen"), (len(unseen), "unseen")]}[settings.reward_questions]
+        used = [(n, group) for n, group in used if n]
+        before, after = (sum(n * scores[g, when] for n, g in used) / sum(n for n, _ in used)
+                         for when in ("before", "after"))
         factor = efficiency(len(namespace.initial), len(namespace), _mean_chars(namespace.initial),
                             _mean_chars(namespace.memories()), settings)
     except Exception as err:  # noqa: BLE001 (as published: a reward that cannot be computed is a small penalty)
@@ -140,6 +153,7 @@ async def reward(args, sample) -> dict:
     metrics = {"reward": value, "memory_reward": value, "qa_before": before, "qa_after": after,
                "performance_delta": after - before, "efficiency": factor, "unfinished": float(not finished),
                "reward_error": 0.0}
+    metrics.update({f"qa_{when}_{group}": score for (group, when), score in scores.items()})
     category = CATEGORIES.get(sample.metadata.get("category"))
     if category:
         metrics.update({category: value, f"{category}_qa_before": before, f"{category}_qa_after": after})

@@ -16,6 +16,7 @@ from examples.mem_update.retrieval import RETRIEVERS
 from vime_ext.agent.settings import settings_from_args
 
 SCORERS = ("proxy", "reader")
+REWARD_QUESTIONS = ("seen", "unseen", "both")
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,10 @@ class MemUpdateSettings:
     # (train.py --rm-hf-checkpoint, or --rm-url for one served elsewhere: then give its tokenizer here).
     reader_tokenizer: str | None = None  # HF dir; default --rm-hf-checkpoint
     reader_max_tokens: int = 32
-    extra_questions: int = 0  # also score this many other questions of the same conversation
+    extra_questions: int = 0  # also score this many other questions of the same conversation (unseen by the agent)
+    # Which questions the reward's QA is over: the one the agent was shown (seen), the others (unseen), or all
+    # equally (both). Every episode logs the seen and the unseen QA apart whichever it is.
+    reward_questions: str = "both"
     size_cap: int | None = None  # None: the episode's starting memory count
     size_floor: float = 0.1
     density_max: float = 1.2
@@ -46,6 +50,10 @@ class MemUpdateSettings:
         settings = settings_from_args(cls, args, "memup_")
         if settings.retriever not in RETRIEVERS:
             raise ValueError(f"memup_retriever {settings.retriever!r} is not one of {RETRIEVERS}")
+        if settings.reward_questions not in REWARD_QUESTIONS:
+            raise ValueError(f"memup_reward_questions {settings.reward_questions!r} is not one of {REWARD_QUESTIONS}")
+        if settings.reward_questions == "unseen" and settings.extra_questions < 1:
+            raise ValueError("memup_reward_questions unseen needs memup_extra_questions of 1 or more")
         if settings.scorer not in SCORERS:
             raise ValueError(f"memup_scorer {settings.scorer!r} is not one of {SCORERS}")
         if settings.scorer == "reader" and getattr(args, "rm_url", None) and not reader_tokenizer(settings, args):

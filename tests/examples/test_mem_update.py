@@ -407,6 +407,33 @@ def test_extra_questions_are_scored_too():
     assert both == pytest.approx((1.0 + 0.1) / 2)
 
 
+def test_the_reward_scores_the_seen_and_the_unseen_questions_apart():
+    """The agent was shown the target question (seen); the conversation's other questions (unseen) measure whether
+    an edit helps beyond it. Both are logged every episode; memup_reward_questions says which the reward is over."""
+    def add_date(tools):
+        call(tools, "manage_memory", operation="update", memory_id="a",
+             content="On 8 May 2023 Caroline adopted a dog named Rex.")
+
+    def sample():
+        s = _episode_sample(add_date)
+        s.metadata["extra_qa"] = [{"question": "Where does Caroline live?", "answer": "Lisbon", "category": 4}]
+        return s
+
+    got = {}
+    for which in ("seen", "unseen", "both"):
+        args = plugin_args([], {"memup_retriever": "bm25", "memup_extra_questions": 1,
+                                "memup_reward_questions": which})
+        got[which] = asyncio.run(reward(args, sample()))
+    seen, unseen, both = got["seen"], got["unseen"], got["both"]
+    assert seen["qa_before_seen"] == pytest.approx(1 / 3) and seen["qa_after_seen"] == 1.0
+    assert seen["qa_before_unseen"] == seen["qa_after_unseen"] == 0.1  # "Lisbon" is nowhere, before or after
+    assert (seen["qa_before"], seen["qa_after"]) == (seen["qa_before_seen"], seen["qa_after_seen"])
+    assert unseen["performance_delta"] == 0.0 and unseen["reward"] == 0.0  # the edit helped only the seen one
+    assert both["qa_after"] == pytest.approx((1.0 + 0.1) / 2) and 0 < both["reward"] < seen["reward"]
+    with pytest.raises(ValueError, match="unseen needs memup_extra_questions"):
+        MemUpdateSettings.from_args(plugin_args([], {"memup_reward_questions": "unseen"}))
+
+
 # ---- data ---------------------------------------------------------------------------------------------------
 
 def test_locomo_loader_split_and_bad_records(tmp_path):
