@@ -32,6 +32,7 @@ setup(
         "fastapi",  # the transformers engine backend's server
         "uvicorn",
         "jsonschema",  # tool-call arguments against their schemas
+        "scipy",  # Student's t intervals of the learning tables (tools/seed_stats.py)
     ],
     # vLLM loads this in each of its processes: it registers the shared-memory weight-transfer engine.
     entry_points={"vllm.general_plugins": ["vime_ext = vime_ext.engines.vllm_plugin:register"]},

@@ -1,0 +1,50 @@
+"""tools/seed_stats.py: seed-level and item-by-item comparison of a trained model with the best other row."""
+
+import json
+
+import pytest
+
+from tools.seed_stats import main
+
+
+def write_seed(path, values: dict[str, float], extra: str = "qa_before"):
+    path.write_text("".join(json.dumps({"_id": i, "delta": v, "qa_after": v + 0.5, extra: 0.5}) + "\n"
+                            for i, v in values.items()))
+    return path
+
+
+def test_the_first_model_against_the_best_other_by_seed_and_by_item(tmp_path, capsys):
+    items = [f"q{i}" for i in range(20)]
+    # RL: one item gains 1.0 in every seed, the rest 0.01 or 0.02 by seed; SFT: -0.05 everywhere; no-op: 0.
+    for seed, small in enumerate((0.01, 0.02, 0.01)):
+        write_seed(tmp_path / f"rl_s{seed}.jsonl", {i: (1.0 if i == "q0" else small) for i in items})
+    for seed in range(2):
+        write_seed(tmp_path / f"sft_s{seed}.jsonl", {i: -0.05 for i in items})
+    write_seed(tmp_path / "noop.jsonl", {i: 0.0 for i in items})
+    result = main(["--key", "delta", "--model", f"RL={tmp_path}/rl_s*.jsonl",
+                   "--model", f"SFT={tmp_path}/sft_s*.jsonl", "--model", f"no-op={tmp_path}/noop.jsonl"])
+    rl = result["models"]["RL"]
+    assert len(rl["seeds"]) == 3 and rl["low"] < rl["mean"] < rl["high"]
+    assert result["models"]["no-op"]["low"] == result["models"]["no-op"]["high"] == 0.0
+    assert result["against"] == "no-op"  # the best of the others: doing nothing beats SFT here
+    seed_level = result["seed_level"]
+    assert seed_level["difference"] == pytest.approx(rl["mean"]) and seed_level["low"] > 0
+    paired = result["paired"]
+    assert paired["gain"] == 20 and paired["loss"] == 0
+    # The top 5% (one item of 20) carries 1.0 of the 1.0 + 19 x 0.0133 summed gain
+    assert paired["top5pct_share_of_gain"] == pytest.approx(1.0 / (1.0 + 19 * 0.04 / 3))
+    assert "the top 5% of items carry 80% of the gain" in capsys.readouterr().out
+    # A difference of two fields, and the same answer from it
+    same = main(["--key", "qa_after-qa_before", "--model", f"RL={tmp_path}/rl_s*.jsonl",
+                 "--model", f"no-op={tmp_path}/noop.jsonl"])
+    assert same["seed_level"]["difference"] == pytest.approx(seed_level["difference"])
+
+
+def test_a_seed_that_dropped_an_item_is_an_error_not_a_smaller_mean(tmp_path):
+    write_seed(tmp_path / "rl_s0.jsonl", {"a": 1.0, "b": 0.0})
+    write_seed(tmp_path / "base.jsonl", {"a": 0.0})
+    with pytest.raises(ValueError, match=r"base, seed file 0: its items differ from RL's \(missing \['b'\]"):
+        main(["--key", "delta", "--model", f"RL={tmp_path}/rl_s0.jsonl", "--model", f"base={tmp_path}/base.jsonl"])
+    (tmp_path / "bad.jsonl").write_text('{"_id": "a", "delta": 1}\n{"_id": "b"}\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: no field 'delta'"):
+        main(["--key", "delta", "--model", f"RL={tmp_path}/bad.jsonl"])
