@@ -3,7 +3,8 @@
     python -m examples.mem_update.eval_mem_update --model-path DIR --test-data test.jsonl --save-dir results \
         [--save-file NAME] [--engine-backend vllm|hf] [--engine-dtype float32] [--force] [--vllm-X ...]
 
-Each test prompt is one episode of the served model on its conversation's initial memories (greedy by default),
+Each test prompt is one episode of the served model on its conversation's initial memories (greedy by default;
+``--edit noop|oracle``: the store left alone, or given each scored question's gold answer, in the model's place),
 scored by the training reward: the QA score of the store before and after, with the settings of
 ``--custom-config-path``. Writes ``SAVE_DIR/SAVE_FILE.json`` (qa_before, qa_after, the delta, reward, per LoCoMo
 category, tool calls and errors per episode, failed episodes) and prints it. Each finished episode goes to
@@ -25,6 +26,8 @@ from vime_ext.evaluate import evaluate
 
 HERE = Path(__file__).resolve().parent
 TOOL_NAMES = [tool["function"]["name"] for tool in TOOLS]
+EDITS = {"agent": "examples.mem_update.rollout.generate", "noop": "examples.mem_update.baselines.noop",
+         "oracle": "examples.mem_update.baselines.oracle"}
 
 
 def summarize(metrics: dict[str, float]) -> dict:
@@ -65,6 +68,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--reader-model", default=None,
                         help="score QA with this model as the reader (an engine of its own, the same for every "
                              "model evaluated) instead of the settings' scorer")
+    parser.add_argument("--edit", choices=sorted(EDITS), default="agent",
+                        help="who edits the store: the served model (agent), nobody (noop: doing nothing), or the "
+                             "oracle (each scored question's gold answer added: the ceiling); baselines.py")
     parser.add_argument("--reader-memory", type=float, default=0.15,
                         help="the reader engine's share of GPU memory (vLLM on a GPU)")
     own, vllm_args = split_vllm_args(sys.argv[1:] if argv is None else list(argv))
@@ -79,12 +85,12 @@ def main(argv=None) -> dict:
         override = {"memup_scorer": "reader"}
     metrics = evaluate(args.model_path, args.test_data, "examples.mem_update.reward.reward", args.engine_backend,
                        1, args.max_response_len, args.temperature, engine_args=vllm_args,
-                       generate_path="examples.mem_update.rollout.generate",
+                       generate_path=EDITS[args.edit],
                        custom_config_path=args.custom_config_path, dtype=args.engine_dtype,
                        max_model_len=args.max_model_len,
                        results=str(Path(args.save_dir) / f"{name}.samples.jsonl"), force=args.force,
                        settings_override=override, reward_model=reader)
-    summary = {"model": args.model_path, "test_data": args.test_data,
+    summary = {"model": args.model_path, "edit": args.edit, "test_data": args.test_data,
                "scorer": f"reader {args.reader_model}" if args.reader_model else "from the settings",
                **summarize(metrics)}
     out = Path(args.save_dir) / f"{name}.json"

@@ -434,6 +434,27 @@ def test_the_reward_scores_the_seen_and_the_unseen_questions_apart():
         MemUpdateSettings.from_args(plugin_args([], {"memup_reward_questions": "unseen"}))
 
 
+def test_the_noop_and_oracle_edits_are_the_floor_and_the_ceiling():
+    """baselines.py, scored by the reward as an agent's episode is: doing nothing changes no score; the oracle's
+    added answers make every scored question (shown and unseen) fully answerable from the store."""
+    from examples.mem_update.baselines import noop, oracle
+    from examples.mem_update.eval_mem_update import EDITS
+
+    args = plugin_args([], {"memup_retriever": "bm25", "memup_extra_questions": 1})
+    slot = Sample(prompt="When did Caroline adopt Rex?", label="8 May 2023", index=3, metadata={
+        "memories": MEMORIES, "category": 2,
+        "extra_qa": [{"question": "Where does Caroline live?", "answer": "Lisbon", "category": 4}]})
+    count = len(STORE)
+    nothing = asyncio.run(reward(args, asyncio.run(noop(args, slot, None))))
+    assert nothing["performance_delta"] == 0.0 and nothing["qa_before_unseen"] == 0.1
+    best = asyncio.run(oracle(args, slot, None))
+    assert best.metrics["store_edits"] == 2.0 and best.metrics["final_memory_count"] == len(MEMORIES) + 2
+    best = asyncio.run(reward(args, best))
+    assert best["qa_after_seen"] == best["qa_after_unseen"] == 1.0 and best["performance_delta"] > 0
+    assert len(STORE) == count  # the reward dropped both namespaces
+    assert EDITS["noop"].endswith("baselines.noop") and EDITS["oracle"].endswith("baselines.oracle")
+
+
 # ---- data ---------------------------------------------------------------------------------------------------
 
 def test_locomo_loader_split_and_bad_records(tmp_path):
