@@ -20,9 +20,9 @@ as a user starts it (its own Ray head) on the random-weight Qwen3-4B and MemAgen
 ``DATA=generated EXAMPLE=mem_agent tools/gpu_recipe.sh prepare`` leaves in WORK: 4 rollouts of 2 prompts x 4
 samples, memories of 256 tokens, a save every 2 rollouts without optimizer state (a resumed run starts Adam
 afresh), lr 1e-4 and the share of even token ids as the reward (a random model earns none of MemAgent's, and
-its weights would not move). Two layouts, each with its own clean run: trainer and engine on a GPU each (the script's default on 2
-GPUs: NCCL push, optimizer on the host) and ``COLOCATE=1`` (trainer DP 2 with megatron's distributed optimizer,
-an engine on each GPU, CUDA IPC push). vLLM on GPUs is not deterministic (batch order changes sums), so the last
+its weights would not move). Two layouts, each with its own clean run: trainer and engine on a GPU each (the
+script's default on 2 GPUs: NCCL push, optimizer on the host) and ``COLOCATE=1`` (trainer DP 2 with megatron's
+distributed optimizer, an engine on each GPU, CUDA IPC push). vLLM on GPUs is not deterministic (batch order changes sums), so the last
 column compares the final weights with the clean run of the same layout, beside the two clean runs' distance
 from the starting weights, and cannot say "equal".
 """
@@ -96,11 +96,11 @@ def base_flags(model: Path, data: Path, save: Path) -> list[str]:
             str(ROLLOUTS), "--save", str(save), "--save-interval", "2", "--tensorboard-dir", str(save / "tb")]
 
 
+TRAIN = [sys.executable, "-m", "vime_ext.train"]
+
+
 def run(command: list[str], log: Path, env: dict[str, str], timeout: float = 1800) -> tuple[int, float]:
-    """``command`` (a list of train.py flags: ``python -m vime_ext.train`` with them) in a session of its own,
-    killed whole at ``timeout``; its exit code and seconds."""
-    if command[0].startswith("--"):
-        command = [sys.executable, "-m", "vime_ext.train", *command]
+    """``command`` in a session of its own, killed whole at ``timeout``; its exit code and seconds."""
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "PYTHONPATH": path, "VIME_EXT_LOG_DIR": str(log.parent / "engines"), **env}
     start = time.perf_counter()
@@ -114,6 +114,24 @@ def run(command: list[str], log: Path, env: dict[str, str], timeout: float = 180
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
     return process.returncode, time.perf_counter() - start
+
+
+def run_fault(fault: Fault, command: list[str], resume: list[str], folder: Path, env: dict[str, str],
+              timeout: float = 1800) -> tuple[int, float, Path]:
+    """The faulted run, and for a fault that kills it, ``resume`` without the fault: the exit code of the last,
+    their seconds together, and its log."""
+    code, seconds = run(command, folder / "run.log", env, timeout)
+    if not fault.resume:
+        return code, seconds, folder / "run.log"
+    code, more = run(resume, folder / "resume.log", {**env, "VIME_FAULT": ""}, timeout)
+    return code, seconds + more, folder / "resume.log"
+
+
+def fresh_folder(out: Path, fault: Fault) -> Path:
+    folder = out / fault.name
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    return folder
 
 
 def last_rows(tb: Path) -> dict[int, dict]:
@@ -149,9 +167,7 @@ def last_line(log: Path) -> str:
 
 
 def one(fault: Fault, model: Path, data: Path, bad_data: Path, out: Path) -> dict:
-    folder = out / fault.name
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
+    folder = fresh_folder(out, fault)
     save = folder / "save"
     mounted = False
     if fault.name == "disk_full":
@@ -170,12 +186,7 @@ def one(fault: Fault, model: Path, data: Path, bad_data: Path, out: Path) -> dic
     env = {"VIME_FAULT": "" if fault.name in ("clean", "malformed_data", "disk_full") else
            fault.name.removesuffix("_colocated"), "VIME_FAULT_DIR": str(folder), "VIME_FAULT_SAVE": str(save)}
     try:
-        code, seconds = run(flags, folder / "run.log", env)
-        log = folder / "run.log"
-        if fault.resume:
-            code, more = run(flags + ["--load", str(save)], folder / "resume.log", {**env, "VIME_FAULT": ""})
-            seconds += more
-            log = folder / "resume.log"
+        code, seconds, log = run_fault(fault, TRAIN + flags, TRAIN + flags + ["--load", str(save)], folder, env)
         rows = last_rows(save / "tb")
         weights = final_weights(save) if code == 0 else None
     finally:
@@ -209,9 +220,7 @@ def summary(fault: Fault, code: int, seconds: float, log: Path, rows: dict[int, 
 def gpu_one(fault: Fault, layout: str, work: Path, out: Path, port: int) -> dict:
     """One run of MemAgent's Qwen3-4B script on this machine's GPUs; the save is removed once its final weights
     are read (a 4B model's iteration is 8 GB)."""
-    folder = out / fault.name
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
+    folder = fresh_folder(out, fault)
     save, data = folder / "save", work / "mem_agent_data"
     env = {"HF_CKPT": str(work / "qwen3-4b-random"), "TORCH_DIST": str(work / "qwen3-4b-random_torch_dist"),
            "DATA_ROOT": str(data), "TRAIN_DATA": str(data / "hotpotqa_train.jsonl"), "SAVE_PATH": str(save),
@@ -227,16 +236,10 @@ def gpu_one(fault: Fault, layout: str, work: Path, out: Path, port: int) -> dict
     command = ["bash", str(ROOT / "examples/mem_agent/run-qwen3-4b-train.sh"), "--custom-rm-path",
                "tools.fault_plugins.reward", "--lr", "1e-4", "--tensorboard-dir", str(save / "tb"), *seed,
                *fault.flags]
-    code, seconds = run(command, folder / "run.log", env, timeout=900)
-    log = folder / "run.log"
-    if fault.resume:
-        code, more = run(command, folder / "resume.log", {**env, "VIME_FAULT": ""}, timeout=900)
-        seconds += more
-        log = folder / "resume.log"
+    code, seconds, log = run_fault(fault, command, command, folder, env, timeout=900)  # the script resumes itself
     weights = final_weights(save) if code == 0 else None
-    shutil.rmtree(save / f"iter_{ROLLOUTS:07d}", ignore_errors=True)
-    for partial in save.glob("iter_*"):
-        shutil.rmtree(partial, ignore_errors=True)
+    for iteration in save.glob("iter_*"):
+        shutil.rmtree(iteration, ignore_errors=True)
     return summary(fault, code, seconds, log, last_rows(save / "tb"), weights)
 
 
@@ -279,10 +282,11 @@ def cpu_suite(args, out: Path) -> None:
 
 def gpu_suite(args, out: Path) -> None:
     """Each fault against the clean run of its layout; weights are compared as each run ends and then dropped (a
-    4B model's are 16 GB in fp32). Every row is also appended to OUT/results.jsonl as it comes."""
+    4B model's are 8 GB as saved). Every row is also appended to OUT/results.jsonl as it comes."""
     work = Path(args.gpu).resolve()
     wanted = set(args.only.split(",")) if args.only else None
     clean: dict[str, dict] = {}
+    start = None  # the starting weights, read once (the first run converts them)
     results = []
     for i, (fault, layout) in enumerate(GPU_FAULTS):
         if wanted is not None and not fault.name.startswith("clean") and fault.name not in wanted:
@@ -293,7 +297,8 @@ def gpu_suite(args, out: Path) -> None:
         reference = clean.get(layout)
         if fault.name.startswith("clean"):
             clean[layout] = {"weights": weights, "seconds": row["seconds"]}
-            start = final_weights(work / "qwen3-4b-random_torch_dist", 0)  # converted by the first run
+            if start is None:
+                start = final_weights(work / "qwen3-4b-random_torch_dist", 0)
             if weights is not None and start is not None:
                 row["weights_note"] = f"clean: {max_diff(weights, start):.2g} from the start"
         elif weights is not None and reference and reference["weights"] is not None:

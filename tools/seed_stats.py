@@ -5,8 +5,8 @@
         --model "no-op=results/noop.samples.jsonl"
 
 Each ``--model NAME=GLOB`` names one file per seed of per-item rows (an evaluation's ``*.samples.jsonl``: one JSON
-object per item, its id in ``_id``); ``--key`` is a field of those rows (or of their ``metrics``), or ``A-B`` for the difference of two
-(``qa_after_unseen-qa_before_unseen``). Printed, and with ``--out`` written as JSON:
+object per item, its id in ``_id``); ``--key`` is a field of those rows (or of their ``metrics``), or ``A-B`` for
+the difference of two (``qa_after_unseen-qa_before_unseen``). Printed, and with ``--out`` written as JSON:
 
 - every model's seed means of the key, their mean and 95% interval (Student's t over the seeds);
 - the first model against the best other (the highest mean): the difference of the seed means with a 95%
