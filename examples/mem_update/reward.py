@@ -99,15 +99,21 @@ async def reader_score(args, settings: MemUpdateSettings, question: str, answer:
     return token_f1(reply.strip().split("\n")[0], answer)  # the first line: the answer, not what follows
 
 
-async def qa_score(args, settings: MemUpdateSettings, questions: list[tuple[str, str]],
-                   memories: list[Memory]) -> float:
+async def qa_scores(args, settings: MemUpdateSettings, questions: list[tuple[str, str]],
+                    memories: list[Memory]) -> list[float]:
+    """Each question's score from the memories retrieved for it."""
     retriever = make_retriever(settings.retriever)
     scores = []
     for question, answer in questions:
         retrieved = [m for m, _ in retriever.search(question, memories, settings.top_k)]
         scores.append(proxy_score(answer, retrieved) if settings.scorer == "proxy"
                       else await reader_score(args, settings, question, answer, retrieved))
-    return float(np.mean(scores))
+    return scores
+
+
+async def qa_score(args, settings: MemUpdateSettings, questions: list[tuple[str, str]],
+                   memories: list[Memory]) -> float:
+    return float(np.mean(await qa_scores(args, settings, questions, memories)))
 
 
 def _mean_chars(memories) -> float:
@@ -124,20 +130,16 @@ async def reward(args, sample) -> dict:
     try:
         namespace = STORE.get(name)
         extra = sample.metadata.get("extra_qa", [])[:settings.extra_questions]
-        seen = [(str(sample.prompt), str(sample.label))]
-        unseen = [(q["question"], q["answer"]) for q in extra]
-        if settings.reward_questions == "unseen" and not unseen:
+        # The question the agent was shown first (seen), then the conversation's others (unseen)
+        questions = [(str(sample.prompt), str(sample.label))] + [(q["question"], q["answer"]) for q in extra]
+        if settings.reward_questions == "unseen" and not extra:
             raise ValueError("memup_reward_questions is unseen, but the sample has no other questions (extra_qa)")
-        scores = {}  # (seen | unseen, before | after) -> QA
-        for group, questions in (("seen", seen), ("unseen", unseen)):
-            for when, memories in (("before", list(namespace.initial)), ("after", namespace.memories())):
-                if questions:
-                    scores[group, when] = await qa_score(args, settings, questions, memories)
-        used = {"seen": [(1, "seen")], "unseen": [(1, "unseen")],
-                "both": [(len(seen), "seen"), (len(unseen), "unseen")]}[settings.reward_questions]
-        used = [(n, group) for n, group in used if n]
-        before, after = (sum(n * scores[g, when] for n, g in used) / sum(n for n, _ in used)
-                         for when in ("before", "after"))
+        each = {"before": await qa_scores(args, settings, questions, list(namespace.initial)),
+                "after": await qa_scores(args, settings, questions, namespace.memories())}
+        groups = {"seen": slice(0, 1), "unseen": slice(1, None), "both": slice(None)}
+        scores = {(group, when): float(np.mean(values[groups[group]])) for when, values in each.items()
+                  for group in ("seen", "unseen") if values[groups[group]]}
+        before, after = (float(np.mean(each[when][groups[settings.reward_questions]])) for when in ("before", "after"))
         factor = efficiency(len(namespace.initial), len(namespace), _mean_chars(namespace.initial),
                             _mean_chars(namespace.memories()), settings)
     except Exception as err:  # noqa: BLE001 (as published: a reward that cannot be computed is a small penalty)
