@@ -9,7 +9,8 @@ from examples.mem_update.results_table import main
 
 def summary(qa_before, qa_after, reward, calls):
     return {"model": "m", "scorer": "reader /models/SmolLM2", "episodes": 64, "qa_before": qa_before,
-            "qa_after": qa_after, "qa_delta": qa_after - qa_before, "reward": reward, "failed": 0.0,
+            "qa_after": qa_after, "qa_delta": qa_after - qa_before, "qa_delta_seen": qa_after - qa_before,
+            "qa_delta_unseen": (qa_after - qa_before) / 2, "reward": reward, "failed": 0.0,
             "unfinished": 0.25, "tool_calls": calls + 1, "tool_errors": 1.0, "valid_tool_calls": calls,
             "store_edits": 2.0, "initial_memory_count": 32.0, "final_memory_count": 33.0,
             "initial_memory_chars": 1000.0, "final_memory_chars": 1100.0,
@@ -28,7 +29,9 @@ def test_seeds_are_averaged_and_the_goal_is_checked(tmp_path):
     result = main(["--results", str(tmp_path), "--model", "base=base", "--model", "SFT=sft_s*",
                    "--model", "SFT + RL=rl_s*", "--out", str(out)])
     text = out.with_suffix(".md").read_text()
-    assert "| SFT | 2 | 64 | 0.300 | 0.350 (0.340-0.360) | 0.050 (0.040-0.060) | 0.050 (0.040-0.060) |" in text
+    # QA before, after, delta, delta on the seen question, on the unseen ones, reward
+    assert ("| SFT | 2 | 64 | 0.300 | 0.350 (0.340-0.360) | 0.050 (0.040-0.060) | 0.050 (0.040-0.060) | "
+            "0.025 (0.020-0.030) | 0.050 (0.040-0.060) |") in text
     assert "| SFT + RL | 2 | 64 | 0.300 | 0.420 (0.400-0.440) | 0.120 (0.100-0.140) |" in text
     assert "| base | 1 | 64 | 0.00 | 0.00 | 0.00 |" in text  # calls per tool: search, manage, delete, ...
     assert "| SFT + RL | 2 | 64 | 5.00 (4.00-6.00) | 0.00 |" in text
