@@ -11,6 +11,7 @@ Neither asks the engine anything; the episode ends finished, with the agent's co
 
 from dataclasses import replace
 
+from examples.mem_update.rollout import episode_metrics
 from examples.mem_update.settings import MemUpdateSettings
 from examples.mem_update.store import STORE
 from examples.mem_update.tools import ERROR_KINDS, TOOLS
@@ -24,16 +25,10 @@ def _episode(sample, added: list[str]):
     namespace = STORE.create(memories, prefix="baseline")
     for content in added:
         namespace.create(content, source="oracle")
-    out = replace(sample, metadata={**sample.metadata, "memory_namespace": namespace.name, "finished": True},
-                  metrics=dict(sample.metrics), response="", status=Status.COMPLETED)
-    out.metrics.update(num_turns=0.0, tool_calls=0.0, tool_errors=0.0, valid_tool_calls=0.0,
-                       store_edits=float(len(added)), initial_memory_count=float(len(namespace.initial)),
-                       final_memory_count=float(len(namespace)),
-                       initial_memory_chars=float(sum(len(m.content) for m in namespace.initial)),
-                       final_memory_chars=float(sum(len(m.content) for m in namespace.memories())),
-                       **{f"calls_{tool['function']['name']}": 0.0 for tool in TOOLS},
-                       **{f"errors_{kind}": 0.0 for kind in ERROR_KINDS})
-    return out
+    no_calls = {tool["function"]["name"]: 0 for tool in TOOLS}
+    metrics = {**sample.metrics, **episode_metrics(namespace, 0, no_calls, dict.fromkeys(ERROR_KINDS, 0), len(added))}
+    return replace(sample, metadata={**sample.metadata, "memory_namespace": namespace.name, "finished": True},
+                   metrics=metrics, response="", status=Status.COMPLETED)
 
 
 async def noop(args, sample, sampling_params, evaluation: bool = False):

@@ -43,7 +43,7 @@ async def generate(args, sample, sampling_params, evaluation: bool = False):
 async def _episode(args, sample, sampling_params, settings: MemUpdateSettings, namespace):
     box = ToolBox(namespace, make_retriever(settings.retriever), seed=sample.index)
     chat = Trajectory(args.tokenizer, episode_messages(sample, settings, len(namespace)), tools=TOOLS)
-    calls = edits = 0
+    edits = 0
     used = {tool["function"]["name"]: 0 for tool in TOOLS}  # calls that ran, by tool
     failed = dict.fromkeys(ERROR_KINDS, 0)  # calls that did not, by what was wrong
     finished = False
@@ -66,7 +66,6 @@ async def _episode(args, sample, sampling_params, settings: MemUpdateSettings, n
             break  # the cap: the episode ends unfinished, its last calls not run
         results = []
         for item in parsed:
-            calls += 1
             if isinstance(item, ToolCallError):
                 failed["format"] += 1
                 results.append(tool_message({"error": item.message}))
@@ -81,12 +80,19 @@ async def _episode(args, sample, sampling_params, settings: MemUpdateSettings, n
         chat.append_messages(results)
     out = chat.to_sample(sample)
     out.metadata.update(memory_namespace=namespace.name, finished=finished)
-    errors = sum(failed.values())
-    out.metrics.update(num_turns=float(len(chat.turns)), tool_calls=float(calls), tool_errors=float(errors),
-                       valid_tool_calls=float(calls - errors), store_edits=float(edits),
-                       initial_memory_count=float(len(namespace.initial)), final_memory_count=float(len(namespace)),
-                       initial_memory_chars=float(sum(len(m.content) for m in namespace.initial)),
-                       final_memory_chars=float(sum(len(m.content) for m in namespace.memories())),
-                       **{f"calls_{name}": float(n) for name, n in used.items()},
-                       **{f"errors_{kind}": float(n) for kind, n in failed.items()})
+    out.metrics.update(episode_metrics(namespace, len(chat.turns), used, failed, edits))
     return out
+
+
+def episode_metrics(namespace, turns: int, used: dict[str, int], failed: dict[str, int],
+                    edits: int) -> dict[str, float]:
+    """An episode's counters: every call either ran (``used``, by tool) or failed (``failed``, by what was wrong)."""
+    errors = sum(failed.values())
+    calls = sum(used.values()) + errors
+    return dict(num_turns=float(turns), tool_calls=float(calls), tool_errors=float(errors),
+                valid_tool_calls=float(calls - errors), store_edits=float(edits),
+                initial_memory_count=float(len(namespace.initial)), final_memory_count=float(len(namespace)),
+                initial_memory_chars=float(sum(len(m.content) for m in namespace.initial)),
+                final_memory_chars=float(sum(len(m.content) for m in namespace.memories())),
+                **{f"calls_{name}": float(n) for name, n in used.items()},
+                **{f"errors_{kind}": float(n) for kind, n in failed.items()})
