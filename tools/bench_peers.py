@@ -12,7 +12,7 @@ shape, 8 x 8 samples of 2,048 tokens. ``tiny``: a CPU smoke of the same path.
 
 Per framework: median seconds per step over the timed steps (after ``warmup`` steps), trained tokens per second
 per GPU (samples x (prompt + response) tokens / step seconds / GPUs), the phase split where the framework logs it,
-and peak GPU memory. Each framework writes ``OUT/<framework>.json``; the table reads them all.
+and peak GPU memory. Each run writes ``OUT/<name>.result.json``; the table reads them all.
 
 Frameworks: ``vime_ext`` (``train.py``, colocated on one GPU, engine asleep while the trainer trains) and ``trl``
 (``tools/bench_trl.py``: TRL's ``GRPOTrainer``, vLLM colocated in its process, asleep while it trains; needs

@@ -37,6 +37,8 @@ import httpx
 import torch
 from safetensors.torch import save_file
 
+from vime_ext.net import LOOPBACK
+
 TRANSPORTS = ("vime_shm", "ipc", "nccl")
 
 
@@ -210,8 +212,6 @@ def vllm_nccl_group(host: str, port: int, rank: int, world_size: int):
 
 def trainer_address(engine_urls: list[str]) -> str:
     """The address engines reach this process at: loopback when every engine is local, else this node's IP."""
-    from vime_ext.net import LOOPBACK
-
     if all(urlparse(u).hostname in LOOPBACK for u in engine_urls):
         return "127.0.0.1"
     try:
