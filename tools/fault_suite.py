@@ -280,17 +280,35 @@ def cpu_suite(args, out: Path) -> None:
     print_table(results, "final weights = clean run")
 
 
+def gpu_plan(only: str | None) -> list[tuple[int, tuple[Fault, str]]]:
+    """The GPU rows to run, numbered as in GPU_FAULTS (each run's Ray port): all of them, or those ``only`` names
+    in its order, each layout's clean run before its first fault (a lease may end before the last row)."""
+    numbered = list(enumerate(GPU_FAULTS))
+    if not only:
+        return numbered
+    by_name = {fault.name: (i, (fault, layout)) for i, (fault, layout) in numbered}
+    unknown = [name for name in only.split(",") if name not in by_name]
+    if unknown:
+        raise SystemExit(f"--only: no GPU fault named {', '.join(unknown)} (known: {', '.join(by_name)})")
+    plan: list[tuple[int, tuple[Fault, str]]] = []
+    for name in only.split(","):
+        i, (fault, layout) = by_name[name]
+        reference = "clean" if layout == "separate" else "clean_colocated"
+        if by_name[reference] not in plan:
+            plan.append(by_name[reference])
+        if by_name[name] not in plan:
+            plan.append(by_name[name])
+    return plan
+
+
 def gpu_suite(args, out: Path) -> None:
     """Each fault against the clean run of its layout; weights are compared as each run ends and then dropped (a
     4B model's are 8 GB as saved). Every row is also appended to OUT/results.jsonl as it comes."""
     work = Path(args.gpu).resolve()
-    wanted = set(args.only.split(",")) if args.only else None
     clean: dict[str, dict] = {}
     start = None  # the starting weights, read once (the first run converts them)
     results = []
-    for i, (fault, layout) in enumerate(GPU_FAULTS):
-        if wanted is not None and not fault.name.startswith("clean") and fault.name not in wanted:
-            continue
+    for i, (fault, layout) in gpu_plan(args.only):
         print(f"[{fault.name}] {fault.what} ...", flush=True)
         row = gpu_one(fault, layout, work, out, 6500 + 10 * i)
         weights = row.pop("weights")
@@ -314,7 +332,8 @@ def gpu_suite(args, out: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="runs/fault_suite")
-    parser.add_argument("--only", help="comma-separated fault names (the clean runs always run)")
+    parser.add_argument("--only", help="comma-separated fault names (the clean run of each one's layout runs too; "
+                        "with --gpu, in the order given)")
     parser.add_argument("--gpu", metavar="WORK", help="the GPU faults, on the model and data of gpu_recipe.sh's "
                         "prepare in WORK (DATA=generated EXAMPLE=mem_agent)")
     args = parser.parse_args()

@@ -1,0 +1,26 @@
+"""The GPU fault suite's plan: a lease may end before its last row, so ``--only`` runs rows in the order given,
+each after the clean run of its layout, and a misspelt name stops it before any GPU time is spent."""
+
+import pytest
+
+from tools.fault_suite import gpu_plan
+
+
+def names(only):
+    return [fault.name for _, (fault, _) in gpu_plan(only)]
+
+
+def test_every_row_without_only():
+    assert names(None)[0] == "clean" and "clean_colocated" in names(None) and len(names(None)) == 10
+
+
+def test_only_keeps_its_order_and_each_layouts_clean_run_first():
+    assert names("trainer_kill_mid_step,engine_kill_colocated,engine_kill_during_push") == [
+        "clean_colocated", "trainer_kill_mid_step", "engine_kill_colocated", "clean", "engine_kill_during_push"]
+    # The row number (its Ray port) is the row's place in the whole suite, whatever the order.
+    assert [i for i, _ in gpu_plan("router_kill")] == [0, 8]
+
+
+def test_an_unknown_name_is_refused_with_the_known_ones():
+    with pytest.raises(SystemExit, match="no GPU fault named engine_kil .*known: clean, engine_kill"):
+        gpu_plan("engine_kil")
