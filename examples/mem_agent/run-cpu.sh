@@ -46,5 +46,7 @@ python train.py "${MEM_PLUGIN_ARGS[@]}" "${ADVANTAGE_ARGS[@]}" \
 export N_PROC=${N_PROC:-8} SAVE_DIR=${SAVE_DIR:-${VIME_EXT_OUT}/eval}
 EVAL_ARGS=()
 [ "${ENGINE_BACKEND}" = "vllm" ] && EVAL_ARGS+=(--vllm-enforce-eager)  # no graph capture: a short evaluation
-MODEL_PATH="${HF_CKPT}" SAVE_FILE=base bash "${MEM_AGENT_DIR}/run-eval.sh" "${EVAL_ARGS[@]}"
+# EVAL_BASE=0: the trained model alone (the base model's scores do not change from run to run).
+[ "${EVAL_BASE:-1}" = 1 ] && MODEL_PATH="${HF_CKPT}" SAVE_FILE=base bash "${MEM_AGENT_DIR}/run-eval.sh" \
+  "${EVAL_ARGS[@]}"
 CONVERT=1 SAVE_FILE=trained bash "${MEM_AGENT_DIR}/run-eval.sh" "${EVAL_ARGS[@]}"

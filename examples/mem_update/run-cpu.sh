@@ -38,6 +38,7 @@ python train.py "${MEMUP_PLUGIN_ARGS[@]}" \
 export MODEL_PATH="${HF_CKPT}" TEST_DATA="${DATA_ROOT}/test_small.jsonl" RESULTS=${RESULTS:-${VIME_EXT_OUT}/eval}
 EVAL_ARGS=(--engine-backend "${ENGINE_BACKEND}" --engine-dtype "${ENGINE_DTYPE}" --max-response-len "${TURN_TOKENS}")
 [ "${ENGINE_BACKEND}" = "vllm" ] && EVAL_ARGS+=(--vllm-enforce-eager --max-model-len "${MAX_MODEL_LEN}")
-SAVE_FILE=base bash "${MEM_UPDATE_DIR}/run-eval.sh" "${EVAL_ARGS[@]}"
+# EVAL_BASE=0: the trained model alone (the base model's scores do not change from run to run).
+[ "${EVAL_BASE:-1}" = 1 ] && SAVE_FILE=base bash "${MEM_UPDATE_DIR}/run-eval.sh" "${EVAL_ARGS[@]}"
 CONVERT=1 SAVE_PATH="${SAVE_PATH}" HF_CKPT="${HF_CKPT}" SAVE_FILE=trained bash "${MEM_UPDATE_DIR}/run-eval.sh" \
   "${EVAL_ARGS[@]}"

@@ -27,8 +27,9 @@ if TYPE_CHECKING:
     from vime_ext.engines.weight_sync import WeightTarget
     from vime_ext.rollout.rollout import RolloutOutput
 
-# Passed to every Ray worker: nothing is fetched from a hub at run time, and caches stay where the driver's are.
-_WORKER_ENV = ("HF_HUB_OFFLINE", "TOKENIZERS_PARALLELISM", "VIME_EXT_CACHE", "VIME_EXT_LOG_DIR",
+# Passed to every Ray worker: nothing is fetched from a hub at run time, caches stay where the driver's are, and
+# OpenMP threads wait as the driver's do (vime_ext/__init__.py).
+_WORKER_ENV = ("HF_HUB_OFFLINE", "OMP_WAIT_POLICY", "TOKENIZERS_PARALLELISM", "VIME_EXT_CACHE", "VIME_EXT_LOG_DIR",
                "VLLM_CPU_KVCACHE_SPACE", "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS",
                "VLLM_FLASHINFER_ALLREDUCE_BACKEND", "PYTHONPATH")
 
