@@ -22,9 +22,9 @@ samples, memories of 256 tokens, a save every 2 rollouts without optimizer state
 afresh), lr 1e-4 and the share of even token ids as the reward (a random model earns none of MemAgent's, and
 its weights would not move). Two layouts, each with its own clean run: trainer and engine on a GPU each (the
 script's default on 2 GPUs: NCCL push, optimizer on the host) and ``COLOCATE=1`` (trainer DP 2 with megatron's
-distributed optimizer, an engine on each GPU, CUDA IPC push). vLLM on GPUs is not deterministic (batch order changes sums), so the last
-column compares the final weights with the clean run of the same layout, beside the two clean runs' distance
-from the starting weights, and cannot say "equal".
+distributed optimizer, an engine on each GPU, CUDA IPC push). vLLM on GPUs is not deterministic (batch order
+changes sums), so the last column compares the final weights with the clean run of the same layout, beside the
+two clean runs' distance from the starting weights, and cannot say "equal".
 """
 
 import argparse
@@ -287,17 +287,17 @@ def gpu_plan(only: str | None) -> list[tuple[int, tuple[Fault, str]]]:
     if not only:
         return numbered
     by_name = {fault.name: (i, (fault, layout)) for i, (fault, layout) in numbered}
-    unknown = [name for name in only.split(",") if name not in by_name]
+    clean = {layout: (i, (fault, layout)) for i, (fault, layout) in numbered if fault.name.startswith("clean")}
+    names = only.split(",")
+    unknown = [name for name in names if name not in by_name]
     if unknown:
         raise SystemExit(f"--only: no GPU fault named {', '.join(unknown)} (known: {', '.join(by_name)})")
     plan: list[tuple[int, tuple[Fault, str]]] = []
-    for name in only.split(","):
-        i, (fault, layout) = by_name[name]
-        reference = "clean" if layout == "separate" else "clean_colocated"
-        if by_name[reference] not in plan:
-            plan.append(by_name[reference])
-        if by_name[name] not in plan:
-            plan.append(by_name[name])
+    for name in names:
+        layout = by_name[name][1][1]
+        for needed in (clean[layout], by_name[name]):
+            if needed not in plan:
+                plan.append(needed)
     return plan
 
 

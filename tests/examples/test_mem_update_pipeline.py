@@ -24,8 +24,8 @@ def test_cpu_demo_trains_with_tools_and_evaluates(smollm2_dir, tmp_path):
     out = tmp_path / "run"
     env = {"HF_CKPT": str(smollm2_dir), "VIME_EXT_OUT": str(out), "NUM_ROLLOUT": "1", "ROLLOUT_BATCH_SIZE": "2",
            "N_SAMPLES_PER_PROMPT": "2", "EVAL_NUM": "2", "TURN_TOKENS": "48", "MEMUP_MAX_CONTEXT_TOKENS": "1536",
-           "MEMUP_MAX_TURNS": "4",
-           "MEMUP_SCORER": "reader", "MEMUP_EXTRA_QUESTIONS": "1", "EVAL_BASE": "0", "VIME_EXT_LOG_DIR": str(tmp_path / "engines")}
+           "MEMUP_MAX_TURNS": "4", "MEMUP_SCORER": "reader", "MEMUP_EXTRA_QUESTIONS": "1", "EVAL_BASE": "0",
+           "VIME_EXT_LOG_DIR": str(tmp_path / "engines")}
     output = run_launch_script("examples/mem_update/run-cpu.sh", env, tmp_path, timeout=2400,
                                args=("--rm-hf-checkpoint", str(smollm2_dir)))
     # The reader's questions went to the reward model's engine: 4 samples x 2 questions x (before, after).
