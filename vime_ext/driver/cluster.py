@@ -263,8 +263,8 @@ class RolloutManagerHandle:
     def load_data_state(self, state: dict) -> None:
         self._call("load_data_state", state)
 
-    def dead_engines(self) -> list[str]:
-        return self._call("dead_engines")
+    def dead_engines(self, wait_s: float = 0.0) -> list[str]:
+        return self._call("dead_engines", wait_s)
 
     def dead_servers(self) -> list[str]:
         return self._call("dead_servers")

@@ -42,7 +42,7 @@ class HandOver:
                     manager.finish_weight_update(version)
                     break
                 except Exception as err:  # noqa: BLE001 (an engine that died mid-push; anything else goes on up)
-                    if attempt or not manager.dead_engines():
+                    if attempt or not manager.dead_engines(wait_s=10):
                         raise
                     tqdm.write(f"an engine died during the weight push ({type(err).__name__}); restarting it and "
                                "pushing again")

@@ -10,6 +10,7 @@ set, and runs the rollout function with the plug-in ``args`` (tokenizer and rout
 
 import os
 import subprocess
+import time
 
 from vime_ext.arguments import TrainConfig
 from vime_ext.engines.engine_watchdog import EngineWatchdog
@@ -153,8 +154,15 @@ class RolloutManager:
     def load_data_state(self, state: dict) -> None:
         self.data_source.load_state(state)
 
-    def dead_engines(self) -> list[str]:
-        return [e.url for e in self.engines if not e.alive()]
+    def dead_engines(self, wait_s: float = 0.0) -> list[str]:
+        """Engines whose process has exited. After an error a dying engine may have caused, ``wait_s`` waits up to
+        that long for one to be seen dead: a SIGKILL resets its connections before its process can be reaped."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            dead = [e.url for e in self.engines if not e.alive()]
+            if dead or time.monotonic() >= deadline:
+                return dead
+            time.sleep(0.1)
 
     def dead_servers(self) -> list[str]:
         """Dead engines' URLs, and "router" if the router is dead (restarted at the next rollout)."""
@@ -193,7 +201,10 @@ class RolloutManager:
         if self.gate:
             self.gate.close()
         self.restart_dead_engines()
-        self.sync.begin()
+        # An engine can die between that check and these calls (the watchdog kills a hung one while /pause waits
+        # on it): _post_all restarts it and opens the update on the new one.
+        self._post_all("/pause", mode="abort")
+        self._post_all("/start_weight_update")
 
     def finish_weight_update(self, version: int) -> None:
         self.sync.finish(version)
