@@ -207,6 +207,33 @@ def test_a_dead_or_hung_trainer_rank_is_restarted_from_the_last_checkpoint(tiny_
                 assert got[step][key] == pytest.approx(expected[step][key], rel=1e-5, abs=1e-7), (step, key)
 
 
+@pytest.mark.parametrize("ray", [False, True], ids=["no_ray", "ray"])
+def test_a_rank_that_fails_to_load_stops_the_engines_started_beside_it(ray, tiny_model, tmp_path):
+    """Engines on devices of their own start while the trainer ranks load. A rank that fails to load (a corrupt
+    --ref-load: the files are there, their contents are no checkpoint) ends the run with its error, and the
+    engine and router started meanwhile are stopped: nothing answers at their addresses afterwards."""
+    import socket
+
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    for name, text in ((".metadata", "not a checkpoint"), ("metadata.json", "{}"), ("__0_0.distcp", "x")):
+        (corrupt / name).write_text(text)
+    data = write_jsonl(tmp_path / "arith.jsonl", "arithmetic", 4)
+    flags = common_flags(tiny_model, data) + ["--engine-backend", "hf", "--ref-load", str(corrupt)]
+    process = train(flags + ([] if ray else ["--no-ray"]), tmp_path / "run.log", wait=False)
+    try:
+        assert process.wait(timeout=600) == 1, (tmp_path / "run.log").read_text()[-3000:]
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert "CheckpointingConfig" in (tmp_path / "run.log").read_text()  # the rank's own error
+    servers = sorted((tmp_path / "engines").glob("*.log"))
+    assert any(p.name.startswith("hf_engine_") for p in servers), servers
+    for log in servers:
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", int(log.stem.rsplit("_", 1)[1])), timeout=5).close()
+
+
 def test_a_save_that_cannot_be_written_stops_the_run_with_one_message(tiny_model, tmp_path):
     """A save that fails to write (here every file is capped at 4 MiB, as a full disk would stop it) ends the
     run with one line naming the iteration and the last complete checkpoint, and leaves no partial directory

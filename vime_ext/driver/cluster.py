@@ -11,8 +11,10 @@ Every Ray worker gets the launch directory (the driver's working directory) on i
 runtime environment, so plug-ins named by dotted path import there as they do in the driver.
 """
 
+import contextlib
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import torch
@@ -309,11 +311,21 @@ class Cluster:
 
     def _start_local(self, log_dir):
         from vime_ext.driver.rollout_manager import RolloutManager, gpu_ids_from_env
-        from vime_ext.trainer.actor import TrainActor
 
-        if self.has_actors:
-            self.ranks = TrainerRanks([TrainActor(self.config, 0, 1, "127.0.0.1", free_port())], use_ray=False)
-            self.layouts = self.ranks.layout()
+        if self.has_manager and not self.sharing.shares_gpus:
+            # Engines on devices of their own start (the manager's thread waits on their processes) while the rank
+            # loads its weights here.
+            with ThreadPoolExecutor(1, thread_name_prefix="rollout-manager-start") as pool:
+                started = pool.submit(RolloutManager, self.config, None, log_dir)
+                try:
+                    self._start_local_rank()
+                except BaseException:
+                    with contextlib.suppress(Exception):
+                        started.result().shutdown()
+                    raise
+                self.manager = RolloutManagerHandle(started.result(), False)
+            return
+        self._start_local_rank()
         if self.has_manager:
             placement = None
             gpus = gpu_ids_from_env()
@@ -322,6 +334,13 @@ class Cluster:
             self.sharing.before_engines_start(self.ranks)
             self.manager = RolloutManagerHandle(RolloutManager(self.config, placement, log_dir), False)
             self.sharing.after_engines_start(self.ranks)
+
+    def _start_local_rank(self) -> None:
+        from vime_ext.trainer.actor import TrainActor
+
+        if self.has_actors:
+            self.ranks = TrainerRanks([TrainActor(self.config, 0, 1, "127.0.0.1", free_port())], use_ray=False)
+            self.layouts = self.ranks.layout()
 
     def _start_ray(self, log_dir):
         import ray
@@ -345,24 +364,36 @@ class Cluster:
             return PlacementGroupSchedulingStrategy(self.placement_group, placement_group_bundle_index=i)
 
         self._in_bundle = in_bundle
-        self._start_actors(world)
+        setups = self._start_actors(world)
         if not self.has_manager:
+            self.layouts = ray.get(setups)
             return
         placement = None
-        if self.sharing.shares_gpus and gpus and world:
-            placement = self.sharing.place_colocated(ray.get([a.device.remote() for a in self.ranks.handles]))
+        if self.sharing.shares_gpus:  # engines size their memory after the ranks loaded (and released) theirs
+            self.layouts, setups = ray.get(setups), []
+            if gpus and world:
+                placement = self.sharing.place_colocated(ray.get([a.device.remote() for a in self.ranks.handles]))
         self.sharing.before_engines_start(self.ranks)
         # Threaded: with --async-training the driver calls it (pushes, metrics) while the producer's rollout runs.
         worker = ray.remote(_ManagerWorker).options(
             num_cpus=1, num_gpus=rollout_gpus, scheduling_strategy=in_bundle(world), max_concurrency=4).remote()
         print(f"rollout manager (and its engines) on {ray.get(worker.node_ip.remote())}", flush=True)
-        ray.get(worker.setup.remote(self.config, placement, log_dir))
+        started = worker.setup.remote(self.config, placement, log_dir)
         self.manager = RolloutManagerHandle(worker, use_ray=True)
+        if setups:  # engines on GPUs of their own start while the ranks load their weights
+            try:
+                self.layouts = ray.get(setups)
+            except BaseException:
+                with contextlib.suppress(Exception):  # the engines, once up, are stopped; the ranks' error is raised
+                    ray.get(started)
+                    self.manager.shutdown()
+                raise
+        ray.get(started)
         self.sharing.after_engines_start(self.ranks)
 
-    def _start_actors(self, world: int) -> None:
+    def _start_actors(self, world: int) -> list:
         """One trainer rank per bundle of the placement group, each building its model (from --hf-checkpoint,
-        or --ref-load)."""
+        or --ref-load); returns the ranks' setup calls, in flight (each gives its ``RankLayout``)."""
         import ray
 
         gpus = torch.cuda.is_available()
@@ -370,12 +401,13 @@ class Cluster:
         workers = [worker_cls.options(num_cpus=1, num_gpus=1 if gpus else 0,
                                       scheduling_strategy=self._in_bundle(i)).remote() for i in range(world)]
         self.ranks = TrainerRanks(workers, use_ray=True, hang_timeout=self.config.cluster.trainer_hang_timeout)
-        if world:
-            nodes = ray.get([a.node_ip.remote() for a in workers])
-            print(f"trainer ranks on {_by_node(nodes)}", flush=True)
-            one_node = len(set(nodes)) == 1
-            addr, port = ray.get(workers[0].address.remote(one_node))
-            self.layouts = ray.get([a.setup.remote(self.config, r, world, addr, port) for r, a in enumerate(workers)])
+        if not world:
+            return []
+        nodes = ray.get([a.node_ip.remote() for a in workers])
+        print(f"trainer ranks on {_by_node(nodes)}", flush=True)
+        one_node = len(set(nodes)) == 1
+        addr, port = ray.get(workers[0].address.remote(one_node))
+        return [a.setup.remote(self.config, r, world, addr, port) for r, a in enumerate(workers)]
 
     def restart_actors(self) -> None:
         """After a rank died: the survivors are killed too (their process group is broken) and a new group
@@ -385,7 +417,7 @@ class Cluster:
 
         for worker in self.ranks.handles:
             ray.kill(worker, no_restart=True)
-        self._start_actors(len(self.ranks))
+        self.layouts = ray.get(self._start_actors(len(self.ranks)))
         self.sharing.after_rank_restart(self.ranks)
 
     def shutdown(self) -> None:

@@ -76,14 +76,20 @@ class RolloutManager:
                 model, backend=cl.engine_backend, host=cl.engine_host, port=free_port(), dtype=cl.engine_dtype,
                 max_model_len=cl.engine_max_model_len, extra_args=extra, env=env, log_dir=log_dir,
                 weight_transport=self.transport))
+        rm_config = self._reward_model_config(self.placement.gpus[0]) if config.rollout.rm_hf_checkpoint else None
         try:
             self.engines = [launch_engine(c) for c in self.engine_configs]
             print(f"starting {len(self.engines)} {cl.engine_backend} engine(s); logs: "
                   f"{', '.join(str(e.log_path) for e in self.engines)}", flush=True)
+            if rm_config is not None and not on_gpu:  # with no GPU start lock to wait for, it starts beside them
+                self.reward_model = RewardModelEngine(rm_config, wait=False)
             wait_until_serving(self.engines, timeout_s=900)
             self._launch_router()
-            if config.rollout.rm_hf_checkpoint:
-                self.reward_model = RewardModelEngine(self._reward_model_config(self.placement.gpus[0]))
+            if rm_config is not None:
+                if self.reward_model is None:  # on the first engine's GPU: once that engine serves (its lock)
+                    self.reward_model = RewardModelEngine(rm_config)
+                else:
+                    self.reward_model.wait_until_serving()
                 self.args.rm_url = self.reward_model.url
         except BaseException:
             self.shutdown()

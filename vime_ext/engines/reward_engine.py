@@ -17,15 +17,22 @@ START_TIMEOUT_S = 900.0
 
 
 class RewardModelEngine:
-    def __init__(self, config: EngineConfig):
-        """Starts the engine and waits until it serves."""
+    def __init__(self, config: EngineConfig, wait: bool = True):
+        """Starts the engine and, with ``wait``, waits until it serves; without, call ``wait_until_serving``
+        (after starting the policy's engines beside it, say)."""
         self.config = config
         self.restarts = 0
         self._lock = threading.Lock()  # a restart and a stop never overlap
         self._stopped = threading.Event()
+        self._watcher: threading.Thread | None = None
         self.server: ServerProcess = launch_engine(config)
         print(f"starting the reward model's {config.backend} engine ({config.model}); log: {self.server.log_path}",
               flush=True)
+        if wait:
+            self.wait_until_serving()
+
+    def wait_until_serving(self) -> None:
+        """Until it serves (its watcher starts then); a start that fails stops it and raises."""
         try:
             wait_until_serving([self.server], timeout_s=START_TIMEOUT_S)
         except BaseException:
@@ -65,4 +72,5 @@ class RewardModelEngine:
         self._stopped.set()
         with self._lock:
             self.server.stop()
-        self._watcher.join(timeout=5)
+        if self._watcher is not None:
+            self._watcher.join(timeout=5)
