@@ -64,3 +64,69 @@ def test_trl_scores_a_completion_as_this_project_does_and_its_untimed_phases_sho
     assert trl["phases"]["generate"] == 1.5 and trl["phases"]["train"] is None
     row = table([trl]).splitlines()[2]
     assert row.startswith("| trl | 3.00 |") and "| 1.50 | - | - | 0.10 | - |" in row
+
+
+def test_verls_rows_come_from_its_file_logger_and_its_prompts_keep_their_exact_length(tmp_path):
+    """tools/bench_verl.py without verl: the prompts, as verl renders them (its chat template replaced by one that
+    writes the message as it is), are still exactly 256 Qwen tokens; verl's reward is the bench's on the same
+    text; a line of verl's file logger becomes a bench row (phases it times under its own names), and a line
+    without the step's timing is named by file and line."""
+    import pandas as pd
+    from transformers import AutoTokenizer
+
+    from tools import bench_verl
+    from tools.bench_plugins import text_reward
+    from vime_ext.models.packaged import qwen_tokenizer_dir
+
+    tokenizer = AutoTokenizer.from_pretrained(qwen_tokenizer_dir())
+    prompts = write_prompts(tokenizer, WORKLOADS["w1"], tmp_path / "p.jsonl")
+    frame = pd.read_parquet(bench_verl.write_parquet(prompts, tmp_path / "p.parquet"))
+    tokenizer.chat_template = bench_verl.PLAIN_TEMPLATE
+    lengths = {len(tokenizer.apply_chat_template(list(chat), add_generation_prompt=True, tokenize=True,
+                                                 return_dict=True)["input_ids"]) for chat in frame["prompt"]}
+    assert len(frame) == 32 and lengths == {256}
+    assert bench_verl.compute_score("bench", "river stone", "", {}) == text_reward("river stone")
+
+    log = tmp_path / "verl.jsonl"
+    timing = {"timing_s/step": 10.0, "timing_s/gen": 6.0, "timing_s/old_log_prob": 1.0,
+              "timing_s/update_actor": 2.5, "timing_s/update_weights": 0.5, "perf/max_memory_allocated_gb": 30.0}
+    log.write_text("".join(json.dumps({"step": s, "data": timing}) + "\n" for s in (1, 2, 3)))
+    row = bench_verl.steps(log)[0]
+    assert row["time/total"] == 10.0 and row["time/train"] == 2.5 and row["memory/peak_allocated_gb"] == 30.0
+    verl = result("verl", WORKLOADS["tiny"], bench_verl.steps(log), gpus=1, wall=40.0)
+    assert verl["phases"] == {"generate": 6.0, "log-probs": 1.0, "train": 2.5, "weight sync": 0.5,
+                              "sleep/wake": None}
+    log.write_text(json.dumps({"step": 1, "data": {"timing_s/gen": 6.0}}) + "\n")
+    with pytest.raises(ValueError, match=r"verl\.jsonl:1: no timing_s/step"):
+        bench_verl.steps(log)
+
+
+def test_verl_accepts_the_workload_as_its_own_config_checks_do(tmp_path):
+    """verl's Hydra config composed with tools/bench_verl.py's overrides passes verl's own validate_config: every
+    key exists and the batch sizes agree for one GPU. Needs verl 0.9.1's set (``$VERL_SITE``,
+    ``tools/gpu_wheels.py --verl``); CI has none, so this runs where it is installed."""
+    import os
+    import sys
+    from pathlib import Path
+
+    site = os.environ.get("VERL_SITE")
+    if not site:
+        pytest.skip("verl's set is not installed ($VERL_SITE)")
+    sys.path.insert(0, site)
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    import verl
+    from tools import bench_verl
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    overrides = bench_verl.overrides(WORKLOADS["w1"], tmp_path / "model", tmp_path / "p.parquet", tmp_path, 0.5)
+    with initialize_config_dir(config_dir=str(Path(verl.__file__).parent / "trainer/config"), version_base=None):
+        config = compose(config_name="ppo_trainer", overrides=overrides)
+    OmegaConf.resolve(config)
+    assert not need_reference_policy(config) and not need_critic(config)  # no KL, GRPO
+    validate_config(config=config, use_reference_policy=False, use_critic=False)
+    assert config.actor_rollout_ref.model.custom_chat_template == bench_verl.PLAIN_TEMPLATE
+    assert (config.data.train_batch_size, config.actor_rollout_ref.rollout.n, config.trainer.total_training_steps) \
+        == (32, 8, 7)

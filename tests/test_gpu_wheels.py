@@ -72,3 +72,50 @@ def test_the_models_lock_pins_exactly_the_packaged_models_parts():
         assert len(row["sha256"]) == 64 and row["url"].startswith("https://files.pythonhosted.org/")
         assert row["url"].endswith(f"{row['name'].replace('-', '_')}-{row['version']}-py3-none-any.whl")
     assert len(gpu_wheels.locked(models=True)) == len(gpu_wheels.read_lock()) + QWEN25_CODER_1_5B.parts
+
+
+def tool_here():
+    """This repository's tool, under a name of its own (the first test imports a copy in a scratch repository)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_wheels_here", ROOT / "tools" / "gpu_wheels.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_verls_set_adds_to_the_main_one_and_overrides_only_transformers():
+    """tools/gpu_verl.lock (``--verl``): verl 0.9.1 with the transformers it pins, hydra-core 1.3.2 (not the
+    2019 release pip falls back to without the sdist-only parser runtime, whose sdist is locked instead), and
+    nothing the main set already carries at the same version; no package of the main set at another version
+    but transformers and tokenizers, which verl's process alone puts first on its path."""
+    gpu_wheels = tool_here()
+    rows = {r["name"]: r for r in gpu_wheels.read_lock(gpu_wheels.VERL_LOCK)}
+    main = {r["name"]: r["version"] for r in gpu_wheels.read_lock()}
+    assert {n: rows[n]["version"] for n in ("verl", "transformers", "hydra-core", "omegaconf")} == {
+        "verl": "0.9.1", "transformers": "5.10.4", "hydra-core": "1.3.2", "omegaconf": "2.3.0"}
+    assert [n for n, r in rows.items() if gpu_wheels.is_sdist(r)] == ["antlr4-python3-runtime"]
+    assert gpu_wheels.carried_name(rows["antlr4-python3-runtime"]) == "antlr4_python3_runtime-4.9.3-py3-none-any.whl"
+    assert not [n for n in rows if n in main] and not set(rows) & gpu_wheels.VERL_NOT_CARRIED
+    assert not [n for n in rows if n in gpu_wheels.IMAGE_PACKAGES and n not in ("transformers", "tokenizers")]
+    for row in rows.values():
+        assert len(row["sha256"]) == 64 and row["url"].startswith("https://files.pythonhosted.org/")
+
+
+def test_verls_wheels_are_packed_in_a_folder_of_their_own(tmp_path, monkeypatch):
+    import tarfile
+
+    gpu_wheels = tool_here()
+    monkeypatch.setattr(gpu_wheels, "part_bytes", lambda: 2**20)
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    for _, row in gpu_wheels.locked(verl=True):
+        (folder / gpu_wheels.carried_name(row)).write_bytes(b"stand-in wheel")
+    gpu_wheels.pack(folder, tmp_path / "carry", verl=True)
+    joined = tmp_path / "joined.tar"
+    joined.write_bytes(b"".join(p.read_bytes() for p in sorted((tmp_path / "carry").glob("p*/part*"))))
+    members = tarfile.open(joined).getnames()
+    verl = sorted(m for m in members if m.startswith("verl/"))
+    assert len(verl) == len(gpu_wheels.read_lock(gpu_wheels.VERL_LOCK)) and len(members) - len(verl) == len(
+        gpu_wheels.read_lock())
+    assert "verl/verl-0.9.1-py3-none-any.whl" in verl and "verl/transformers-5.10.4-py3-none-any.whl" in verl

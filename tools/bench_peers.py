@@ -16,8 +16,9 @@ and peak GPU memory. Each run writes ``OUT/<name>.result.json``; the table reads
 
 Frameworks: ``vime_ext`` (``train.py``, colocated on one GPU, engine asleep while the trainer trains) and ``trl``
 (``tools/bench_trl.py``: TRL's ``GRPOTrainer``, vLLM colocated in its process, asleep while it trains; needs
-``trl`` importable). A framework named twice runs twice, the second row marked "again": list ``vime_ext`` after
-the peers too, to bound the machine's drift over the run. verl's ``main_ppo`` is not written yet.
+``trl`` importable) and ``verl`` (``tools/bench_verl.py``: verl 0.9.1's ``main_ppo``, FSDP with vLLM colocated,
+from its own site, ``$VERL_SITE``). A framework named twice runs twice, the second row marked "again": list
+``vime_ext`` after the peers too, to bound the machine's drift over the run.
 """
 
 import argparse
@@ -107,13 +108,15 @@ def vime_ext_command(workload: Workload, model_dir: Path, data: Path, out: Path,
     return command
 
 
-def run_command(name: str, command: list[str], out: Path) -> float:
-    """``command`` with its output in ``OUT/<name>.log``; its wall seconds."""
+def run_command(name: str, command: list[str], out: Path, first_on_path: list[str] = (),
+                env: dict[str, str] | None = None) -> float:
+    """``command`` with its output in ``OUT/<name>.log``, ``first_on_path`` then the repository first on its
+    module path; its wall seconds."""
     start = time.perf_counter()
-    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    path = os.pathsep.join(filter(None, [*first_on_path, str(ROOT), os.environ.get("PYTHONPATH")]))
     with open(out / f"{name}.log", "w") as log:
         done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                              env={**os.environ, "PYTHONPATH": path})
+                              env={**os.environ, **(env or {}), "PYTHONPATH": path})
     if done.returncode:
         raise RuntimeError(f"{name} exited {done.returncode}; its log: {out / f'{name}.log'}")
     return time.perf_counter() - start
@@ -140,7 +143,24 @@ def run_trl(name: str, workload: Workload, model_dir: Path, data: Path, out: Pat
     return result(name, workload, steps, gpus=1, wall=wall)
 
 
-RUNNERS = {"vime_ext": run_vime_ext, "trl": run_trl}
+def run_verl(name: str, workload: Workload, model_dir: Path, data: Path, out: Path, engine_memory: float) -> dict:
+    from tools import bench_verl
+
+    site = os.environ.get("VERL_SITE")
+    if not site:
+        raise RuntimeError("verl: $VERL_SITE is not set; install its set first (tools/gpu_wheels.py fetch/pack --verl, "
+                           "then install and source /tmp/gpu_site/env.sh)")
+    (out / name).mkdir(parents=True, exist_ok=True)
+    parquet = bench_verl.write_parquet(data, out / name / "prompts.parquet")
+    file_log = out / name / "verl_metrics.jsonl"
+    file_log.unlink(missing_ok=True)
+    wall = run_command(name, [sys.executable, "-m", "verl.trainer.main_ppo",
+                              *bench_verl.overrides(workload, model_dir, parquet, out / name, engine_memory)],
+                       out, first_on_path=[site], env={"VERL_FILE_LOGGER_PATH": str(file_log)})
+    return result(name, workload, bench_verl.steps(file_log), gpus=1, wall=wall)
+
+
+RUNNERS = {"vime_ext": run_vime_ext, "trl": run_trl, "verl": run_verl}
 
 
 def result(framework: str, workload: Workload, steps: list[dict], gpus: int, wall: float) -> dict:

@@ -12,6 +12,10 @@ async def generate(args, sample, sampling_params, evaluation=False):
     return await single_turn(args, sample, replace(sampling_params, ignore_eos=True), evaluation)
 
 
+def text_reward(text: str) -> float:
+    """A number in [0, 1) from a response's text: the same text, the same reward (every framework's runner)."""
+    return int(hashlib.sha256(text.encode()).hexdigest()[:8], 16) / 2**32
+
+
 def reward(args, sample) -> float:
-    """A number in [0, 1) from the response's text: the same text, the same reward."""
-    return int(hashlib.sha256(sample.response.encode()).hexdigest()[:8], 16) / 2**32
+    return text_reward(sample.response)

