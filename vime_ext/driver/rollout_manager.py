@@ -31,20 +31,9 @@ class RolloutManager:
         """``placement``: each engine's GPUs (and, colocated, the trainer ranks beside it); default: this
         process's GPUs split as ``--rollout-num-gpus-per-engine`` says, or processes on a CPU.
         ``hf_checkpoint``: the weights the engines start from (default ``--hf-checkpoint``)."""
-        from transformers import AutoTokenizer
-
         self.config = config
         d, e = config.data, config.eval
         model = hf_checkpoint or config.checkpoint.hf_checkpoint
-        self.tokenizer = AutoTokenizer.from_pretrained(model)
-        self.args = config.plugin_args()
-        self.args.tokenizer = self.tokenizer
-        self.data_source = DataSource(config.read_data(d.prompt_data), config.rollout.n_samples_per_prompt,
-                                      shuffle=d.rollout_shuffle, seed=d.seed)
-        self.eval_sources = {}
-        for name, path in e.datasets().items():
-            records = config.read_data(path)
-            self.eval_sources[name] = DataSource(records, e.n_samples_per_eval_prompt)
         self.engines: list[ServerProcess] = []
         self.router: ServerProcess | None = None
         self.reward_model: RewardModelEngine | None = None
@@ -57,12 +46,36 @@ class RolloutManager:
         self.sync: WeightSync | None = None
         # --partial-rollout: a push may land mid-rollout; the training rollouts' client waits at this gate
         self.gate = GenerationGate() if config.rollout.partial_rollout else None
-        if not config.sft:  # SFT reads its chats; nothing is generated
-            sharing = GpuSharing.from_config(config)
-            self.placement = placement or sharing.place_separate(gpu_ids_from_env())
-            self._start_engines(model, sharing, log_dir)
+        try:
+            if not config.sft:  # SFT reads its chats; nothing is generated
+                sharing = GpuSharing.from_config(config)
+                self.placement = placement or sharing.place_separate(gpu_ids_from_env())
+                self._launch_engines(model, sharing, log_dir)
+            # The engines load their weights while this process reads the tokenizer and the data (the driver
+            # has checked the data already, before anything started).
+            from transformers import AutoTokenizer
 
-    def _start_engines(self, model: str, sharing: GpuSharing, log_dir: str | None) -> None:
+            self.tokenizer = AutoTokenizer.from_pretrained(model)
+            self.args = config.plugin_args()
+            self.args.tokenizer = self.tokenizer
+            self.data_source = DataSource(config.read_data(d.prompt_data), config.rollout.n_samples_per_prompt,
+                                          shuffle=d.rollout_shuffle, seed=d.seed)
+            self.eval_sources = {name: DataSource(config.read_data(path), e.n_samples_per_eval_prompt)
+                                 for name, path in e.datasets().items()}
+            if not config.sft:
+                self._await_engines()
+        except BaseException:
+            self.shutdown()
+            raise
+        if not config.sft:
+            self.sync = WeightSync(self.engine_urls(), transport=self.transport)
+            self.sync.init()
+            if config.cluster.engine_hang_timeout > 0:
+                self.watchdog = EngineWatchdog(lambda: self.engines, config.cluster.engine_hang_timeout)
+
+    def _launch_engines(self, model: str, sharing: GpuSharing, log_dir: str | None) -> None:
+        """Start the engines' processes (and, with no GPU start lock to wait for, the reward model's beside
+        them); ``_await_engines`` waits until they serve."""
         config, cl = self.config, self.config.cluster
         self.log_dir = log_dir
         on_gpu = any(self.placement.gpus)
@@ -76,28 +89,26 @@ class RolloutManager:
                 model, backend=cl.engine_backend, host=cl.engine_host, port=free_port(), dtype=cl.engine_dtype,
                 max_model_len=cl.engine_max_model_len, extra_args=extra, env=env, log_dir=log_dir,
                 weight_transport=self.transport))
-        rm_config = self._reward_model_config(self.placement.gpus[0]) if config.rollout.rm_hf_checkpoint else None
-        try:
-            self.engines = [launch_engine(c) for c in self.engine_configs]
-            print(f"starting {len(self.engines)} {cl.engine_backend} engine(s); logs: "
-                  f"{', '.join(str(e.log_path) for e in self.engines)}", flush=True)
-            if rm_config is not None and not on_gpu:  # with no GPU start lock to wait for, it starts beside them
-                self.reward_model = RewardModelEngine(rm_config, wait=False)
-            wait_until_serving(self.engines, timeout_s=900)
-            self._launch_router()
-            if rm_config is not None:
-                if self.reward_model is None:  # on the first engine's GPU: once that engine serves (its lock)
-                    self.reward_model = RewardModelEngine(rm_config)
-                else:
-                    self.reward_model.wait_until_serving()
-                self.args.rm_url = self.reward_model.url
-        except BaseException:
-            self.shutdown()
-            raise
-        self.sync = WeightSync(self.engine_urls(), transport=self.transport)
-        self.sync.init()
-        if cl.engine_hang_timeout > 0:
-            self.watchdog = EngineWatchdog(lambda: self.engines, cl.engine_hang_timeout)
+        self.rm_config = self._reward_model_config(self.placement.gpus[0]) if config.rollout.rm_hf_checkpoint \
+            else None
+        for c in self.engine_configs:  # one at a time: a failed launch leaves the earlier ones to shutdown()
+            self.engines.append(launch_engine(c))
+        print(f"starting {len(self.engines)} {cl.engine_backend} engine(s); logs: "
+              f"{', '.join(str(e.log_path) for e in self.engines)}", flush=True)
+        if self.rm_config is not None and not on_gpu:
+            self.reward_model = RewardModelEngine(self.rm_config, wait=False)
+
+    def _await_engines(self) -> None:
+        """Until the engines serve, then the router over them, then the reward model's engine (on a GPU it
+        starts only now: it shares the first engine's GPU, whose start lock that engine held until it served)."""
+        wait_until_serving(self.engines, timeout_s=900)
+        self._launch_router()
+        if self.rm_config is not None:
+            if self.reward_model is None:
+                self.reward_model = RewardModelEngine(self.rm_config)
+            else:
+                self.reward_model.wait_until_serving()
+            self.args.rm_url = self.reward_model.url
 
     def _reward_model_config(self, gpu_ids: tuple[int, ...]) -> EngineConfig:
         """--rm-hf-checkpoint's engine: the policy engines' --vllm-* flags, on the first engine GPU in a share of
