@@ -43,6 +43,7 @@ with open(sys.argv[1] + ".all", "a") as calls:
     calls.write(json.dumps(args) + "\\n")
 if "--save" in args:
     save = Path(args[len(args) - 1 - args[::-1].index("--save") + 1]); save.joinpath("iter_0000001").mkdir(parents=True, exist_ok=True)
+    [save.joinpath("iter_0000001", name).touch() for name in (".metadata", "metadata.json", "__0_0.distcp")]
     save.joinpath("latest_checkpointed_iteration.txt").write_text("1")
 if "--tensorboard-dir" in args:
     from tools.scaling_table import COLUMNS
@@ -96,16 +97,26 @@ def last(args: list[str], flag: str) -> str:
     return args[len(args) - 1 - args[::-1].index(flag) + 1]
 
 
+def stand_in_torch_dist(save: Path) -> None:
+    """A torch_dist save as train.py's parser checks one (--ref-load): a tracker naming iteration 1, whose folder
+    holds the files of a complete checkpoint, empty (nothing loads them here). The stand-in train.py writes its
+    saves the same way."""
+    iteration = save / "iter_0000001"
+    iteration.mkdir(parents=True)
+    for name in (".metadata", "metadata.json", "__0_0.distcp"):
+        (iteration / name).touch()
+    (save / "latest_checkpointed_iteration.txt").write_text("1")
+
+
 def stand_in_checkpoints(model: Path, torch_dist: Path) -> None:
-    """A Qwen3-4B config.json without weights and a torch_dist tracker file: the scripts skip making and
+    """A Qwen3-4B config.json without weights and a stand-in torch_dist save: the scripts skip making and
     converting them, and train.py's parser checks the model flags against the config."""
     from tools.bench_train import hf_config
     from tools.make_random_hf import QWEN3_EXTRAS
 
     model.mkdir(parents=True)
     (model / "config.json").write_text(json.dumps({**hf_config("qwen3-4b"), **QWEN3_EXTRAS}))
-    torch_dist.mkdir()
-    (torch_dist / "latest_checkpointed_iteration.txt").write_text("1")
+    stand_in_torch_dist(torch_dist)
 
 
 def test_scaling_bench_splits_the_gpus_and_tabulates(tmp_path):
@@ -517,8 +528,7 @@ def test_mem_agent_script_takes_the_qwen25_coder_model(tmp_path):
     model = tmp_path / "qwen25"
     model.mkdir()
     (model / "config.json").write_text((ROOT / "tests/train/qwen25_coder_1_5b_config.json").read_text())
-    (tmp_path / "qwen25_torch_dist").mkdir()
-    (tmp_path / "qwen25_torch_dist/latest_checkpointed_iteration.txt").write_text("1")
+    stand_in_torch_dist(tmp_path / "qwen25_torch_dist")
     (tmp_path / "train.jsonl").write_text("")
     args, _ = run_with_stand_ins(tmp_path, "examples/mem_agent/run-qwen3-4b-train.sh", {
         "HF_CKPT": str(model), "TRAIN_DATA": str(tmp_path / "train.jsonl"), "SAVE_PATH": str(tmp_path / "ckpt"),
