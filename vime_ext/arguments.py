@@ -533,13 +533,6 @@ def _check(config: TrainConfig) -> None:
         path = getattr(c, name)
         if path and not os.path.exists(path):
             problems.append(f"{flag_name(name)} {path}: no such path")
-        elif path and name != "hf_checkpoint":  # named here, not in a trainer rank's traceback after the start-up
-            from vime_ext.trainer.checkpoint import CheckpointError, resolve_checkpoint_dir
-
-            try:
-                resolve_checkpoint_dir(path)
-            except CheckpointError as err:
-                problems.append(f"{flag_name(name)} {err}")
     if not os.path.isfile(config.data.prompt_data):
         problems.append(f"--prompt-data {config.data.prompt_data}: no such file")
     if r.rm_hf_checkpoint and not os.path.isfile(os.path.join(r.rm_hf_checkpoint, "config.json")):

@@ -17,7 +17,7 @@ from dataclasses import asdict
 from tqdm import tqdm
 
 from vime_ext.agent.sample import TRAINABLE, Sample
-from vime_ext.arguments import TrainConfig
+from vime_ext.arguments import ConfigError, TrainConfig
 from vime_ext.driver.async_rollouts import Generated, RolloutAhead
 from vime_ext.driver.cluster import Cluster, TrainerDied
 from vime_ext.driver.handover import HandOver
@@ -27,6 +27,8 @@ from vime_ext.rollout.debug_data import load_rollout, save_rollout
 from vime_ext.rollout.rollout import RolloutOutput, rollout_metrics
 from vime_ext.rollout.sft_rollout import check_chats
 from vime_ext.rollout.validate import RolloutError, check_groups
+from vime_ext.trainer.checkpoint import CheckpointError, resolve_checkpoint_dir
+from vime_ext.trainer.critic import critic_checkpoint_dir
 
 
 class Trainer:
@@ -46,6 +48,15 @@ class Trainer:
             records = config.read_data(path)
             if config.sft:  # the chat template too, on the first chats of each file
                 check_chats(tokenizer, records, d.sft_max_len, d.sft_overlong)
+        # A checkpoint to start from that is not one: named here, not in a trainer rank's traceback later.
+        c = config.checkpoint
+        for flag, path, resolve in (("--ref-load", c.ref_load, resolve_checkpoint_dir),
+                                    ("--critic-load", c.critic_load, critic_checkpoint_dir)):
+            if path:
+                try:
+                    resolve(path)
+                except CheckpointError as err:
+                    raise ConfigError(f"{flag} {err}") from err
         self.tracker = Tracker(config.tensorboard_dir, config.logging.use_wandb, config.logging.wandb_project,
                                config.logging.wandb_group, config=_flat(asdict(config)))
         self.cluster = Cluster(config, log_dir)
