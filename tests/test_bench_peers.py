@@ -130,3 +130,44 @@ def test_verl_accepts_the_workload_as_its_own_config_checks_do(tmp_path):
     assert config.actor_rollout_ref.model.custom_chat_template == bench_verl.PLAIN_TEMPLATE
     assert (config.data.train_batch_size, config.actor_rollout_ref.rollout.n, config.trainer.total_training_steps) \
         == (32, 8, 7)
+
+
+def test_verls_processes_see_no_trl_and_a_runner_that_fails_leaves_a_row(tmp_path):
+    """verl 0.9.1 patches TRL's value-head model whenever TRL is importable, and fails with TRL 1.16 (the GPU
+    run's first verl row died so): its processes get tools/verl_path first on their path, where TRL cannot be
+    found, while other packages of the same folder still import. A framework that fails or runs past the limit
+    becomes a row that says so, and the others still run."""
+    import os
+    import subprocess
+    import sys
+
+    from tools import bench_peers
+
+    site = tmp_path / "site"
+    for package in ("trl", "other"):
+        (site / package).mkdir(parents=True)
+        (site / package / "__init__.py").write_text("")
+    probe = ("import importlib.util\n"
+             "try:\n    importlib.util.find_spec('trl'); print('trl found')\n"
+             "except ModuleNotFoundError as e:\n    print('hidden:', e)\n"
+             "import other; print('other imports')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(bench_peers.VERL_PATH), str(site)])}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True).stdout
+    assert "hidden: No module named 'trl'" in out and "other imports" in out
+    env["PYTHONPATH"] = str(site)  # without it (the TRL row's processes): found
+    assert "trl found" in subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True,
+                                         check=True).stdout
+
+    limit = bench_peers.TIME_LIMIT_S
+    bench_peers.TIME_LIMIT_S = 1.0
+    try:
+        with pytest.raises(RuntimeError, match=r"slow ran past 1 s and was stopped"):
+            bench_peers.run_command("slow", [sys.executable, "-c", "import time; time.sleep(30)"], tmp_path)
+    finally:
+        bench_peers.TIME_LIMIT_S = limit
+    with pytest.raises(RuntimeError, match=r"broken exited 3; its log: .*broken\.log"):
+        bench_peers.run_command("broken", [sys.executable, "-c", "raise SystemExit(3)"], tmp_path)
+    ours = result("vime_ext", WORKLOADS["tiny"], [{"time/total": 2.0}] * 3, gpus=1, wall=9.0)
+    rows = table([ours, bench_peers.failure("verl", RuntimeError("verl exited 1; its log: x/verl.log\nmore"))])
+    assert "| verl | did not finish: RuntimeError: verl exited 1; its log: x/verl.log |" in rows
+    assert rows.splitlines()[2].startswith("| vime_ext | 2.00 |")

@@ -24,6 +24,7 @@ from its own site, ``$VERL_SITE``). A framework named twice runs twice, the seco
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -35,6 +36,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tools.sharing_table import HANDOVER  # noqa: E402
+
+# Put first on the path of verl's processes: hides TRL (installed for the TRL row) from verl (see its docstring)
+VERL_PATH = ROOT / "tools" / "verl_path"
 
 PHASES = [("generate", ("time/rollout",)), ("log-probs", ("time/log_probs",)), ("train", ("time/train",)),
           ("weight sync", ("time/weight_sync",)), ("sleep/wake", HANDOVER)]
@@ -108,17 +112,27 @@ def vime_ext_command(workload: Workload, model_dir: Path, data: Path, out: Path,
     return command
 
 
+# Seconds one framework's run may take before it is stopped (a peer that hangs must not take the machine's lease)
+TIME_LIMIT_S = 900.0
+
+
 def run_command(name: str, command: list[str], out: Path, first_on_path: list[str] = (),
                 env: dict[str, str] | None = None) -> float:
     """``command`` with its output in ``OUT/<name>.log``, ``first_on_path`` then the repository first on its
-    module path; its wall seconds."""
+    module path, stopped with its whole process group after ``TIME_LIMIT_S``; its wall seconds."""
     start = time.perf_counter()
     path = os.pathsep.join(filter(None, [*first_on_path, str(ROOT), os.environ.get("PYTHONPATH")]))
     with open(out / f"{name}.log", "w") as log:
-        done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                              env={**os.environ, **(env or {}), "PYTHONPATH": path})
-    if done.returncode:
-        raise RuntimeError(f"{name} exited {done.returncode}; its log: {out / f'{name}.log'}")
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
+                                   env={**os.environ, **(env or {}), "PYTHONPATH": path})
+        try:
+            code = process.wait(timeout=TIME_LIMIT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)  # its engines and workers with it
+            process.wait()
+            raise RuntimeError(f"{name} ran past {TIME_LIMIT_S:.0f} s and was stopped; its log: {out / f'{name}.log'}")
+    if code:
+        raise RuntimeError(f"{name} exited {code}; its log: {out / f'{name}.log'}")
     return time.perf_counter() - start
 
 
@@ -129,7 +143,8 @@ def run_vime_ext(name: str, workload: Workload, model_dir: Path, data: Path, out
     command = vime_ext_command(workload, model_dir, data, out / name, gpu)
     if gpu:
         command += ["--vllm-gpu-memory-utilization", str(engine_memory)]
-    wall = run_command(name, command, out)
+    # its engines' own logs beside its figures (what vLLM saw: its settings, cache size, throughput)
+    wall = run_command(name, command, out, env={"VIME_EXT_LOG_DIR": str(out / name / "engines")})
     rows = [json.loads(line) for line in (out / name / "vime_ext_tb" / "metrics.jsonl").read_text().splitlines()]
     return result(name, workload, [r for r in rows if "time/total" in r], gpus=1, wall=wall)
 
@@ -156,7 +171,7 @@ def run_verl(name: str, workload: Workload, model_dir: Path, data: Path, out: Pa
     file_log.unlink(missing_ok=True)
     wall = run_command(name, [sys.executable, "-m", "verl.trainer.main_ppo",
                               *bench_verl.overrides(workload, model_dir, parquet, out / name, engine_memory)],
-                       out, first_on_path=[site], env={"VERL_FILE_LOGGER_PATH": str(file_log)})
+                       out, first_on_path=[str(VERL_PATH), site], env={"VERL_FILE_LOGGER_PATH": str(file_log)})
     return result(name, workload, bench_verl.steps(file_log), gpus=1, wall=wall)
 
 
@@ -180,13 +195,22 @@ def result(framework: str, workload: Workload, steps: list[dict], gpus: int, wal
             "peak_gpu_gb": peak, "wall_s": wall}
 
 
+def failure(framework: str, error: Exception) -> dict:
+    """The row of a framework that did not finish the workload: why, in one line (the log holds the rest)."""
+    return {"framework": framework, "failed": f"{type(error).__name__}: {error}".splitlines()[0]}
+
+
 def table(results: list[dict]) -> str:
-    """One row per framework; the last column is vime_ext's tokens/s/GPU over the row's."""
-    ours = next((r for r in results if r["framework"] == "vime_ext"), None)
+    """One row per framework; the last column is vime_ext's tokens/s/GPU over the row's. A framework that did not
+    finish gets a row that says why."""
+    ours = next((r for r in results if r["framework"] == "vime_ext" and "failed" not in r), None)
     cell = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
     lines = ["| framework | step s | tokens/s/GPU | " + " | ".join(f"{n} s" for n, _ in PHASES)
              + " | peak GiB | vime_ext / this |", "|---" * (len(PHASES) + 5) + "|"]
     for r in results:
+        if "failed" in r:
+            lines.append(f"| {r['framework']} | did not finish: {r['failed']} |" + " |" * (len(PHASES) + 3))
+            continue
         ratio = f"{ours['tokens_per_s_per_gpu'] / r['tokens_per_s_per_gpu']:.2f}x" if ours else ""
         peak = "" if r["peak_gpu_gb"] is None else f"{r['peak_gpu_gb']:.1f}"
         lines.append(f"| {r['framework']} | {r['step_s']:.2f} | {r['tokens_per_s_per_gpu']:,.0f} | "
@@ -195,6 +219,7 @@ def table(results: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
+    global TIME_LIMIT_S  # the limit run_command applies, from --time-limit-s
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="w1")
     parser.add_argument("--model-dir", type=Path, help="an HF checkpoint of the workload's shape")
@@ -202,9 +227,13 @@ def main(argv=None) -> int:
     parser.add_argument("--frameworks", nargs="+", default=["vime_ext"], choices=sorted(RUNNERS),
                         help="run in this order; a name given twice runs twice (its second row: NAME_again)")
     parser.add_argument("--engine-memory", type=float, default=0.5, help="vLLM's share of the GPU, for every one")
+    parser.add_argument("--time-limit-s", type=float, default=TIME_LIMIT_S,
+                        help="seconds a framework's run may take before it is stopped and its row says so")
     parser.add_argument("--table", action="store_true", help="only print the table of the results in --out")
     args = parser.parse_args(argv)
+    TIME_LIMIT_S = args.time_limit_s
     args.out.mkdir(parents=True, exist_ok=True)
+    failed = []
     if not args.table:
         if args.model_dir is None:
             parser.error("--model-dir is needed to run (python tools/make_random_hf.py --shape SHAPE --out DIR)")
@@ -216,11 +245,17 @@ def main(argv=None) -> int:
         for framework in args.frameworks:
             name = f"{framework}_again" if framework in seen else framework
             seen.add(framework)
-            figures = RUNNERS[framework](name, workload, args.model_dir, data, args.out, args.engine_memory)
+            print(f"{time.strftime('%H:%M:%S')} {name}: running (log: {args.out / f'{name}.log'})", flush=True)
+            try:  # a peer that fails leaves its row and the others run
+                figures = RUNNERS[framework](name, workload, args.model_dir, data, args.out, args.engine_memory)
+            except Exception as error:  # noqa: BLE001 - any failure of one framework is its row's content
+                figures = failure(name, error)
+                failed.append(name)
+            print(f"{time.strftime('%H:%M:%S')} {name}: {figures.get('failed', 'done')}", flush=True)
             (args.out / f"{name}.result.json").write_text(json.dumps(figures, indent=1))
     results = [json.loads(p.read_text()) for p in sorted(args.out.glob("*.result.json"))]
     print(table(results))
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

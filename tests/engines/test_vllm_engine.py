@@ -90,6 +90,31 @@ def test_multi_turn_conversations_and_log_prob_parity(vllm_engine, smollm2_dir, 
     assert diffs.mean() < 0.02
 
 
+def test_a_stop_string_still_ends_a_reply(vllm_engine, smollm2_dir):
+    """The route's requests turn vLLM's detokenizing off (the client decodes the token ids itself) except where
+    a stop string needs it: a greedy reply stopped at a word from its own middle ends before that word."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    prompt = prompt_token_ids(tokenizer, [{"role": "user", "content": "Describe a long walk by the sea."}])
+
+    async def run(params):
+        client = RolloutClient(vllm_engine.url)
+        try:
+            return await client.generate(prompt, params)
+        finally:
+            await client.close()
+
+    full = asyncio.run(run(SamplingParams(temperature=0.0, max_new_tokens=32, ignore_eos=True)))
+    assert SamplingParams().to_vllm()["detokenize"] is False and len(full.token_ids) == 32
+    text = tokenizer.decode(full.token_ids)
+    stop = text.split()[len(text.split()) // 2]
+    stopped = asyncio.run(run(SamplingParams(temperature=0.0, max_new_tokens=32, stop=(stop,))))
+    assert SamplingParams(stop=(stop,)).to_vllm()["detokenize"] is True
+    assert stopped.finish_reason == "stop" and len(stopped.token_ids) < 32
+    assert stopped.token_ids == full.token_ids[:len(stopped.token_ids)]
+
+
 def test_weight_update_reaches_the_engine(vllm_engine, smollm2_dir, tmp_path):
     """After the trainer pushes perturbed weights, the engine generates differently, reports the new version,
     and its log-probs match the Megatron model that holds those weights."""
