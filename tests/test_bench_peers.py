@@ -171,3 +171,19 @@ def test_verls_processes_see_no_trl_and_a_runner_that_fails_leaves_a_row(tmp_pat
     rows = table([ours, bench_peers.failure("verl", RuntimeError("verl exited 1; its log: x/verl.log\nmore"))])
     assert "| verl | did not finish: RuntimeError: verl exited 1; its log: x/verl.log |" in rows
     assert rows.splitlines()[2].startswith("| vime_ext | 2.00 |")
+
+
+def test_the_generation_path_bench_times_every_path_and_every_reply(tmp_path, tiny_hf_dirs):
+    """tools/bench_generate_path.py on the CPU (the transformers engine, the tiny workload): every round of every
+    path sends all the workload's requests, gets every reply at its full length, and becomes a row."""
+    from tools import bench_generate_path
+
+    out = tmp_path / "out"
+    assert bench_generate_path.main(["--workload", "tiny", "--model-dir", str(tiny_hf_dirs["qwen3"]), "--out",
+                                     str(out), "--rounds", "1", "--backend", "hf"]) == 0
+    rounds = json.loads((out / "rounds.json").read_text())
+    tiny = WORKLOADS["tiny"]
+    assert [r["path"] for r in rounds] == ["engine", "router", "engine"]
+    for r in rounds:
+        assert r["tokens"] == tiny.prompts * tiny.samples * tiny.response_tokens
+        assert 0 < r["first_reply_s"] <= r["last_reply_s"] <= r["wall_s"]
