@@ -242,7 +242,14 @@ def test_group_rollout_with_plugins(engines, tiny_hf_dirs):
         assert sample.reward == float(sample.response_length) and sample.metadata["source"] == "a:1"
     assert all(s.status == Status.FAILED and s.reward is None and "context" in s.error for s in bad)
     # The failed group was regenerated once (the same refusal again), then dropped: it trains nothing.
+    first, last = output.metrics.pop("first_sample_s"), output.metrics.pop("last_sample_s")
+    assert 0.0 < first <= last  # when the first and the last of the 8 + 4 regenerated samples finished
     assert output.metrics == {"samples_regenerated": 4.0, "groups_dropped": 1.0}
+
+
+def counts(output) -> dict[str, float]:
+    """A rollout's metrics but its timing (when the first and the last sample finished)."""
+    return {k: v for k, v in output.metrics.items() if not k.endswith("_sample_s")}
 
 
 _FIRST_TRIES: set[int] = set()
@@ -301,11 +308,11 @@ def test_a_plugin_that_raises_or_hangs_fails_its_sample_not_the_run(engines, tin
     assert broken[0].error == "KeyError: 'no gold answer for this prompt'"
     assert all(s.error == "timed out after 1 s (--rollout-sample-timeout)" for s in hang)
     assert all(s.status == Status.FAILED and "reward" in s.error and "nan" in s.error.lower() for s in nan)
-    assert output.metrics == {"samples_regenerated": 7.0, "groups_dropped": 3.0}
+    assert counts(output) == {"samples_regenerated": 7.0, "groups_dropped": 3.0}
     assert "ConnectionError: retry later" in caplog.text  # logged with its last line (and the traceback)
 
     output = rollout("drop")
-    assert output.metrics == {"samples_regenerated": 0.0, "groups_dropped": 4.0}
+    assert counts(output) == {"samples_regenerated": 0.0, "groups_dropped": 4.0}
     flaky = output.groups[1]
     failed = next(s for s in flaky if s.status == Status.FAILED)
     assert failed.error == "ConnectionError: retry later"

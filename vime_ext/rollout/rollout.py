@@ -11,6 +11,7 @@ checks what it returns (``validate.check_groups``) before anything trains on it.
 import asyncio
 import copy
 import inspect
+import time
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -90,6 +91,8 @@ async def generate_rollout(args: PluginArgs, rollout_id: int, data_source: DataS
     target = len(data_source) if evaluation else args.rollout_batch_size
     progress = tqdm(total=target * data_source.group_size, desc="eval" if evaluation else "rollout",
                     unit="sample", leave=False)
+    # When each sample finished, from the rollout's start: the first and the last say how long the tail is
+    started, finished = time.perf_counter(), []
 
     async def attempt(sample: Sample) -> Sample:
         own = params if params.seed is None else replace(params, seed=sample_seed(params.seed, rollout_id,
@@ -112,6 +115,11 @@ async def generate_rollout(args: PluginArgs, rollout_id: int, data_source: DataS
             return plugin_failure(sample, err, failures.timeout_s)
         finally:
             progress.update(1)
+            finished.append(time.perf_counter() - started)
+
+    def metrics() -> dict[str, float]:
+        return {**{k: float(v) for k, v in counts.items()}, "first_sample_s": min(finished, default=0.0),
+                "last_sample_s": max(finished, default=0.0)}
 
     async def group_reward(group: list[Sample]) -> None:
         try:
@@ -148,7 +156,7 @@ async def generate_rollout(args: PluginArgs, rollout_id: int, data_source: DataS
         if keep is None:
             groups = list(await asyncio.gather(*(one_group(g) for g in data_source.get_samples(target))))
             check_failed_fraction([s for g in groups for s in g], failures.max_failed_fraction)
-            return RolloutOutput(groups, {k: float(v) for k, v in counts.items()})
+            return RolloutOutput(groups, metrics())
         groups, drawn = [], 0
         while len(groups) < target:
             if drawn >= len(data_source) + target * 10:
@@ -166,7 +174,7 @@ async def generate_rollout(args: PluginArgs, rollout_id: int, data_source: DataS
             for i, sample in enumerate(group):
                 sample.group_index, sample.index = g, g * len(group) + i
         return RolloutOutput(groups, {"dynamic_sampling_kept": target / drawn, "dynamic_sampling_drawn": drawn,
-                                      **{k: float(v) for k, v in counts.items()}})
+                                      **metrics()})
     finally:
         progress.close()
 
