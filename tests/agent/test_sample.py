@@ -26,7 +26,8 @@ def test_request_and_response_shapes():
     body = generate_request([5, 6], SamplingParams(temperature=0.5, max_new_tokens=3, seed=1), "r1")
     assert body["sampling_params"] == {"temperature": 0.5, "top_p": 1.0, "max_tokens": 3, "stop": [],
                                        "stop_token_ids": [], "logprobs": 0, "skip_special_tokens": False,
-                                       "seed": 1}
+                                       "detokenize": False, "seed": 1}  # token ids answer; no stop string
+    assert generate_request([5], SamplingParams(stop=("\n",)), "r2")["sampling_params"]["detokenize"] is True
     assert SamplingParams.from_vllm(body["sampling_params"]) == SamplingParams(temperature=0.5, max_new_tokens=3,
                                                                                seed=1)
     result = parse_generate_response({"prompt_token_ids": [5, 6], "choices": [
