@@ -158,15 +158,10 @@ def test_verls_processes_see_no_trl_and_a_runner_that_fails_leaves_a_row(tmp_pat
     assert "trl found" in subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True,
                                          check=True).stdout
 
-    limit = bench_peers.TIME_LIMIT_S
-    bench_peers.TIME_LIMIT_S = 1.0
-    try:
-        with pytest.raises(RuntimeError, match=r"slow ran past 1 s and was stopped"):
-            bench_peers.run_command("slow", [sys.executable, "-c", "import time; time.sleep(30)"], tmp_path)
-    finally:
-        bench_peers.TIME_LIMIT_S = limit
+    with pytest.raises(RuntimeError, match=r"slow ran past 1 s and was stopped"):
+        bench_peers.run_command("slow", [sys.executable, "-c", "import time; time.sleep(30)"], tmp_path, 1.0)
     with pytest.raises(RuntimeError, match=r"broken exited 3; its log: .*broken\.log"):
-        bench_peers.run_command("broken", [sys.executable, "-c", "raise SystemExit(3)"], tmp_path)
+        bench_peers.run_command("broken", [sys.executable, "-c", "raise SystemExit(3)"], tmp_path, 60.0)
     ours = result("vime_ext", WORKLOADS["tiny"], [{"time/total": 2.0}] * 3, gpus=1, wall=9.0)
     rows = table([ours, bench_peers.failure("verl", RuntimeError("verl exited 1; its log: x/verl.log\nmore"))])
     assert "| verl | did not finish: RuntimeError: verl exited 1; its log: x/verl.log |" in rows

@@ -112,31 +112,32 @@ def vime_ext_command(workload: Workload, model_dir: Path, data: Path, out: Path,
     return command
 
 
-# Seconds one framework's run may take before it is stopped (a peer that hangs must not take the machine's lease)
+# --time-limit-s's default: a peer that hangs must not take the machine's lease
 TIME_LIMIT_S = 900.0
 
 
-def run_command(name: str, command: list[str], out: Path, first_on_path: list[str] = (),
+def run_command(name: str, command: list[str], out: Path, time_limit_s: float, first_on_path: list[str] = (),
                 env: dict[str, str] | None = None) -> float:
     """``command`` with its output in ``OUT/<name>.log``, ``first_on_path`` then the repository first on its
-    module path, stopped with its whole process group after ``TIME_LIMIT_S``; its wall seconds."""
+    module path, stopped with its whole process group after ``time_limit_s``; its wall seconds."""
     start = time.perf_counter()
     path = os.pathsep.join(filter(None, [*first_on_path, str(ROOT), os.environ.get("PYTHONPATH")]))
     with open(out / f"{name}.log", "w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
                                    env={**os.environ, **(env or {}), "PYTHONPATH": path})
         try:
-            code = process.wait(timeout=TIME_LIMIT_S)
+            code = process.wait(timeout=time_limit_s)
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)  # its engines and workers with it
             process.wait()
-            raise RuntimeError(f"{name} ran past {TIME_LIMIT_S:.0f} s and was stopped; its log: {out / f'{name}.log'}")
+            raise RuntimeError(f"{name} ran past {time_limit_s:.0f} s and was stopped; its log: {out / f'{name}.log'}")
     if code:
         raise RuntimeError(f"{name} exited {code}; its log: {out / f'{name}.log'}")
     return time.perf_counter() - start
 
 
-def run_vime_ext(name: str, workload: Workload, model_dir: Path, data: Path, out: Path, engine_memory: float) -> dict:
+def run_vime_ext(name: str, workload: Workload, model_dir: Path, data: Path, out: Path, engine_memory: float,
+                 time_limit_s: float) -> dict:
     import torch
 
     gpu = torch.cuda.is_available()
@@ -144,21 +145,23 @@ def run_vime_ext(name: str, workload: Workload, model_dir: Path, data: Path, out
     if gpu:
         command += ["--vllm-gpu-memory-utilization", str(engine_memory)]
     # its engines' own logs beside its figures (what vLLM saw: its settings, cache size, throughput)
-    wall = run_command(name, command, out, env={"VIME_EXT_LOG_DIR": str(out / name / "engines")})
+    wall = run_command(name, command, out, time_limit_s, env={"VIME_EXT_LOG_DIR": str(out / name / "engines")})
     rows = [json.loads(line) for line in (out / name / "vime_ext_tb" / "metrics.jsonl").read_text().splitlines()]
     return result(name, workload, [r for r in rows if "time/total" in r], gpus=1, wall=wall)
 
 
-def run_trl(name: str, workload: Workload, model_dir: Path, data: Path, out: Path, engine_memory: float) -> dict:
+def run_trl(name: str, workload: Workload, model_dir: Path, data: Path, out: Path, engine_memory: float,
+            time_limit_s: float) -> dict:
     (out / name).mkdir(parents=True, exist_ok=True)
     wall = run_command(name, [sys.executable, "tools/bench_trl.py", "--workload", workload.name, "--model-dir",
                               str(model_dir), "--prompts", str(data), "--out", str(out / name),
-                              "--engine-memory", str(engine_memory)], out)
+                              "--engine-memory", str(engine_memory)], out, time_limit_s)
     steps = [json.loads(line) for line in (out / name / "trl_steps.jsonl").read_text().splitlines()]
     return result(name, workload, steps, gpus=1, wall=wall)
 
 
-def run_verl(name: str, workload: Workload, model_dir: Path, data: Path, out: Path, engine_memory: float) -> dict:
+def run_verl(name: str, workload: Workload, model_dir: Path, data: Path, out: Path, engine_memory: float,
+             time_limit_s: float) -> dict:
     from tools import bench_verl
 
     site = os.environ.get("VERL_SITE")
@@ -171,7 +174,7 @@ def run_verl(name: str, workload: Workload, model_dir: Path, data: Path, out: Pa
     file_log.unlink(missing_ok=True)
     wall = run_command(name, [sys.executable, "-m", "verl.trainer.main_ppo",
                               *bench_verl.overrides(workload, model_dir, parquet, out / name, engine_memory)],
-                       out, first_on_path=[str(VERL_PATH), site], env={"VERL_FILE_LOGGER_PATH": str(file_log)})
+                       out, time_limit_s, first_on_path=[str(VERL_PATH), site], env={"VERL_FILE_LOGGER_PATH": str(file_log)})
     return result(name, workload, bench_verl.steps(file_log), gpus=1, wall=wall)
 
 
@@ -219,7 +222,6 @@ def table(results: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    global TIME_LIMIT_S  # the limit run_command applies, from --time-limit-s
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="w1")
     parser.add_argument("--model-dir", type=Path, help="an HF checkpoint of the workload's shape")
@@ -231,7 +233,6 @@ def main(argv=None) -> int:
                         help="seconds a framework's run may take before it is stopped and its row says so")
     parser.add_argument("--table", action="store_true", help="only print the table of the results in --out")
     args = parser.parse_args(argv)
-    TIME_LIMIT_S = args.time_limit_s
     args.out.mkdir(parents=True, exist_ok=True)
     failed = []
     if not args.table:
@@ -247,7 +248,8 @@ def main(argv=None) -> int:
             seen.add(framework)
             print(f"{time.strftime('%H:%M:%S')} {name}: running (log: {args.out / f'{name}.log'})", flush=True)
             try:  # a peer that fails leaves its row and the others run
-                figures = RUNNERS[framework](name, workload, args.model_dir, data, args.out, args.engine_memory)
+                figures = RUNNERS[framework](name, workload, args.model_dir, data, args.out, args.engine_memory,
+                                             args.time_limit_s)
             except Exception as error:  # noqa: BLE001 - any failure of one framework is its row's content
                 figures = failure(name, error)
                 failed.append(name)
