@@ -27,7 +27,9 @@ setup(
         "tqdm",
         "pyyaml",  # --custom-config-path
         "ray",
-        "httpx",  # rollout client
+        "httpx",  # control calls to engines and router (sleep/wake, weight pushes, health)
+        "aiohttp",  # the rollout client (hundreds of requests at once; see vime_ext/engines/client.py)
+        "orjson",  # the rollout client parses replies of ~150 KB each
         "vllm-router==0.1.17",  # the Rust router in front of the engines
         "fastapi",  # the transformers engine backend's server
         "uvicorn",

@@ -182,3 +182,26 @@ def test_the_generation_path_bench_times_every_path_and_every_reply(tmp_path, ti
     for r in rounds:
         assert r["tokens"] == tiny.prompts * tiny.samples * tiny.response_tokens
         assert 0 < r["first_reply_s"] <= r["last_reply_s"] <= r["wall_s"]
+
+
+def test_the_rollout_client_bench_runs_whole_rollouts_against_a_stand_in_engine(tmp_path):
+    """tools/bench_rollout_client.py, tiny workload: a stand-in engine in its own process holds each round's
+    requests until all have arrived, every rollout gets every sample at full length (the tool checks it), with
+    the engine's log-probs and without, straight and through the router; each round becomes a row."""
+    from tools import bench_rollout_client
+
+    out = tmp_path / "rounds.json"
+    assert bench_rollout_client.main(["--workload", "tiny", "--rounds", "1", "--out", str(out)]) == 0
+    rounds = json.loads(out.read_text())
+    assert [(r["path"], r["log_probs"]) for r in rounds] == [("engine", True), ("engine", False),
+                                                             ("router", True), ("router", False)]
+    for r in rounds:
+        assert 0 < r["first_sample_s"] <= r["last_sample_s"] <= r["wall_s"] and r["client_cpu_s"] > 0
+    # The stand-in's replies are vLLM's shape: the client parses them with and without log-probs
+    from vime_ext.engines.protocol import parse_generate_response
+
+    plain, with_log_probs = bench_rollout_client.canned_replies(4, 2000)[0]
+    bodies = [json.loads(body % (b"r", b"[1, 2]")) for body in (plain, with_log_probs)]
+    assert parse_generate_response(bodies[1]).log_probs == [e["logprob"] for e in
+                                                            bodies[1]["choices"][0]["logprobs"]["content"]]
+    assert len(parse_generate_response(bodies[0], log_probs=False).token_ids) == 4

@@ -114,7 +114,9 @@ def main(argv=None) -> int:
     trainer.train()
     (args.out / "trl_settings.json").write_text(json.dumps(
         {"trl": __import__("trl").__version__, "loss_type": config.loss_type, "bf16_weights_and_adam": gpu,
-         "vllm_sleep_level": 2 if gpu else None, "generation": "vllm colocate" if gpu else "transformers"}))
+         "vllm_sleep_level": 2 if gpu else None, "generation": "vllm colocate" if gpu else "transformers",
+         # whether TRL asked vLLM for each token's log-prob (as vime_ext does unless --no-rollout-log-probs)
+         "vllm_importance_sampling_correction": getattr(config, "vllm_importance_sampling_correction", None)}))
     return 0
 
 

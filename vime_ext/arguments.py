@@ -423,6 +423,8 @@ def _check(config: TrainConfig) -> None:
         problems.append(f"--eps-clip-c is dual-clip PPO; --policy-loss {a.policy_loss} has no such bound")
     if a.eps_clip_c is not None and a.eps_clip_c <= 1.0:
         problems.append(f"--eps-clip-c {a.eps_clip_c} must be above 1 (it bounds the ratio's effect from above)")
+    if a.use_tis and not config.rollout.rollout_log_probs:
+        problems.append("--use-tis weighs tokens by the engine's log-probs; drop --no-rollout-log-probs")
     if not a.use_tis and (a.tis_level != "token" or a.tis_floor is not None):
         problems.append("--tis-level and --tis-floor shape --use-tis's weights; add --use-tis")
     if a.tis_floor is not None and not 0 <= a.tis_floor < a.tis_cap:

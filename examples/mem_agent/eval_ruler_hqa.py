@@ -172,7 +172,7 @@ def main(argv=None) -> list[dict]:
         parser.error(f"no eval files for lengths {missing} in {data_root} (see prepare-eval-data.sh)")
     save_file = options.save_file or Path(options.model_path).resolve().name
     params = SamplingParams(temperature=options.temperature, top_p=options.top_p, max_new_tokens=1,
-                            seed=options.seed)
+                            seed=options.seed, log_probs=False)  # scored answers need no log-probs
     extra = ["--tensor-parallel-size", str(options.tp)] if options.engine_backend == "vllm" and options.tp > 1 \
         else []
     engine = EngineConfig(options.model_path, backend=options.engine_backend, dtype=options.engine_dtype,

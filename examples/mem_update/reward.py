@@ -86,7 +86,7 @@ async def reader_score(args, settings: MemUpdateSettings, question: str, answer:
         [{"role": "user", "content": READER.format(memories=listing, question=question)}], tokenize=False,
         add_generation_prompt=True)
     ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    params = SamplingParams(temperature=0.0, max_new_tokens=settings.reader_max_tokens)
+    params = SamplingParams(temperature=0.0, max_new_tokens=settings.reader_max_tokens, log_probs=False)
     if fixed:
         client = RolloutClient(fixed)
         try:

@@ -1,3 +1,5 @@
+import math
+
 import pytest
 
 from vime_ext.agent.sample import Sample, Status, Turn
@@ -39,5 +41,13 @@ def test_request_and_response_shapes():
         parse_generate_response({"choices": [{"token_ids": [7, 8], "logprobs": {"content": [{"logprob": -1}]}}]})
     with pytest.raises(ValueError, match="malformed generate response"):
         parse_generate_response({"choices": []})
+    # Without log-probs (--no-rollout-log-probs, evaluation): vLLM's null, and NaN per token ("not recorded")
+    plain = SamplingParams(max_new_tokens=3, log_probs=False)
+    assert generate_request([5], plain, "r3")["sampling_params"]["logprobs"] is None
+    assert SamplingParams.from_vllm(plain.to_vllm()) == plain
+    unrecorded = parse_generate_response({"choices": [{"token_ids": [7, 8], "logprobs": None}]}, log_probs=False)
+    assert unrecorded.token_ids == [7, 8] and all(math.isnan(lp) for lp in unrecorded.log_probs)
+    with pytest.raises(ValueError, match="2 tokens but 0 log-probs"):  # asked for and missing: the engine's fault
+        parse_generate_response({"choices": [{"token_ids": [7, 8], "logprobs": None}]})
     with pytest.raises(InvalidRequest, match="temperature=-1"):
         generate_request([1], SamplingParams(temperature=-1), "r2")

@@ -6,6 +6,8 @@ before it, and the versions say which segment sampled each token."""
 import asyncio
 import time
 
+import httpx
+
 from vime_ext.engines.client import RolloutClient
 from vime_ext.engines.generation_gate import GenerationGate
 from vime_ext.engines.protocol import GenerateResult, SamplingParams
@@ -28,9 +30,10 @@ async def pause_mid_generation(url: str, prompts: list[list[int]], params: Sampl
         tasks = [asyncio.create_task(client.generate(p, params, request_id=f"r{i}")) for i, p in enumerate(prompts)]
         await asyncio.sleep(delay_s)
         gate.close()
-        (await client._http.post(url + "/pause", params={"mode": "abort"})).raise_for_status()
-        gate.open(1)
-        (await client._http.post(url + "/resume")).raise_for_status()
+        async with httpx.AsyncClient(timeout=30) as control:  # as the driver's control calls go
+            (await control.post(url + "/pause", params={"mode": "abort"})).raise_for_status()
+            gate.open(1)
+            (await control.post(url + "/resume")).raise_for_status()
         return await asyncio.gather(*tasks), segments, gate.interruptions
     finally:
         await client.close()

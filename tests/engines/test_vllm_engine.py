@@ -2,6 +2,7 @@
 log-prob mismatch check against the Megatron model (the check that later runs every training step)."""
 
 import asyncio
+import math
 import time
 
 import httpx
@@ -92,7 +93,8 @@ def test_multi_turn_conversations_and_log_prob_parity(vllm_engine, smollm2_dir, 
 
 def test_a_stop_string_still_ends_a_reply(vllm_engine, smollm2_dir):
     """The route's requests turn vLLM's detokenizing off (the client decodes the token ids itself) except where
-    a stop string needs it: a greedy reply stopped at a word from its own middle ends before that word."""
+    a stop string needs it: a greedy reply stopped at a word from its own middle ends before that word. And a
+    request without log-probs gets the same greedy tokens."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
@@ -113,6 +115,10 @@ def test_a_stop_string_still_ends_a_reply(vllm_engine, smollm2_dir):
     assert SamplingParams(stop=(stop,)).to_vllm()["detokenize"] is True
     assert stopped.finish_reason == "stop" and len(stopped.token_ids) < 32
     assert stopped.token_ids == full.token_ids[:len(stopped.token_ids)]
+    # --no-rollout-log-probs: vLLM answers the same tokens without log-probs; the result says "not recorded"
+    bare = asyncio.run(run(SamplingParams(temperature=0.0, max_new_tokens=32, ignore_eos=True, log_probs=False)))
+    assert bare.token_ids == full.token_ids and all(math.isnan(lp) for lp in bare.log_probs)
+    assert all(lp <= 0.0 for lp in full.log_probs)
 
 
 def test_weight_update_reaches_the_engine(vllm_engine, smollm2_dir, tmp_path):

@@ -116,7 +116,7 @@ def test_unreachable_engine_is_named():
         finally:
             await client.close()
 
-    with pytest.raises(EngineUnavailable, match="failed on every try.*ConnectError"):
+    with pytest.raises(EngineUnavailable, match="failed on every try.*Cannot connect to host 127.0.0.1"):
         asyncio.run(run())
 
 

@@ -71,6 +71,7 @@ def test_typed_sections_and_vllm_pass_through(base):
      "--over-sampling-batch-size 2 is below --rollout-batch-size 4"),
     (["--overlap-param-gather"], "need --use-distributed-optimizer"),
     (["--tis-floor", "0.5"], "add --use-tis"),
+    (["--use-tis", "--no-rollout-log-probs"], "drop --no-rollout-log-probs"),
     (["--eps-clip-c", "0.9"], "--eps-clip-c 0.9 must be above 1"),
     (["--policy-loss", "gspo", "--eps-clip-c", "3"], "--policy-loss gspo has no such bound"),
     (["--use-tis", "--tis-floor", "3"], r"--tis-floor 3.0 must lie in \[0, --tis-cap 2.0\)"),

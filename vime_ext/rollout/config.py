@@ -15,6 +15,11 @@ class RolloutConfig:
     rollout_top_p: float = _help("nucleus sampling of rollouts (1: off)", 1.0)
     rollout_stop: tuple[str, ...] = _help("stop strings", ())
     rollout_seed: int | None = _help("base sampling seed; every sample gets its own seed derived from it")
+    rollout_log_probs: bool = _help(
+        "ask the engines for each sampled token's log-prob (--use-tis needs them; they give the "
+        "train/logprob_abs_diff metrics). --no-rollout-log-probs: the engines answer token ids only, which costs "
+        "vLLM's API server and the client about half the CPU per token; samples hold NaN log-probs. Evaluation "
+        "never asks for them", True)
     custom_generate_function_path: str = _help(
         "generate(args, sample, sampling_params, evaluation=False) -> Sample | list[Sample]",
         "vime_ext.agent.generate.generate")
@@ -77,7 +82,7 @@ def sampling_params(args, evaluation: bool = False) -> SamplingParams:
     if evaluation:
         return SamplingParams(temperature=args.eval_temperature, top_p=args.rollout_top_p,
                               max_new_tokens=args.eval_max_response_len or args.rollout_max_response_len,
-                              stop=tuple(args.rollout_stop), seed=args.rollout_seed)
+                              stop=tuple(args.rollout_stop), seed=args.rollout_seed, log_probs=False)
     return SamplingParams(temperature=args.rollout_temperature, top_p=args.rollout_top_p,
                           max_new_tokens=args.rollout_max_response_len, stop=tuple(args.rollout_stop),
-                          seed=args.rollout_seed)
+                          seed=args.rollout_seed, log_probs=args.rollout_log_probs)

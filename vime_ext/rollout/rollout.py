@@ -186,22 +186,30 @@ def run_rollout(args: PluginArgs, url: str | None, rollout_id: int, data_source:
     SFT) and check its groups."""
     rollout = load_function(args.rollout_function_path, "--rollout-function-path")
 
-    async def run():
+    done = {}
+
+    async def run() -> None:
         client = RolloutClient(url, max_concurrency=256, timeout_s=max(300.0, args.rollout_max_response_len / 5.0),
                                gate=gate) if url else None
         args.rollout_client, args.loop = client, asyncio.get_running_loop()
         try:
             if inspect.iscoroutinefunction(rollout):
-                return await rollout(args, rollout_id, data_source, evaluation=evaluation)
-            # A plain function runs on a worker thread; it reaches the client through
-            # asyncio.run_coroutine_threadsafe(coro, args.loop).
-            return await asyncio.to_thread(rollout, args, rollout_id, data_source, evaluation=evaluation)
+                done["output"] = await rollout(args, rollout_id, data_source, evaluation=evaluation)
+            else:
+                # A plain function runs on a worker thread; it reaches the client through
+                # asyncio.run_coroutine_threadsafe(coro, args.loop).
+                done["output"] = await asyncio.to_thread(rollout, args, rollout_id, data_source,
+                                                         evaluation=evaluation)
         finally:
             args.rollout_client = args.loop = None
             if client:
                 await client.close()
 
-    output = asyncio.run(run())
+    # The output is handed back beside the task, not as its result: on the main thread asyncio.run writes out the
+    # finished task's repr, result included, twice while it restores the SIGINT handler (signal.getsignal turns
+    # the handler into an enum and formats the error it catches). For W1's 256 samples that was 0.5 s a rollout.
+    asyncio.run(run())
+    output = done["output"]
     if not isinstance(output, RolloutOutput):
         output = RolloutOutput(output)
     check_groups(output.groups, None if evaluation else args.rollout_batch_size, data_source.group_size)

@@ -279,8 +279,9 @@ class TrainActor:
                           tokens=sum(b.num_tokens for b in every_batch), mismatch=mismatch, steps=steps)
 
     def _engine_mismatch(self, step_batches: list[list[MicroBatch]]) -> LogProbMismatch | None:
-        """|trainer - engine| log-prob over the loss tokens of this rank's share (last stage; None for SFT)."""
-        if not self.ps.is_pipeline_last_stage() or self.config.sft:
+        """|trainer - engine| log-prob over the loss tokens of this rank's share (last stage; None for SFT and
+        with --no-rollout-log-probs, where the engine recorded none)."""
+        if not self.ps.is_pipeline_last_stage() or self.config.sft or not self.config.rollout.rollout_log_probs:
             return None
         total, worst, count = 0.0, 0.0, 0.0
         for batch in (b for bs in step_batches for b in bs):
