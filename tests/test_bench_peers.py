@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tools.bench_peers import WORKLOADS, result, table, vime_ext_command, write_prompts
+from tools.bench_peers import RUNNERS, WORKLOADS, result, table, vime_ext_command, write_prompts
 from vime_ext.arguments import build_parser
 
 
@@ -28,6 +28,9 @@ def test_the_gpu_command_passes_train_py_s_parser(tmp_path):
     args = build_parser().parse_args(command[3:])
     assert (args.rollout_batch_size, args.n_samples_per_prompt, args.rollout_max_response_len) == (32, 8, 1024)
     assert args.global_batch_size == 256 and args.num_rollout == 7 and args.colocate and not args.use_kl_loss
+    assert args.rollout_log_probs  # as TRL asks vLLM for them; the second row of this project goes without
+    bare = build_parser().parse_args(command[3:] + list(RUNNERS["vime_ext_no_log_probs"].keywords["flags"]))
+    assert not bare.rollout_log_probs
 
 
 def test_result_leaves_the_warm_up_out_and_the_table_compares_with_this_project():

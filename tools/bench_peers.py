@@ -22,6 +22,7 @@ from its own site, ``$VERL_SITE``). A framework named twice runs twice, the seco
 """
 
 import argparse
+import functools
 import json
 import os
 import signal
@@ -137,11 +138,11 @@ def run_command(name: str, command: list[str], out: Path, time_limit_s: float, f
 
 
 def run_vime_ext(name: str, workload: Workload, model_dir: Path, data: Path, out: Path, engine_memory: float,
-                 time_limit_s: float) -> dict:
+                 time_limit_s: float, flags: tuple[str, ...] = ()) -> dict:
     import torch
 
     gpu = torch.cuda.is_available()
-    command = vime_ext_command(workload, model_dir, data, out / name, gpu)
+    command = vime_ext_command(workload, model_dir, data, out / name, gpu) + list(flags)
     if gpu:
         command += ["--vllm-gpu-memory-utilization", str(engine_memory)]
     # its engines' own logs beside its figures (what vLLM saw: its settings, cache size, throughput)
@@ -178,7 +179,10 @@ def run_verl(name: str, workload: Workload, model_dir: Path, data: Path, out: Pa
     return result(name, workload, bench_verl.steps(file_log), gpus=1, wall=wall)
 
 
-RUNNERS = {"vime_ext": run_vime_ext, "trl": run_trl, "verl": run_verl}
+RUNNERS = {"vime_ext": run_vime_ext, "trl": run_trl, "verl": run_verl,
+           # the engines answer token ids only (no --use-tis, no trainer-vs-engine metrics; TRL's runner records
+           # whether TRL asked vLLM for log-probs)
+           "vime_ext_no_log_probs": functools.partial(run_vime_ext, flags=("--no-rollout-log-probs",))}
 
 
 def result(framework: str, workload: Workload, steps: list[dict], gpus: int, wall: float) -> dict:
