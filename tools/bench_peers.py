@@ -18,7 +18,8 @@ Frameworks: ``vime_ext`` (``train.py``, colocated on one GPU, engine asleep whil
 (``tools/bench_trl.py``: TRL's ``GRPOTrainer``, vLLM colocated in its process, asleep while it trains; needs
 ``trl`` importable) and ``verl`` (``tools/bench_verl.py``: verl 0.9.1's ``main_ppo``, FSDP with vLLM colocated,
 from its own site, ``$VERL_SITE``). A framework named twice runs twice, the second row marked "again": list
-``vime_ext`` after the peers too, to bound the machine's drift over the run.
+``vime_ext`` after the peers too, to bound the machine's drift over the run. ``vime_ext_no_log_probs`` is this
+project's run with ``--no-rollout-log-probs`` (the engine answers token ids only).
 """
 
 import argparse
