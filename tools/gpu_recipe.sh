@@ -28,6 +28,8 @@
 # and how engines and trainer share the machine's GPUs (tools/sharing_table.py), after both prepares:
 #   ... gpu_recipe.sh layout EXAMPLE NAME VAR=VALUE... [-- flags]   # one of its runs; sharing_table: the table
 #   ... gpu_recipe.sh sleep_levels   # both examples on one GPU each at --engine-sleep-level 1 and 2, then the table
+# and the peers bench (tools/bench_peers.py W1: this project, TRL, verl, on one GPU), then the engine-only path:
+#   ... gpu_recipe.sh peers   # PEERS: the frameworks, in order; progress in VIME_EXT_OUT/peers.log
 # and the real RULER-HQA's rows without RL (packaged SmolLM2-135M and Qwen2.5-Coder-1.5B, every length to 896K
 # tokens, no document, the gold pair):
 #   ... gpu_recipe.sh base_rows   # BASE_MODELS, REAL_LENGTHS; the 1.5B model's packages: gpu_wheels.py --models
@@ -44,7 +46,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 USAGE="usage: gpu_recipe.sh prepare|train|eval|train_only|replay|weight_sync|table|both|async_bench|async_split"
-USAGE+="|one_gpu|sharing|layout|sharing_table|sleep_levels|base_rows|all [flags]"
+USAGE+="|one_gpu|sharing|layout|sharing_table|sleep_levels|base_rows|peers|all [flags]"
 STAGE=${1:?${USAGE}}
 shift
 EXAMPLE=${EXAMPLE:-mem_agent}
@@ -399,6 +401,18 @@ case "${STAGE}" in
         $([ "${mode}" = eager ] && echo --vllm-enforce-eager) \
         --out "${OUT_DIR}/${EXAMPLE}_replay$([ "${mode}" = eager ] && echo _eager).json" "$@"
     done ;;
+  peers)
+    # tools/bench_peers.py's W1 on this GPU: the random Qwen3-0.6B shape, then PEERS (default: this project with
+    # and without the engine's log-probs, and TRL, about 21 min; add verl, which needs the wheel set's --verl part,
+    # and vime_ext again for the drift when a lease has room), then the engine-only path; progress in
+    # OUT/peers.log.
+    python tools/make_random_hf.py --shape qwen3-0.6b --out "${WORK}/qwen3-0.6b-random" 2>&1 | tail -1
+    # shellcheck disable=SC2086
+    python tools/bench_peers.py --workload w1 --model-dir "${WORK}/qwen3-0.6b-random" --out "${OUT_DIR}/peers" \
+      --frameworks ${PEERS:-vime_ext vime_ext_no_log_probs trl} --time-limit-s 600 \
+      >> "${OUT_DIR}/peers.log" 2>&1 || true
+    python tools/bench_generate_path.py --workload w1 --model-dir "${WORK}/qwen3-0.6b-random" \
+      --out "${OUT_DIR}/generate_path" --rounds 1 >> "${OUT_DIR}/peers.log" 2>&1 ;;
   weight_sync)
     python tools/bench_weight_sync.py --shape qwen3-4b --transport ipc --pushes 3 \
       --out "${OUT_DIR}/weight_sync_ipc.json" ;;
