@@ -31,6 +31,10 @@ def test_the_gpu_command_passes_train_py_s_parser(tmp_path):
     assert args.rollout_log_probs  # as TRL asks vLLM for them; the second row of this project goes without
     bare = build_parser().parse_args(command[3:] + list(RUNNERS["vime_ext_no_log_probs"].keywords["flags"]))
     assert not bare.rollout_log_probs
+    from vime_ext.engines.servers import split_vllm_args
+
+    own, engine = split_vllm_args(command[3:] + list(RUNNERS["vime_ext_4_api_servers"].keywords["flags"]))
+    assert engine[-2:] == ["--api-server-count", "4"] and build_parser().parse_args(own).colocate
 
 
 def test_result_leaves_the_warm_up_out_and_the_table_compares_with_this_project():

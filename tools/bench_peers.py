@@ -19,7 +19,8 @@ Frameworks: ``vime_ext`` (``train.py``, colocated on one GPU, engine asleep whil
 ``trl`` importable) and ``verl`` (``tools/bench_verl.py``: verl 0.9.1's ``main_ppo``, FSDP with vLLM colocated,
 from its own site, ``$VERL_SITE``). A framework named twice runs twice, the second row marked "again": list
 ``vime_ext`` after the peers too, to bound the machine's drift over the run. ``vime_ext_no_log_probs`` is this
-project's run with ``--no-rollout-log-probs`` (the engine answers token ids only).
+project's run with ``--no-rollout-log-probs`` (the engine answers token ids only), ``vime_ext_4_api_servers`` with
+four API-server processes on its engine.
 """
 
 import argparse
@@ -183,7 +184,9 @@ def run_verl(name: str, workload: Workload, model_dir: Path, data: Path, out: Pa
 RUNNERS = {"vime_ext": run_vime_ext, "trl": run_trl, "verl": run_verl,
            # the engines answer token ids only (no --use-tis, no trainer-vs-engine metrics; TRL's runner records
            # whether TRL asked vLLM for log-probs)
-           "vime_ext_no_log_probs": functools.partial(run_vime_ext, flags=("--no-rollout-log-probs",))}
+           "vime_ext_no_log_probs": functools.partial(run_vime_ext, flags=("--no-rollout-log-probs",)),
+           # four API-server processes share the engine's answers (docs/reference.md, Rollout engines)
+           "vime_ext_4_api_servers": functools.partial(run_vime_ext, flags=("--vllm-api-server-count", "4"))}
 
 
 def result(framework: str, workload: Workload, steps: list[dict], gpus: int, wall: float) -> dict:

@@ -180,6 +180,10 @@ def test_engines_are_started_for_their_transport():
     assert server_command(shm, 1)[server_command(shm, 1).index("--logprobs-mode") + 1] == "processed_logprobs"
     own = server_command(EngineConfig("/m", extra_args=["--logprobs-mode=raw_logprobs"]), 1)
     assert [a for a in own if a.startswith("--logprobs-mode")] == ["--logprobs-mode=raw_logprobs"]
+    # One API-server process from vLLM's module; several (--vllm-api-server-count) from its serve command
+    assert server_command(shm, 1)[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    several = server_command(EngineConfig("/m", extra_args=["--api-server-count", "4"]), 1)
+    assert several[1:3] == ["-m", "vime_ext.engines.vllm_serve"] and several[-2:] == ["--api-server-count", "4"]
     with pytest.raises(ValueError, match="weight transport 'tcp' is not one of"):
         WeightSync(["http://e"], transport="tcp")
 

