@@ -16,7 +16,6 @@ the CPU seconds this process spent (the rollout manager's share of a real run).
 import argparse
 import json
 import random
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -144,19 +143,17 @@ def main(argv=None) -> int:
         serve_stand_in(args.serve, round_size, workload.response_tokens, len(tokenizer))
         return 0
 
-    from vime_ext.engines.servers import ServerProcess, launch_router, wait_until_serving
+    from vime_ext.engines.servers import launch_router, start_server, wait_until_serving
     from vime_ext.net import free_port
 
     port = free_port()
-    log_dir = Path(args.out).parent if args.out else Path("/tmp")
+    log_dir = str(args.out.parent) if args.out else None
     command = [sys.executable, __file__, "--workload", args.workload, "--serve", str(port)]
-    with open(log_dir / "stand_in_engine.log", "w") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-    stand_in = ServerProcess("stand_in_engine", process, f"http://127.0.0.1:{port}", log_dir / "stand_in_engine.log")
+    stand_in = start_server("stand_in_engine", command, "127.0.0.1", port, {}, log_dir)
     router, rounds = None, []
     try:
         wait_until_serving([stand_in], timeout_s=120)
-        router = launch_router([stand_in.url], log_dir=str(log_dir))
+        router = launch_router([stand_in.url], log_dir=log_dir)
         wait_until_serving([router], timeout_s=60)
         for path, url in (("engine", stand_in.url), ("router", router.url)):
             for log_probs in (True, False):

@@ -79,8 +79,7 @@ class StepTrainer:
                    "train/tokens_per_s": train_tokens / max(times["train"], 1e-9)}
         if self.config.sft:
             metrics["train/trained_tokens"] = sum(total for total, _ in plan.totals)
-        elif self.config.rollout.rollout_log_probs:
-            mismatch = [r.mismatch for r in reported]
+        elif mismatch := [r.mismatch for r in reported if r.mismatch is not None]:  # none: --no-rollout-log-probs
             count = sum(m.tokens for m in mismatch)
             metrics.update({"train/logprob_abs_diff_mean": sum(m.abs_sum for m in mismatch) / max(count, 1.0),
                             "train/logprob_abs_diff_max": max(m.abs_max for m in mismatch)})

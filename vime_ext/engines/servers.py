@@ -304,8 +304,10 @@ def _spawn(command: list[str], env: dict[str, str], log) -> subprocess.Popen:
     return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env})
 
 
-def _start(name: str, command: list[str], host: str, port: int, env: dict[str, str],
-           log_dir: str | None) -> ServerProcess:
+def start_server(name: str, command: list[str], host: str, port: int, env: dict[str, str],
+                 log_dir: str | None) -> ServerProcess:
+    """Any server process (an engine, the router, a benchmark's stand-in), its output in
+    ``LOG_DIR/<name>_<port>.log`` (default ``$VIME_EXT_LOG_DIR``)."""
     folder = Path(log_dir or os.environ.get("VIME_EXT_LOG_DIR", "/tmp/vime_ext_engines"))
     folder.mkdir(parents=True, exist_ok=True)
     log_path = folder / f"{name}_{port}.log"
@@ -323,7 +325,7 @@ def launch_engine(config: EngineConfig) -> ServerProcess:
     if lock is not None:
         lock.acquire()
     try:
-        server = _start(f"{config.backend}_engine", server_command(config, port), config.host, port,
+        server = start_server(f"{config.backend}_engine", server_command(config, port), config.host, port,
                         server_env(config), config.log_dir)
     except BaseException:
         if lock is not None:
@@ -360,7 +362,7 @@ def launch_router(worker_urls: list[str], policy: str = "consistent_hash", host:
         extra_args += ["--prometheus-port", str(free_port())]
     command = [installed_program("vllm-router"), "--host", host, "--port", str(port), "--worker-urls", *worker_urls,
                "--policy", policy, "--log-level", "warning", *extra_args]
-    return _start("router", command, host, port, {}, log_dir)
+    return start_server("router", command, host, port, {}, log_dir)
 
 
 def last_log_line(server: ServerProcess, width: int = 160) -> str:
