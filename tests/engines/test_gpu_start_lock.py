@@ -96,7 +96,7 @@ def stand_in(tmp_path, gpus: list[str], command) -> ServerProcess:
     lock = GpuStartLock(gpus)
     lock.acquire()
     port = free_port()
-    server = servers._start("stand_in", command(port), "127.0.0.1", port, {}, str(tmp_path / "logs"))
+    server = servers.start_server("stand_in", command(port), "127.0.0.1", port, {}, str(tmp_path / "logs"))
     server.gpus, server.start_lock = gpus, lock
     return server
 
