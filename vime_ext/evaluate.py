@@ -5,7 +5,7 @@ MemUpdate's ``eval_mem_update``) and MemAgent's RULER-HQA lengths.
     python -m vime_ext.evaluate --hf-checkpoint DIR --prompt-data FILE.jsonl [--custom-rm-path MOD.fn]
         [--engine-backend vllm|hf] [--n-samples-per-prompt 1] [--rollout-max-response-len 64] [--temperature 0]
         [--custom-generate-function-path MOD.fn] [--custom-config-path FILE] [--engine-dtype float32]
-        [--engine-max-model-len N] [--results FILE.jsonl] [--vllm-X ...: vLLM's --X]
+        [--engine-max-model-len N] [--results FILE.jsonl] [--top-p 1.0] [--vllm-X ...: vLLM's --X]
 
 With ``--results`` every finished sample is written there as it finishes, and a second run of the same command
 skips what is there (a line cut by a kill is dropped and its item run again).
@@ -183,7 +183,7 @@ def evaluate(hf_dir: str, prompt_data: str, reward_path: str = "vime_ext.agent.r
              custom_config_path: str | None = None, dtype: str = "auto",
              max_model_len: int | None = None, results: str | None = None, force: bool = False,
              n_proc: int = 64, settings_override: dict | None = None,
-             reward_model: EngineConfig | None = None) -> dict[str, float]:
+             reward_model: EngineConfig | None = None, top_p: float = 1.0) -> dict[str, float]:
     """``n_samples`` answers to each prompt of ``prompt_data`` from the model at ``hf_dir``, each rewarded by
     ``reward_path``; the rollout metrics of all (``eval/...``). ``results``: a JSONL kept across runs, one
     rewarded sample a line, so that a second run goes on where the first stopped (``force``: start it afresh).
@@ -196,7 +196,8 @@ def evaluate(hf_dir: str, prompt_data: str, reward_path: str = "vime_ext.agent.r
 
     records = read_jsonl(prompt_data)
     rollout = RolloutConfig(rollout_batch_size=len(records), n_samples_per_prompt=n_samples,
-                            rollout_max_response_len=max_response_len, custom_rm_path=reward_path,
+                            rollout_max_response_len=max_response_len, rollout_top_p=top_p,
+                            custom_rm_path=reward_path,
                             custom_generate_function_path=generate_path, custom_config_path=custom_config_path,
                             rm_hf_checkpoint=reward_model.model if reward_model else None)
     problems = rollout_problems(rollout)
@@ -245,6 +246,7 @@ def main(argv=None) -> dict[str, float]:
     parser.add_argument("--n-samples-per-prompt", type=int, default=1)
     parser.add_argument("--rollout-max-response-len", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (1: off)")
     parser.add_argument("--custom-generate-function-path", default="vime_ext.agent.generate.generate")
     parser.add_argument("--custom-config-path", default=None, help="YAML or JSON plug-in settings")
     parser.add_argument("--engine-dtype", default="auto", help="the engine's weights and activations")
@@ -256,7 +258,7 @@ def main(argv=None) -> dict[str, float]:
                       args.n_samples_per_prompt, args.rollout_max_response_len, args.temperature,
                       engine_args=vllm_args, generate_path=args.custom_generate_function_path,
                       custom_config_path=args.custom_config_path, dtype=args.engine_dtype,
-                      max_model_len=args.engine_max_model_len, results=args.results)
+                      max_model_len=args.engine_max_model_len, results=args.results, top_p=args.top_p)
     print(json.dumps(result, indent=1))
     return result
 

