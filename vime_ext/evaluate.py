@@ -218,7 +218,7 @@ def evaluate(hf_dir: str, prompt_data: str, reward_path: str = "vime_ext.agent.r
     async def rewarded(_: str, sample: Sample) -> dict:
         apply_reward(sample, await call_plugin(reward, args, sample))
         penalize_overlong(args, sample)
-        check_sample(sample)
+        check_sample(sample, evaluation=True)
         return asdict(sample)
 
     engine = EngineConfig(hf_dir, backend=backend, dtype=dtype, max_model_len=max_model_len,

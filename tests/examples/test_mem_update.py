@@ -513,3 +513,23 @@ def test_the_evaluation_scores_with_a_fixed_reader_and_counts_each_tool(tmp_path
     # The reader's token F1, not the proxy's clipped word share (which is never below 0.1): a random model's
     # answers share no word with the gold ones.
     assert summary["qa_before"] < 0.1 and summary["qa_after"] < 0.1
+
+
+def test_the_baseline_rows_run_through_the_evaluation_as_a_user_runs_them(tiny_hf_dirs, tmp_path, monkeypatch):
+    """eval_mem_update.py --edit noop|oracle end to end (an engine is served, as for any model; neither edit asks
+    it anything): every episode is scored, none failed (an episode with no sequence is evaluated, not refused),
+    doing nothing changes no score and the oracle raises it."""
+    from examples.mem_update.eval_mem_update import main as evaluate_edits
+    from examples.mem_update.prepare_data import main as prepare
+
+    monkeypatch.setenv("MEMUP_RETRIEVER", "bm25")
+    prepare(["--generate", "--num-conversations", "3", "--n-test", "1", "--out-dir", str(tmp_path / "data")])
+    episodes = len((tmp_path / "data" / "test.jsonl").read_text().splitlines())
+    rows = {edit: evaluate_edits(["--model-path", str(tiny_hf_dirs["llama"]), "--test-data",
+                                  str(tmp_path / "data" / "test.jsonl"), "--save-dir", str(tmp_path / "out"),
+                                  "--save-file", edit, "--edit", edit, "--engine-backend", "hf"])
+            for edit in ("noop", "oracle")}
+    for row in rows.values():
+        assert row["episodes"] == episodes and row["failed"] == 0.0
+    assert rows["noop"]["qa_delta"] == 0.0 and rows["noop"]["reward"] == 0.0
+    assert rows["oracle"]["qa_after"] > rows["oracle"]["qa_before"] == rows["noop"]["qa_before"]

@@ -22,8 +22,10 @@ def check_number(value, what: str) -> float:
     return float(value)
 
 
-def check_sample(sample: Sample) -> None:
-    """One trajectory: its sequences' lengths and masks, its reward and metrics (trainable samples only)."""
+def check_sample(sample: Sample, evaluation: bool = False) -> None:
+    """One trajectory: its sequences' lengths and masks, its reward and metrics (trainable samples only). In
+    ``evaluation`` a sample may hold no sequence at all: an evaluated baseline that asks no model (MemUpdate's
+    doing-nothing edit) is scored but never trained on."""
     if not isinstance(sample, Sample):
         raise RolloutError(f"a rollout returned {type(sample).__name__} where a Sample belongs")
     if not isinstance(sample.status, Status) or sample.status == Status.PENDING:
@@ -31,7 +33,8 @@ def check_sample(sample: Sample) -> None:
                            "TRUNCATED, ABORTED or FAILED")
     if sample.status not in TRAINABLE:
         return
-    if sample.response_length or not sample.turns:
+    no_sequence = evaluation and not sample.tokens and not sample.turns
+    if (sample.response_length or not sample.turns) and not no_sequence:
         problem = sequence_problem(sample.tokens, sample.response_length, sample.loss_mask,
                                    sample.rollout_log_probs)
         if problem:
