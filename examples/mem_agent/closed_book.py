@@ -76,12 +76,12 @@ def write_prompts(dev: HotpotDev, questions: list[int], path: Path) -> Path:
 
 def tally(samples_path: Path, model: str, samples: int) -> ClosedBook:
     """The verdicts in ``samples_path`` per question: checked once all its samples are scored."""
-    scored: dict[int, list[float]] = {}
+    scored: dict[int, dict[str, float]] = {}  # by question, each sample's verdict by its id (a row once)
     for line in samples_path.read_text(encoding="utf-8").splitlines():
         row = json.loads(line)
-        scored.setdefault(int(row["metadata"]["index"]), []).append(float(row["reward"] or 0.0))
+        scored.setdefault(int(row["metadata"]["index"]), {})[row["_id"]] = float(row["reward"] or 0.0)
     checked = sorted(q for q, rewards in scored.items() if len(rewards) >= samples)
-    return ClosedBook(model, samples, tuple(checked), tuple(q for q in checked if max(scored[q]) > 0))
+    return ClosedBook(model, samples, tuple(checked), tuple(q for q in checked if max(scored[q].values()) > 0))
 
 
 def main(argv=None) -> ClosedBook:
