@@ -150,6 +150,7 @@ class Splits:
     test: tuple[int, ...]
     validation: tuple[int, ...]
     train: tuple[int, ...]
+    dropped: tuple[int, ...] = ()  # answered with no document by a closed-book run: in no split
 
 
 def split_order(dev: HotpotDev, seed: int = 0) -> list[int]:
@@ -180,7 +181,7 @@ def split_questions(dev: HotpotDev, num_test: int = 128, num_validation: int = 1
     test, validation = held[:num_test], held[num_test:num_test + num_validation]
     taken = {*test, *validation}
     train = [q for q in order if q not in taken and q not in answered]
-    return Splits(tuple(sorted(test)), tuple(sorted(validation)), tuple(sorted(train)))
+    return Splits(tuple(sorted(test)), tuple(sorted(validation)), tuple(sorted(train)), tuple(sorted(answered)))
 
 
 def held_out_docs(dev: HotpotDev, splits: Splits) -> set[int]:
@@ -320,16 +321,15 @@ def main(argv=None) -> int:
         parser.exit(2, f"hotpotqa_dev: {err}\n")
     out = args.out_dir
     out.mkdir(parents=True, exist_ok=True)
-    dropped = sorted({q for book in books for q in book.answered})
     (out / "splits.json").write_text(json.dumps({
         "source": str(args.source), "seed": args.seed, "test": splits.test, "validation": splits.validation,
         "train": len(splits.train), "closed_book": [{"file": str(path), "model": book.model,
                                                      "checked": len(book.checked), "answered": len(book.answered)}
                                                     for path, book in zip(args.closed_book, books)],
-        "dropped": dropped}))
+        "dropped": splits.dropped}))
     print(f"{len(dev.questions)} questions, {len(dev.docs)} distinct paragraphs; test {len(splits.test)}, "
           f"validation {len(splits.validation)}, training {len(splits.train)}"
-          + (f"; {len(dropped)} answered with no document, dropped" if books else ""))
+          + (f"; {len(splits.dropped)} answered with no document, dropped" if books else ""))
     for path in write_eval_files(dev, splits.test, args.eval_lengths, out / "test", args.seed):
         print(path)
     for path in write_reference_files(dev, splits.test, out / "test"):
