@@ -2,7 +2,8 @@
 evaluation loop.
 
     python -m examples.mem_agent.closed_book --model-path HF_DIR --out-dir DIR [--first 512] [--seed 0]
-        [--source WHEEL] [--max-new-tokens 512] [--engine-backend vllm|hf] [--engine-dtype float32] [--n-proc 64] [--vllm-X ...]
+        [--source WHEEL] [--max-new-tokens 512] [--engine-backend vllm|hf] [--engine-dtype float32]
+        [--n-proc 64] [--vllm-X ...]
 
 MemAgent built its RULER-HQA test set from dev questions that none of its base models answered without the
 document (facts from its ``taskutils/memory_data/filter.py``): each question alone, followed by "Your final answer
