@@ -96,10 +96,10 @@ def test_verls_rows_come_from_its_file_logger_and_its_prompts_keep_their_exact_l
 
     log = tmp_path / "verl.jsonl"
     timing = {"timing_s/step": 10.0, "timing_s/gen": 6.0, "timing_s/old_log_prob": 1.0,
-              "timing_s/update_actor": 2.5, "timing_s/update_weights": 0.5, "perf/max_memory_allocated_gb": 30.0}
+              "timing_s/update_actor": 2.5, "timing_s/update_weights": 0.5, "actor/perf/max_memory_allocated_gb": 30.0}
     log.write_text("".join(json.dumps({"step": s, "data": timing}) + "\n" for s in (1, 2, 3)))
     row = bench_verl.steps(log)[0]
-    assert row["time/total"] == 10.0 and row["time/train"] == 2.5 and row["memory/peak_allocated_gb"] == 30.0
+    assert row["time/total"] == 10.0 and row["time/train"] == 2.5 and row["memory/actor_peak_allocated_gb"] == 30.0
     verl = result("verl", WORKLOADS["tiny"], bench_verl.steps(log), gpus=1, wall=40.0)
     assert verl["phases"] == {"generate": 6.0, "log-probs": 1.0, "train": 2.5, "weight sync": 0.5,
                               "sleep/wake": None}
@@ -173,6 +173,41 @@ def test_verls_processes_see_no_trl_and_a_runner_that_fails_leaves_a_row(tmp_pat
     rows = table([ours, bench_peers.failure("verl", RuntimeError("verl exited 1; its log: x/verl.log\nmore"))])
     assert "| verl | did not finish: RuntimeError: verl exited 1; its log: x/verl.log |" in rows
     assert rows.splitlines()[2].startswith("| vime_ext | 2.00 |")
+
+
+def test_a_run_stopped_at_the_limit_keeps_the_steps_it_logged_and_its_row_says_how_far_it_got(tmp_path):
+    """verl's first GPU run logged 2 of its 7 steps in the 600 s it was given: the row keeps them, marked, rather
+    than saying only that it was stopped. A run stopped before its first step is still a failure."""
+    import sys
+
+    from tools import bench_peers
+
+    tiny = WORKLOADS["tiny"]  # 1 warm-up step, 2 timed
+    metrics = tmp_path / "steps.jsonl"
+
+    def stopped_after(steps: int) -> dict:
+        metrics.unlink(missing_ok=True)
+        writer = ("import json, sys, time\n"
+                  f"for i in range({steps}):\n"
+                  "    open(sys.argv[1], 'a').write(json.dumps({'time/total': 10.0 + i, 'time/rollout': 4.0}) + '\\n')\n"
+                  "time.sleep(60)\n")
+        run = lambda: bench_peers.run_command("peer", [sys.executable, "-c", writer, str(metrics)], tmp_path, 3.0)  # noqa: E731
+        return bench_peers.measure("peer", tiny, run, lambda: bench_peers.jsonl(metrics))
+
+    one_timed = stopped_after(2)
+    assert one_timed["stopped_at_limit"] and one_timed["steps_logged"] == 2 and one_timed["timed_steps"] == 1
+    assert one_timed["step_s"] == 11.0 and one_timed["wall_s"] >= 3.0
+    warm_up_only = stopped_after(1)
+    assert warm_up_only["timed_steps"] == 0 and warm_up_only["step_s"] == 10.0
+    with pytest.raises(bench_peers.StoppedAtLimit, match="peer ran past 3 s"):
+        stopped_after(0)
+
+    ours = result("vime_ext", tiny, [{"time/total": 5.0}] * 3, gpus=1, wall=9.0)
+    rows = table([ours, {**one_timed, "framework": "verl"}, {**warm_up_only, "framework": "trl"}]).splitlines()
+    assert rows[3].startswith("| verl (stopped at the time limit: 1 of 2 timed steps) | 11.00 |")
+    assert rows[4].startswith("| trl (stopped at the time limit: no timed step; warm-up step 1 of 1) | 10.00 |")
+    assert rows[2].startswith("| vime_ext | 5.00 |") and not result("x", tiny, [{"time/total": 1.0}] * 3, 1, 1.0)[
+        "stopped_at_limit"]
 
 
 def test_the_generation_path_bench_times_every_path_and_every_reply(tmp_path, tiny_hf_dirs):

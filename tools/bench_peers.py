@@ -12,7 +12,8 @@ shape, 8 x 8 samples of 2,048 tokens. ``tiny``: a CPU smoke of the same path.
 
 Per framework: median seconds per step over the timed steps (after ``warmup`` steps), trained tokens per second
 per GPU (samples x (prompt + response) tokens / step seconds / GPUs), the phase split where the framework logs it,
-and peak GPU memory. Each run writes ``OUT/<name>.result.json``; the table reads them all.
+and peak GPU memory. Each run writes ``OUT/<name>.result.json``; the table reads them all. A run stopped at
+``--time-limit-s`` keeps the steps it logged: its row says how many of the timed steps it reached.
 
 Frameworks: ``vime_ext`` (``train.py``, colocated on one GPU, engine asleep while the trainer trains) and ``trl``
 (``tools/bench_trl.py``: TRL's ``GRPOTrainer``, vLLM colocated in its process, asleep while it trains; needs
@@ -33,6 +34,7 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
+from typing import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -119,6 +121,14 @@ def vime_ext_command(workload: Workload, model_dir: Path, data: Path, out: Path,
 TIME_LIMIT_S = 900.0
 
 
+class StoppedAtLimit(RuntimeError):
+    """A run stopped at the time limit; the steps it logged before that still make a row, marked as such."""
+
+    def __init__(self, message: str, wall: float):
+        super().__init__(message)
+        self.wall = wall
+
+
 def run_command(name: str, command: list[str], out: Path, time_limit_s: float, first_on_path: list[str] = (),
                 env: dict[str, str] | None = None) -> float:
     """``command`` with its output in ``OUT/<name>.log``, ``first_on_path`` then the repository first on its
@@ -133,10 +143,34 @@ def run_command(name: str, command: list[str], out: Path, time_limit_s: float, f
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)  # its engines and workers with it
             process.wait()
-            raise RuntimeError(f"{name} ran past {time_limit_s:.0f} s and was stopped; its log: {out / f'{name}.log'}")
+            raise StoppedAtLimit(f"{name} ran past {time_limit_s:.0f} s and was stopped; its log: "
+                                 f"{out / f'{name}.log'}", time.perf_counter() - start) from None
     if code:
         raise RuntimeError(f"{name} exited {code}; its log: {out / f'{name}.log'}")
     return time.perf_counter() - start
+
+
+def measure(name: str, workload: Workload, run: Callable[[], float], read_steps: Callable[[], list[dict]]) -> dict:
+    """The row of one framework's run: ``run()`` (its wall seconds), then its per-step metrics from
+    ``read_steps()``. A run stopped at the time limit keeps the steps it logged (the row says how many); one that
+    logged none, or failed, raises."""
+    try:
+        wall, stopped = run(), None
+    except StoppedAtLimit as error:
+        wall, stopped = error.wall, error
+    try:
+        steps = read_steps()
+    except FileNotFoundError:
+        if stopped:
+            raise stopped from None
+        raise
+    if stopped and not steps:
+        raise stopped
+    return result(name, workload, steps, gpus=1, wall=wall, stopped=stopped is not None)
+
+
+def jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def run_vime_ext(name: str, workload: Workload, model_dir: Path, data: Path, out: Path, engine_memory: float,
@@ -148,19 +182,19 @@ def run_vime_ext(name: str, workload: Workload, model_dir: Path, data: Path, out
     if gpu:
         command += ["--vllm-gpu-memory-utilization", str(engine_memory)]
     # its engines' own logs beside its figures (what vLLM saw: its settings, cache size, throughput)
-    wall = run_command(name, command, out, time_limit_s, env={"VIME_EXT_LOG_DIR": str(out / name / "engines")})
-    rows = [json.loads(line) for line in (out / name / "vime_ext_tb" / "metrics.jsonl").read_text().splitlines()]
-    return result(name, workload, [r for r in rows if "time/total" in r], gpus=1, wall=wall)
+    return measure(name, workload,
+                   lambda: run_command(name, command, out, time_limit_s,
+                                       env={"VIME_EXT_LOG_DIR": str(out / name / "engines")}),
+                   lambda: [r for r in jsonl(out / name / "vime_ext_tb" / "metrics.jsonl") if "time/total" in r])
 
 
 def run_trl(name: str, workload: Workload, model_dir: Path, data: Path, out: Path, engine_memory: float,
             time_limit_s: float) -> dict:
     (out / name).mkdir(parents=True, exist_ok=True)
-    wall = run_command(name, [sys.executable, "tools/bench_trl.py", "--workload", workload.name, "--model-dir",
-                              str(model_dir), "--prompts", str(data), "--out", str(out / name),
-                              "--engine-memory", str(engine_memory)], out, time_limit_s)
-    steps = [json.loads(line) for line in (out / name / "trl_steps.jsonl").read_text().splitlines()]
-    return result(name, workload, steps, gpus=1, wall=wall)
+    command = [sys.executable, "tools/bench_trl.py", "--workload", workload.name, "--model-dir", str(model_dir),
+               "--prompts", str(data), "--out", str(out / name), "--engine-memory", str(engine_memory)]
+    return measure(name, workload, lambda: run_command(name, command, out, time_limit_s),
+                   lambda: jsonl(out / name / "trl_steps.jsonl"))
 
 
 def run_verl(name: str, workload: Workload, model_dir: Path, data: Path, out: Path, engine_memory: float,
@@ -175,10 +209,12 @@ def run_verl(name: str, workload: Workload, model_dir: Path, data: Path, out: Pa
     parquet = bench_verl.write_parquet(data, out / name / "prompts.parquet")
     file_log = out / name / "verl_metrics.jsonl"
     file_log.unlink(missing_ok=True)
-    wall = run_command(name, [sys.executable, "-m", "verl.trainer.main_ppo",
-                              *bench_verl.overrides(workload, model_dir, parquet, out / name, engine_memory)],
-                       out, time_limit_s, first_on_path=[str(VERL_PATH), site], env={"VERL_FILE_LOGGER_PATH": str(file_log)})
-    return result(name, workload, bench_verl.steps(file_log), gpus=1, wall=wall)
+    command = [sys.executable, "-m", "verl.trainer.main_ppo",
+               *bench_verl.overrides(workload, model_dir, parquet, out / name, engine_memory)]
+    return measure(name, workload,
+                   lambda: run_command(name, command, out, time_limit_s, first_on_path=[str(VERL_PATH), site],
+                                       env={"VERL_FILE_LOGGER_PATH": str(file_log)}),
+                   lambda: bench_verl.steps(file_log))
 
 
 RUNNERS = {"vime_ext": run_vime_ext, "trl": run_trl, "verl": run_verl,
@@ -189,12 +225,14 @@ RUNNERS = {"vime_ext": run_vime_ext, "trl": run_trl, "verl": run_verl,
            "vime_ext_4_api_servers": functools.partial(run_vime_ext, flags=("--vllm-api-server-count", "4"))}
 
 
-def result(framework: str, workload: Workload, steps: list[dict], gpus: int, wall: float) -> dict:
+def result(framework: str, workload: Workload, steps: list[dict], gpus: int, wall: float,
+           stopped: bool = False) -> dict:
     """A framework's figures from its per-step metrics (``time/*`` seconds, ``memory/*`` GiB), the warm-up left
-    out."""
-    if len(steps) != workload.steps:
+    out. A run ``stopped`` at the time limit may have logged fewer steps: its figures come from the timed steps it
+    reached, or, where it reached none, from its last warm-up step (``timed_steps`` 0)."""
+    if len(steps) != workload.steps and not (stopped and 0 < len(steps) < workload.steps):
         raise ValueError(f"{framework}: {len(steps)} steps logged, the workload has {workload.steps}")
-    timed = steps[workload.warmup:]
+    timed = steps[workload.warmup:] or steps[-1:]
     step_s = statistics.median(s["time/total"] - s.get("time/save", 0.0) for s in timed)
     # A phase the framework does not time apart is left out (None), not shown as 0
     phases = {name: statistics.median(sum(s.get(k, 0.0) for k in keys) for s in timed)
@@ -203,12 +241,23 @@ def result(framework: str, workload: Workload, steps: list[dict], gpus: int, wal
                default=None)
     return {"framework": framework, "workload": asdict(workload), "gpus": gpus, "step_s": step_s,
             "tokens_per_s_per_gpu": workload.tokens_per_step / step_s / gpus, "phases": phases,
-            "peak_gpu_gb": peak, "wall_s": wall}
+            "peak_gpu_gb": peak, "wall_s": wall, "steps_logged": len(steps),
+            "timed_steps": len(steps[workload.warmup:]), "stopped_at_limit": stopped}
 
 
 def failure(framework: str, error: Exception) -> dict:
     """The row of a framework that did not finish the workload: why, in one line (the log holds the rest)."""
     return {"framework": framework, "failed": f"{type(error).__name__}: {error}".splitlines()[0]}
+
+
+def name_cell(row: dict) -> str:
+    """The framework's name; for a run stopped at the time limit, how far it got."""
+    if not row.get("stopped_at_limit"):
+        return row["framework"]
+    timed, warmup = row["timed_steps"], row["workload"]["warmup"]
+    reached = (f"{timed} of {row['workload']['timed']} timed steps" if timed
+               else f"no timed step; warm-up step {row['steps_logged']} of {warmup}")
+    return f"{row['framework']} (stopped at the time limit: {reached})"
 
 
 def table(results: list[dict]) -> str:
@@ -224,7 +273,7 @@ def table(results: list[dict]) -> str:
             continue
         ratio = f"{ours['tokens_per_s_per_gpu'] / r['tokens_per_s_per_gpu']:.2f}x" if ours else ""
         peak = "" if r["peak_gpu_gb"] is None else f"{r['peak_gpu_gb']:.1f}"
-        lines.append(f"| {r['framework']} | {r['step_s']:.2f} | {r['tokens_per_s_per_gpu']:,.0f} | "
+        lines.append(f"| {name_cell(r)} | {r['step_s']:.2f} | {r['tokens_per_s_per_gpu']:,.0f} | "
                      + " | ".join(cell(r["phases"][n]) for n, _ in PHASES) + f" | {peak} | {ratio} |")
     return "\n".join(lines)
 

@@ -14,7 +14,7 @@ flash-attn has no wheel for the image: the actor runs transformers' SDPA attenti
 
 Phases: verl's own timers (``timing_s/gen``, ``old_log_prob``, ``update_actor``, ``update_weights``, ``step``);
 the engine's sleep and wake fall inside ``gen`` and ``update_weights``. Peak memory: the actor's
-``perf/max_memory_allocated_gb``.
+``actor/perf/max_memory_allocated_gb`` (the name verl 0.9.1 logs it under, seen on the GPU run).
 """
 
 import json
@@ -31,7 +31,8 @@ PLAIN_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor
 # verl's metric -> the name bench_peers reads (the names this project logs)
 METRICS = {"timing_s/step": "time/total", "timing_s/gen": "time/rollout", "timing_s/old_log_prob": "time/log_probs",
            "timing_s/update_actor": "time/train", "timing_s/update_weights": "time/weight_sync",
-           "perf/max_memory_allocated_gb": "memory/peak_allocated_gb"}
+           # the actor's torch peak, as verl logs it
+           "actor/perf/max_memory_allocated_gb": "memory/actor_peak_allocated_gb"}
 
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, **_) -> float:
