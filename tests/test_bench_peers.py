@@ -35,6 +35,8 @@ def test_the_gpu_command_passes_train_py_s_parser(tmp_path):
 
     own, engine = split_vllm_args(command[3:] + list(RUNNERS["vime_ext_4_api_servers"].keywords["flags"]))
     assert engine[-2:] == ["--api-server-count", "4"] and build_parser().parse_args(own).colocate
+    assert build_parser().parse_args(command[3:] + list(RUNNERS["vime_ext_stream"].keywords["flags"])) \
+        .rollout_stream_interval == 64
 
 
 def test_result_leaves_the_warm_up_out_and_the_table_compares_with_this_project():
@@ -212,7 +214,8 @@ def test_a_run_stopped_at_the_limit_keeps_the_steps_it_logged_and_its_row_says_h
 
 def test_the_generation_path_bench_times_every_path_and_every_reply(tmp_path, tiny_hf_dirs):
     """tools/bench_generate_path.py on the CPU (the transformers engine, the tiny workload): every round of every
-    path sends all the workload's requests, gets every reply at its full length, and becomes a row."""
+    path sends all the workload's requests, gets every reply at its full length, and becomes a row; streamed
+    replies pass through vllm-router."""
     from tools import bench_generate_path
 
     out = tmp_path / "out"
@@ -220,7 +223,7 @@ def test_the_generation_path_bench_times_every_path_and_every_reply(tmp_path, ti
                                      str(out), "--rounds", "1", "--backend", "hf"]) == 0
     rounds = json.loads((out / "rounds.json").read_text())
     tiny = WORKLOADS["tiny"]
-    assert [r["path"] for r in rounds] == ["engine", "router", "engine"]
+    assert [r["path"] for r in rounds] == ["engine", "router", "router, streamed", "engine"]
     for r in rounds:
         assert r["tokens"] == tiny.prompts * tiny.samples * tiny.response_tokens
         assert 0 < r["first_reply_s"] <= r["last_reply_s"] <= r["wall_s"]

@@ -9,6 +9,9 @@ every reply the same length, the engine finishes them all in the same few steps:
 and the last is what the API server, the router and the client spend turning finished requests into answers.
 The engine's own decode rate is in its log (``OUT/engines``, "Avg generation throughput") and its preemptions
 in ``OUT/metrics.txt``. The whole rollout inside the training loop is ``bench_peers.py``'s generate phase.
+With ``--stream-interval N`` (default 64; 0: off) the engine sends replies asked for in pieces every N tokens,
+and a "router, streamed" path asks for them so (``--rollout-stream-interval``): the answers are then built while
+the engine decodes, and the gap between the first reply and the last shows what is left of that work.
 """
 
 import argparse
@@ -27,7 +30,7 @@ from tools.bench_peers import WORKLOADS, Workload, write_prompts  # noqa: E402
 
 @dataclass
 class Round:
-    path: str  # "engine" (straight) or "router"
+    path: str  # "engine" (straight), "router", or "router, streamed"
     round: int
     wall_s: float
     first_reply_s: float
@@ -39,13 +42,14 @@ class Round:
         return self.tokens / self.wall_s
 
 
-async def one_round(url: str, prompts: list[list[int]], workload: Workload) -> tuple[float, float, float, int]:
+async def one_round(url: str, prompts: list[list[int]], workload: Workload,
+                    stream: bool = False) -> tuple[float, float, float, int]:
     """All of the workload's requests at once through a fresh client, as a rollout sends them."""
     from vime_ext.engines.client import RolloutClient
     from vime_ext.engines.protocol import SamplingParams
 
     params = SamplingParams(temperature=1.0, max_new_tokens=workload.response_tokens, ignore_eos=True)
-    client = RolloutClient(url, max_concurrency=256, timeout_s=600)
+    client = RolloutClient(url, max_concurrency=256, timeout_s=600, stream=stream)
     start, ends = time.perf_counter(), []
 
     async def one(prompt, k):
@@ -77,6 +81,8 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=2, help="rounds per path (the first warms the engine)")
     parser.add_argument("--engine-memory", type=float, default=0.5, help="vLLM's share of the GPU (bench_peers')")
     parser.add_argument("--backend", choices=["vllm", "hf"], default="vllm", help="hf: the CPU smoke of this path")
+    parser.add_argument("--stream-interval", type=int, default=64,
+                        help="the engine's --stream-interval, and a streamed path through the router (0: neither)")
     args = parser.parse_args(argv)
 
     import httpx
@@ -94,6 +100,8 @@ def main(argv=None) -> int:
     # The flags bench_peers' colocated engine runs with on one GPU
     extra = ["--enable-sleep-mode", "--gpu-memory-utilization", str(args.engine_memory)] \
         if args.backend == "vllm" and torch.cuda.is_available() else []
+    if args.backend == "vllm" and args.stream_interval > 0:
+        extra += ["--stream-interval", str(args.stream_interval)]
     logs = str(args.out / "engines")
     engine = launch_engine(EngineConfig(str(args.model_dir), backend=args.backend, extra_args=extra, log_dir=logs,
                                         dtype="auto" if torch.cuda.is_available() else "float32"))
@@ -103,9 +111,12 @@ def main(argv=None) -> int:
         wait_until_serving([engine], timeout_s=900)
         router = launch_router([engine.url], log_dir=logs)
         wait_until_serving([router], timeout_s=60)
-        for path, url in (("engine", engine.url), ("router", router.url), ("engine", engine.url)):
+        paths = [("engine", engine.url, False), ("router", router.url, False)]
+        if args.stream_interval > 0:
+            paths.append(("router, streamed", router.url, True))
+        for path, url, stream in paths + [("engine", engine.url, False)]:
             for k in range(args.rounds):
-                wall, first, last, tokens = asyncio.run(one_round(url, prompts, workload))
+                wall, first, last, tokens = asyncio.run(one_round(url, prompts, workload, stream))
                 rounds.append(Round(path, k, wall, first, last, tokens))
                 print(table(rounds[-1:]).splitlines()[-1], flush=True)
         if args.backend == "vllm":

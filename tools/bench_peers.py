@@ -21,7 +21,7 @@ Frameworks: ``vime_ext`` (``train.py``, colocated on one GPU, engine asleep whil
 from its own site, ``$VERL_SITE``). A framework named twice runs twice, the second row marked "again": list
 ``vime_ext`` after the peers too, to bound the machine's drift over the run. ``vime_ext_no_log_probs`` is this
 project's run with ``--no-rollout-log-probs`` (the engine answers token ids only), ``vime_ext_4_api_servers`` with
-four API-server processes on its engine.
+four API-server processes on its engine, ``vime_ext_stream`` with ``--rollout-stream-interval 64``.
 """
 
 import argparse
@@ -222,7 +222,9 @@ RUNNERS = {"vime_ext": run_vime_ext, "trl": run_trl, "verl": run_verl,
            # whether TRL asked vLLM for log-probs)
            "vime_ext_no_log_probs": functools.partial(run_vime_ext, flags=("--no-rollout-log-probs",)),
            # four API-server processes share the engine's answers (docs/reference.md, Rollout engines)
-           "vime_ext_4_api_servers": functools.partial(run_vime_ext, flags=("--vllm-api-server-count", "4"))}
+           "vime_ext_4_api_servers": functools.partial(run_vime_ext, flags=("--vllm-api-server-count", "4")),
+           # replies in pieces of 64 tokens as the engine generates them (docs/reference.md, Rollout engines)
+           "vime_ext_stream": functools.partial(run_vime_ext, flags=("--rollout-stream-interval", "64"))}
 
 
 def result(framework: str, workload: Workload, steps: list[dict], gpus: int, wall: float,

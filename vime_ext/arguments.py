@@ -561,6 +561,8 @@ def rollout_problems(r: RolloutConfig) -> list[str]:
         problems.append(f"--failed-sample-policy {r.failed_sample_policy!r} is not one of {POLICIES}")
     if not 0.0 <= r.max_failed_fraction <= 1.0:
         problems.append(f"--max-failed-fraction {r.max_failed_fraction} is not in [0, 1]")
+    if r.rollout_stream_interval < 0:
+        problems.append(f"--rollout-stream-interval must be 0 (whole replies) or more, got {r.rollout_stream_interval}")
     if r.rollout_sample_timeout < 0:
         problems.append(f"--rollout-sample-timeout must be 0 (no limit) or positive, got {r.rollout_sample_timeout}")
     if r.overlong_buffer_len is not None and not 0 < r.overlong_buffer_len <= r.rollout_max_response_len:

@@ -13,11 +13,13 @@ from vime_ext.engines.generation_gate import GenerationGate
 from vime_ext.engines.protocol import GenerateResult, SamplingParams
 
 
-async def pause_mid_generation(url: str, prompts: list[list[int]], params: SamplingParams, delay_s: float):
+async def pause_mid_generation(url: str, prompts: list[list[int]], params: SamplingParams, delay_s: float,
+                               stream: bool = False):
     """The replies to ``prompts``, paused ``delay_s`` after they were sent; returns (results, the segments each
-    request was made of as (sent tokens, engine result) by request, how many replies the pause interrupted)."""
+    request was made of as (sent tokens, engine result) by request, how many replies the pause interrupted).
+    ``stream``: the replies come in pieces (``--rollout-stream-interval``)."""
     gate, segments = GenerationGate(version=0), {}
-    client = RolloutClient(url, gate=gate)
+    client = RolloutClient(url, gate=gate, stream=stream)
     once = client._generate_once
 
     async def recorded(token_ids, p, request_id, session_id):
@@ -40,13 +42,14 @@ async def pause_mid_generation(url: str, prompts: list[list[int]], params: Sampl
 
 
 def interrupted_replies(url: str, prompts: list[list[int]], params: SamplingParams,
-                        fractions: tuple[float, ...] = (0.3, 0.5, 0.15, 0.7, 0.05, 0.4, 0.6, 0.2, 0.8, 0.1)):
+                        fractions: tuple[float, ...] = (0.3, 0.5, 0.15, 0.7, 0.05, 0.4, 0.6, 0.2, 0.8, 0.1),
+                        stream: bool = False):
     """``pause_mid_generation`` until a pause lands while replies are being generated: before each try the
     replies are timed without a pause (the machine's load changes), then paused at the next of these fractions
     of that time, whatever the machine's speed."""
 
     async def timed() -> float:
-        client = RolloutClient(url)
+        client = RolloutClient(url, stream=stream)
         try:
             start = time.perf_counter()
             await asyncio.gather(*(client.generate(p, params) for p in prompts))
@@ -57,7 +60,8 @@ def interrupted_replies(url: str, prompts: list[list[int]], params: SamplingPara
     tried = []
     for fraction in fractions:
         seconds = asyncio.run(timed())
-        results, segments, interruptions = asyncio.run(pause_mid_generation(url, prompts, params, fraction * seconds))
+        results, segments, interruptions = asyncio.run(pause_mid_generation(url, prompts, params, fraction * seconds,
+                                                                                  stream))
         if interruptions:
             return results, segments
         tried.append(f"{fraction * seconds:.3f} of {seconds:.3f} s")

@@ -107,3 +107,23 @@ def test_each_engine_receives_full_tensors_of_its_own_gpus_only(tmp_path):
             # The first rank on the engine's GPUs posts every bucket; the others only give their handles.
             assert posted[ranks[0]][case["name"]] == len(reference), where
             assert all(posted[r][case["name"]] == 0 for r in ranks[1:]), where
+
+
+def test_rollout_stream_interval_reaches_the_vllm_engines_and_refuses_a_negative_one(tmp_path, tiny_hf_dirs):
+    """--rollout-stream-interval N starts vLLM engines with --stream-interval N (the client then asks for pieces),
+    unless --vllm-stream-interval gave one; the transformers engine gets no such flag (it answers one piece)."""
+    from vime_ext.arguments import ConfigError, parse_train_args
+    from vime_ext.driver.rollout_manager import engine_args
+
+    data = tmp_path / "p.jsonl"
+    data.write_text('{"prompt": "hi", "label": "1"}\n')
+    base = ["--hf-checkpoint", str(tiny_hf_dirs["llama"]), "--prompt-data", str(data), "--engine-backend", "vllm"]
+    config = parse_train_args(base + ["--rollout-stream-interval", "64"])
+    assert engine_args(config, sharing(1), on_gpu=True)[-2:] == ["--stream-interval", "64"]
+    given = parse_train_args(base + ["--rollout-stream-interval", "64", "--vllm-stream-interval", "16"])
+    assert engine_args(given, sharing(1), on_gpu=True).count("--stream-interval") == 1
+    assert "--stream-interval" not in engine_args(parse_train_args(base), sharing(1), on_gpu=True)
+    hf = parse_train_args(base[:-1] + ["hf", "--rollout-stream-interval", "64"])
+    assert "--stream-interval" not in engine_args(hf, sharing(1), on_gpu=False)
+    with pytest.raises(ConfigError, match="--rollout-stream-interval must be 0"):
+        parse_train_args(base + ["--rollout-stream-interval", "-1"])

@@ -27,7 +27,9 @@ def vllm_engine(smollm2_dir, tmp_path_factory):
     """One vLLM server for the whole session: it takes about a minute to start on 2 cores."""
     engine = launch_engine(EngineConfig(
         str(smollm2_dir), backend="vllm", dtype="float32", max_model_len=2048,
-        extra_args=["--enforce-eager"],  # RL routes, vime_shm weight transfer and KV-cache size: engines.py
+        # RL routes, vime_shm weight transfer and KV-cache size: engines.py. Streamed replies come in pieces of 4
+        # tokens, as --rollout-stream-interval 4 would start it (whole replies are not affected).
+        extra_args=["--enforce-eager", "--stream-interval", "4"],
         log_dir=str(tmp_path_factory.mktemp("vllm_logs"))))
     try:
         wait_until_serving([engine], timeout_s=600)
@@ -121,6 +123,38 @@ def test_a_stop_string_still_ends_a_reply(vllm_engine, smollm2_dir):
     assert all(lp <= 0.0 for lp in full.log_probs)
 
 
+def test_a_streamed_reply_is_the_whole_reply_in_pieces(vllm_engine, smollm2_dir):
+    """--rollout-stream-interval: vLLM sends each reply in pieces as it generates it (this engine: 4 tokens a
+    piece); put back together they are the whole reply's tokens and log-probs, with and without log-probs and
+    with a stop string."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    prompt = prompt_token_ids(tokenizer, [{"role": "user", "content": "Name three rivers and a mountain."}])
+
+    async def both(params):
+        whole, streamed = RolloutClient(vllm_engine.url), RolloutClient(vllm_engine.url, stream=True)
+        try:
+            return await whole.generate(prompt, params), await streamed.generate(prompt, params)
+        finally:
+            await whole.close()
+            await streamed.close()
+
+    for params in (SamplingParams(temperature=0.0, max_new_tokens=24, ignore_eos=True),
+                   SamplingParams(temperature=0.0, max_new_tokens=24, ignore_eos=True, log_probs=False),
+                   SamplingParams(temperature=1.0, max_new_tokens=24, seed=7)):
+        whole, streamed = asyncio.run(both(params))
+        assert streamed.token_ids == whole.token_ids and streamed.finish_reason == whole.finish_reason
+        assert streamed.prompt_length == whole.prompt_length == len(prompt)
+        if params.log_probs:
+            assert streamed.log_probs == pytest.approx(whole.log_probs, abs=1e-4)
+        else:
+            assert all(math.isnan(lp) for lp in streamed.log_probs) and len(streamed.log_probs) == 24
+    stop = tokenizer.decode(whole.token_ids).split()[3]
+    whole, streamed = asyncio.run(both(SamplingParams(temperature=1.0, max_new_tokens=24, seed=7, stop=(stop,))))
+    assert streamed.finish_reason == whole.finish_reason == "stop" and streamed.token_ids == whole.token_ids
+
+
 def test_weight_update_reaches_the_engine(vllm_engine, smollm2_dir, tmp_path):
     """After the trainer pushes perturbed weights, the engine generates differently, reports the new version,
     and its log-probs match the Megatron model that holds those weights."""
@@ -149,9 +183,11 @@ def test_weight_update_reaches_the_engine(vllm_engine, smollm2_dir, tmp_path):
     assert diffs.mean() < 0.02
 
 
-def test_vllm_continues_a_reply_paused_for_a_weight_update(vllm_engine, smollm2_dir):
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_vllm_continues_a_reply_paused_for_a_weight_update(vllm_engine, smollm2_dir, stream):
     """--partial-rollout on vLLM (tests/engines/partial.py): /pause?mode=abort answers each in-flight request
-    with the tokens it had (finish_reason "abort"), and after /resume each reply continues from them."""
+    with the tokens it had (finish_reason "abort"), and after /resume each reply continues from them; also when
+    replies come in pieces (--rollout-stream-interval), where an aborted reply's last piece may be none."""
     from transformers import AutoTokenizer
 
     from .partial import check_stitched, interrupted_replies
@@ -160,7 +196,7 @@ def test_vllm_continues_a_reply_paused_for_a_weight_update(vllm_engine, smollm2_
     asked = [prompt_token_ids(tokenizer, [{"role": "user", "content": f"Tell a long story about {topic}."}])
              for topic in ("a lighthouse", "a fox", "the desert", "a violin")]
     params = SamplingParams(temperature=1.0, max_new_tokens=48, ignore_eos=True)
-    results, segments = interrupted_replies(vllm_engine.url, asked, params)
+    results, segments = interrupted_replies(vllm_engine.url, asked, params, stream=stream)
     split = sum(check_stitched(p, r, segments[f"r{i}"], params.max_new_tokens)
                 for i, (p, r) in enumerate(zip(asked, results)))
     assert split > 0

@@ -436,3 +436,105 @@ def test_a_reply_paused_for_a_weight_update_continues_from_its_tokens(engines, t
         recomputed = torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(result.token_ids)[:, None])[:, 0]
         assert (recomputed - torch.tensor(result.log_probs)).abs().max().item() < 1e-3
     assert split > 0  # at least one reply has tokens of both versions
+
+
+def test_streamed_replies_from_the_transformers_engine_equal_whole_ones(engines, tiny_hf_dirs):
+    """--rollout-stream-interval on the transformers backend: it answers a streamed request with the whole reply
+    as one piece, so the client's streamed result is the whole one."""
+    urls, _ = engines
+    params = SamplingParams(temperature=0.0, max_new_tokens=10)
+
+    async def run(stream):
+        client = RolloutClient(urls[0], stream=stream)
+        try:
+            return await asyncio.gather(*(client.generate(p, params) for p in prompts(tiny_hf_dirs, 3)))
+        finally:
+            await client.close()
+
+    whole, streamed = asyncio.run(run(False)), asyncio.run(run(True))
+    for w, s, p in zip(whole, streamed, prompts(tiny_hf_dirs, 3)):
+        assert s.token_ids == w.token_ids and s.finish_reason == w.finish_reason and s.prompt_length == len(p)
+        assert s.log_probs == pytest.approx(w.log_probs, abs=1e-5)
+
+
+def test_a_streamed_reply_is_put_back_together_however_its_bytes_arrive():
+    """vLLM's pieces (``data:`` events of a few tokens each, then ``data: [DONE]``) split at every possible byte:
+    the same result each time; an error piece, a stream cut before [DONE] and a malformed piece are named."""
+    import json
+    import math
+
+    from vime_ext.engines.protocol import StreamedReply, StreamFailed
+
+    def piece(tokens, finish=None):
+        return {"request_id": "r", "choices": [{"index": 0, "token_ids": tokens, "finish_reason": finish, "logprobs": {
+            "content": [{"token_id": t, "logprob": -t / 10, "top_logprobs": []} for t in tokens]}}]}
+
+    pieces = (piece([1, 2]), piece([3, 4]), piece([5], "length"))
+    events = b"".join(f"data: {json.dumps(p)}\n\n".encode() for p in pieces)
+    stream = events + b"data: [DONE]\n\n"
+    for size in (1, 7, 64, len(stream)):
+        reply = StreamedReply()
+        done = [reply.feed(stream[i:i + size]) for i in range(0, len(stream), size)]
+        assert done[-1] and done == sorted(done)  # once [DONE] has come, and not before
+        result = reply.result()
+        assert result.token_ids == [1, 2, 3, 4, 5] and result.log_probs == [-0.1, -0.2, -0.3, -0.4, -0.5]
+        assert result.finish_reason == "length"
+    bare = StreamedReply(log_probs=False)
+    bare.feed(stream)
+    assert all(math.isnan(lp) for lp in bare.result().log_probs)
+    # an aborted request (a pause with no new token) gets no last piece: no finish reason means "abort"
+    aborted = StreamedReply()
+    aborted.feed(f"data: {json.dumps(piece([1]))}\n\ndata: [DONE]\n\n".encode())
+    assert aborted.result().finish_reason == "abort" and aborted.result().token_ids == [1]
+
+    cut = StreamedReply()
+    assert not cut.feed(events[:-5])
+    with pytest.raises(StreamFailed, match="ended before data: \\[DONE\\]"):
+        cut.result()
+    with pytest.raises(StreamFailed, match="engine core died"):
+        StreamedReply().feed(b'data: {"error": {"message": "engine core died", "code": 500}}\n\n')
+    with pytest.raises(ValueError, match="malformed piece of a streamed generate reply"):
+        StreamedReply().feed(b'data: {"choices": [{"token_ids": [1], "logprobs": {"content": [{}]}}]}\n\n')
+
+
+def test_a_stream_that_fails_midway_is_tried_again():
+    """An engine that reports an error in the middle of a streamed reply, or whose stream is cut before [DONE],
+    is retried like a 5xx answer; the reply then comes whole from the next try."""
+    import json
+
+    from aiohttp import web
+
+    tries = []
+
+    async def generate(request):
+        tries.append(await request.json())
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        first = {"choices": [{"index": 0, "token_ids": [7], "finish_reason": None, "logprobs": None}]}
+        await response.write(f"data: {json.dumps(first)}\n\n".encode())
+        if len(tries) == 1:
+            await response.write(b'data: {"error": {"message": "boom", "code": 500}}\n\ndata: [DONE]\n\n')
+        elif len(tries) == 2:
+            pass  # cut: no [DONE]
+        else:
+            last = {"choices": [{"index": 0, "token_ids": [8], "finish_reason": "length", "logprobs": None}]}
+            await response.write(f"data: {json.dumps(last)}\n\ndata: [DONE]\n\n".encode())
+        return response
+
+    async def run():
+        app = web.Application()
+        app.router.add_post("/inference/v1/generate", generate)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        client = RolloutClient(f"http://127.0.0.1:{port}", stream=True, backoff_s=0.01)
+        try:
+            return await client.generate([1, 2], SamplingParams(max_new_tokens=2, log_probs=False)), client.retries
+        finally:
+            await client.close()
+            await runner.cleanup()
+
+    result, retries = asyncio.run(run())
+    assert result.token_ids == [7, 8] and result.finish_reason == "length" and retries == 2
+    assert all(t["stream"] is True for t in tries) and len(tries) == 3

@@ -16,13 +16,23 @@ from vime_ext.arguments import TrainConfig
 from vime_ext.engines.engine_watchdog import EngineWatchdog
 from vime_ext.engines.generation_gate import GenerationGate
 from vime_ext.engines.reward_engine import RewardModelEngine
-from vime_ext.engines.servers import (EngineConfig, ServerProcess, launch_engine, launch_router,
+from vime_ext.engines.servers import (EngineConfig, ServerProcess, has_flag, launch_engine, launch_router,
                                       wait_until_serving, without_flag)
 from vime_ext.engines.weight_sync import WeightSync, WeightTarget
 from vime_ext.gpu_sharing import EnginePlacement, GpuSharing
 from vime_ext.net import free_port
 from vime_ext.rollout.data_source import DataSource
 from vime_ext.rollout.rollout import RolloutOutput, run_rollout
+
+
+def engine_args(config: TrainConfig, sharing: GpuSharing, on_gpu: bool) -> list[str]:
+    """The policy engines' server flags: the run's --vllm-* flags, the GPU-sharing layout's, and vLLM's
+    --stream-interval for --rollout-stream-interval (unless given as --vllm-stream-interval)."""
+    extra = list(config.vllm_args) + sharing.engine_flags(config.vllm_args, on_gpu)
+    interval = config.rollout.rollout_stream_interval
+    if interval > 0 and config.cluster.engine_backend == "vllm" and not has_flag(config.vllm_args, "--stream-interval"):
+        extra += ["--stream-interval", str(interval)]
+    return extra
 
 
 class RolloutManager:
@@ -80,7 +90,7 @@ class RolloutManager:
         self.log_dir = log_dir
         on_gpu = any(self.placement.gpus)
         self.transport = sharing.transport(on_gpu)
-        extra = list(config.vllm_args) + sharing.engine_flags(config.vllm_args, on_gpu)
+        extra = engine_args(config, sharing, on_gpu)
         # Fixed ports: a crashed engine is restarted at the same address, which the router already knows.
         self.engine_configs: list[EngineConfig] = []
         for gpus in self.placement.gpus:

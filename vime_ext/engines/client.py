@@ -6,6 +6,10 @@ taken or given back, so its cost grows with the square of the requests in flight
 1,024-token answers that scan was 3 s of the client's 5 s of CPU per rollout on a CPU core
 (``tools/bench_rollout_client.py`` measures it). Replies are parsed with orjson: with log-probs, one 1,024-token
 reply is about 150 KB of JSON.
+
+``stream=True`` asks for each reply in pieces as the engine generates them (``--rollout-stream-interval``): the
+engine's API server then builds each answer a piece at a time while the GPU decodes, instead of building hundreds
+of whole answers one after another once they all finish together.
 """
 
 import asyncio
@@ -22,6 +26,8 @@ from vime_ext.engines.protocol import (
     GenerateResult,
     InvalidRequest,
     SamplingParams,
+    StreamedReply,
+    StreamFailed,
     generate_request,
     parse_generate_response,
 )
@@ -41,9 +47,11 @@ class RolloutClient:
     """
 
     def __init__(self, base_urls: str | list[str], max_concurrency: int = 64, timeout_s: float = 300.0,
-                 max_retries: int = 4, backoff_s: float = 0.5, gate: GenerationGate | None = None):
+                 max_retries: int = 4, backoff_s: float = 0.5, gate: GenerationGate | None = None,
+                 stream: bool = False):
         """``gate``: weights may be pushed mid-request (``--partial-rollout``, see ``generation_gate``); a reply the
-        push interrupts is continued after it, and each token's version is recorded."""
+        push interrupts is continued after it, and each token's version is recorded. ``stream``: replies come in
+        pieces as they are generated (a piece that reports an error, or a stream cut short, is retried)."""
         urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
         if not urls:
             raise ValueError("RolloutClient needs at least one engine or router URL")
@@ -57,6 +65,7 @@ class RolloutClient:
         self.backoff_s = backoff_s
         self.retries = 0  # how many tries failed over (read by tests and logs)
         self.gate = gate
+        self.stream = stream
 
     async def generate(self, token_ids: list[int], params: SamplingParams, request_id: str | None = None,
                        session_id: str | None = None) -> GenerateResult:
@@ -86,7 +95,7 @@ class RolloutClient:
 
     async def _generate_once(self, token_ids: list[int], params: SamplingParams, request_id: str,
                              session_id: str | None) -> GenerateResult:
-        body = generate_request(token_ids, params, request_id)
+        body = generate_request(token_ids, params, request_id, stream=self.stream)
         headers = {"X-Session-ID": session_id} if session_id else None
         start = next(self._next_url)
         errors = []
@@ -96,13 +105,22 @@ class RolloutClient:
                 try:
                     async with self.session().post(url + GENERATE_ROUTE, json=body, headers=headers) as response:
                         status = response.status
-                        answer = await (response.json(loads=orjson.loads, content_type=None) if status < 400
-                                        else response.text())
-                except (aiohttp.ClientError, asyncio.TimeoutError) as err:
+                        if status < 400 and self.stream:
+                            reply = StreamedReply(params.log_probs)
+                            async for data in response.content.iter_any():
+                                if reply.feed(data):
+                                    break
+                            answer = reply.result()
+                        else:
+                            answer = await (response.json(loads=orjson.loads, content_type=None) if status < 400
+                                            else response.text())
+                except (aiohttp.ClientError, asyncio.TimeoutError, StreamFailed) as err:
                     errors.append(f"{url}: {type(err).__name__}: {err}")
                 else:
                     if status < 400:
-                        return parse_generate_response(answer, params.log_probs)
+                        result = answer if self.stream else parse_generate_response(answer, params.log_probs)
+                        result.prompt_length = len(token_ids)  # vLLM's whole replies leave the prompt out
+                        return result
                     if status < 500:
                         raise InvalidRequest(f"{url} refused request {request_id}: HTTP {status} {answer[:500]}")
                     errors.append(f"{url}: HTTP {status} {answer[:200]}")

@@ -18,10 +18,17 @@ from dataclasses import dataclass
 import torch
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from transformers import StoppingCriteria, StoppingCriteriaList
 
-from vime_ext.engines.protocol import GENERATE_ROUTE, GenerateResult, InvalidRequest, SamplingParams, generate_response
+from vime_ext.engines.protocol import (
+    GENERATE_ROUTE,
+    GenerateResult,
+    InvalidRequest,
+    SamplingParams,
+    generate_response,
+    stream_pieces,
+)
 
 
 @dataclass
@@ -315,6 +322,9 @@ def build_app(engine: HFEngine) -> FastAPI:
         except Exception as err:
             return JSONResponse({"error": {"message": f"{type(err).__name__}: {err}", "code": 500}},
                                 status_code=500)
+        if body.get("stream"):  # the whole reply as one piece: this backend generates a batch at a time
+            return StreamingResponse(iter(stream_pieces(request_id, result, params.log_probs)),
+                                     media_type="text/event-stream")
         return generate_response(request_id, token_ids, result, params.log_probs)
 
     return app

@@ -3,8 +3,12 @@
 Both engine backends (vLLM, and the transformers one in ``hf_engine.py``) speak exactly this, so nothing above
 the client can tell them apart. Request: ``{"token_ids": [...], "sampling_params": {...}}``; response: one
 choice with ``token_ids``, per-token ``logprobs.content[i].logprob`` and ``finish_reason`` ("stop"/"length").
+With ``"stream": true`` the reply comes as server-sent events instead, one ``data:`` line per piece (vLLM sends a
+piece every ``--stream-interval`` tokens), each a choice of the same shape holding that piece's tokens, then
+``data: [DONE]``; ``StreamedReply`` puts the pieces back together.
 """
 
+import json
 import math
 from dataclasses import dataclass, field
 
@@ -72,12 +76,12 @@ class GenerateResult:
     versions: list[int] = field(default_factory=list)
 
 
-def generate_request(token_ids: list[int], params: SamplingParams, request_id: str) -> dict:
+def generate_request(token_ids: list[int], params: SamplingParams, request_id: str, stream: bool = False) -> dict:
     if not token_ids:
         raise InvalidRequest("empty prompt: token_ids must hold at least one token")
     params.validate()
     return {"request_id": request_id, "token_ids": list(token_ids), "sampling_params": params.to_vllm(),
-            "output_mode": "tokens", "stream": False}
+            "output_mode": "tokens", "stream": stream}
 
 
 def parse_generate_response(body: dict, log_probs: bool = True) -> GenerateResult:
@@ -96,6 +100,72 @@ def parse_generate_response(body: dict, log_probs: bool = True) -> GenerateResul
         raise ValueError(f"generate response has {len(token_ids)} tokens but {len(log_probs)} log-probs")
     return GenerateResult(token_ids=token_ids, log_probs=log_probs, finish_reason=choice.get("finish_reason") or
                           "stop", prompt_length=len(body.get("prompt_token_ids") or []))
+
+
+class StreamFailed(RuntimeError):
+    """The engine reported an error in the middle of a streamed reply (the request may be tried again)."""
+
+
+class StreamedReply:
+    """A streamed reply put back together from the bytes as they arrive (``feed``) into the result a whole reply
+    gives. A reply whose stream ends without a finish reason was aborted: vLLM sends no piece for a request
+    paused with no new token, and every other ending (stop, length) comes with the token that ended it."""
+
+    def __init__(self, log_probs: bool = True):
+        self.log_probs = log_probs
+        self.token_ids: list[int] = []
+        self.values: list[float] = []
+        self.finish_reason: str | None = None
+        self.done = False
+        self._buffer = b""
+
+    def feed(self, data: bytes) -> bool:
+        """Take the next bytes of the stream; True once ``data: [DONE]`` has arrived."""
+        if self.done:
+            return True
+        self._buffer += data
+        *lines, self._buffer = self._buffer.split(b"\n")
+        for line in lines:
+            line = line.strip()
+            if not line.startswith(b"data:"):
+                continue  # the blank line between events, or an SSE comment
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                self.done = True
+                return True
+            self.add(json.loads(payload))
+        return False
+
+    def add(self, piece: dict) -> None:
+        if "error" in piece:
+            error = piece["error"]
+            raise StreamFailed(error.get("message", str(error)) if isinstance(error, dict) else str(error))
+        try:
+            for choice in piece["choices"]:
+                tokens = list(choice.get("token_ids") or [])
+                self.token_ids += tokens
+                if self.log_probs:
+                    content = (choice.get("logprobs") or {}).get("content") or []
+                    self.values += [float(entry["logprob"]) for entry in content]
+                self.finish_reason = choice.get("finish_reason") or self.finish_reason
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"malformed piece of a streamed generate reply ({err!r}): {str(piece)[:300]}") from err
+
+    def result(self) -> GenerateResult:
+        if not self.done:  # the connection closed mid-reply
+            raise StreamFailed("the streamed generate reply ended before data: [DONE]")
+        values = self.values if self.log_probs else [math.nan] * len(self.token_ids)
+        if len(values) != len(self.token_ids):
+            raise ValueError(f"streamed generate reply has {len(self.token_ids)} tokens but {len(values)} log-probs")
+        return GenerateResult(token_ids=self.token_ids, log_probs=values, finish_reason=self.finish_reason or "abort")
+
+
+def stream_pieces(request_id: str, result: GenerateResult, log_probs: bool = True) -> list[bytes]:
+    """A whole result as the events of a streamed reply (one piece, then ``[DONE]``), as the transformers backend
+    answers ``"stream": true``."""
+    choice = generate_response(request_id, [], result, log_probs)["choices"][0]
+    piece = json.dumps({"request_id": request_id, "choices": [choice]})
+    return [f"data: {piece}\n\n".encode(), b"data: [DONE]\n\n"]
 
 
 def generate_response(request_id: str, prompt_ids: list[int], result: GenerateResult, log_probs: bool = True) -> dict:

@@ -20,6 +20,10 @@ class RolloutConfig:
         "train/logprob_abs_diff metrics). --no-rollout-log-probs: the engines answer token ids only, which costs "
         "vLLM's API server and the client about half the CPU per token; samples hold NaN log-probs. Evaluation "
         "never asks for them", True)
+    rollout_stream_interval: int = _help(
+        "vLLM engines send each reply in pieces of this many tokens as they generate it (vLLM's --stream-interval), "
+        "so their API server builds answers while the GPU decodes rather than all at once when a rollout's replies "
+        "finish together; 0: whole replies", 0)
     custom_generate_function_path: str = _help(
         "generate(args, sample, sampling_params, evaluation=False) -> Sample | list[Sample]",
         "vime_ext.agent.generate.generate")

@@ -190,7 +190,7 @@ def run_rollout(args: PluginArgs, url: str | None, rollout_id: int, data_source:
 
     async def run() -> None:
         client = RolloutClient(url, max_concurrency=256, timeout_s=max(300.0, args.rollout_max_response_len / 5.0),
-                               gate=gate) if url else None
+                               gate=gate, stream=args.rollout_stream_interval > 0) if url else None
         args.rollout_client, args.loop = client, asyncio.get_running_loop()
         try:
             if inspect.iscoroutinefunction(rollout):
