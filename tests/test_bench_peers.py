@@ -23,7 +23,7 @@ def test_w1_prompts_are_exactly_256_qwen_tokens(tmp_path):
     assert w1.tokens_per_step == 32 * 8 * (256 + 1024)
 
 
-def test_the_gpu_command_passes_train_py_s_parser(tmp_path):
+def test_the_gpu_command_passes_train_py_s_parser(tmp_path, tiny_hf_dirs):
     command = vime_ext_command(WORKLOADS["w1"], tmp_path / "model", tmp_path / "p.jsonl", tmp_path, gpu=True)
     args = build_parser().parse_args(command[3:])
     assert (args.rollout_batch_size, args.n_samples_per_prompt, args.rollout_max_response_len) == (32, 8, 1024)
@@ -37,6 +37,13 @@ def test_the_gpu_command_passes_train_py_s_parser(tmp_path):
     assert engine[-2:] == ["--api-server-count", "4"] and build_parser().parse_args(own).colocate
     assert build_parser().parse_args(command[3:] + list(RUNNERS["vime_ext_stream"].keywords["flags"])) \
         .rollout_stream_interval == 64
+    from vime_ext.arguments import parse_train_args
+    from vime_ext.gpu_sharing import GpuSharing, Mode
+
+    (tmp_path / "p.jsonl").write_text('{"prompt": "x", "label": ""}\n')
+    real = vime_ext_command(WORKLOADS["w1"], tiny_hf_dirs["qwen3"], tmp_path / "p.jsonl", tmp_path, gpu=True)
+    resident = parse_train_args(real[3:] + list(RUNNERS["vime_ext_resident_stream"].keywords["flags"]))
+    assert GpuSharing.from_config(resident, on_gpu=True).mode is Mode.RESIDENT
 
 
 def test_result_leaves_the_warm_up_out_and_the_table_compares_with_this_project():

@@ -21,7 +21,8 @@ Frameworks: ``vime_ext`` (``train.py``, colocated on one GPU, engine asleep whil
 from its own site, ``$VERL_SITE``). A framework named twice runs twice, the second row marked "again": list
 ``vime_ext`` after the peers too, to bound the machine's drift over the run. ``vime_ext_no_log_probs`` is this
 project's run with ``--no-rollout-log-probs`` (the engine answers token ids only), ``vime_ext_4_api_servers`` with
-four API-server processes on its engine, ``vime_ext_stream`` with ``--rollout-stream-interval 64``.
+four API-server processes on its engine, ``vime_ext_stream`` with ``--rollout-stream-interval 64``,
+``vime_ext_resident_stream`` with that and trainer and engine resident (``--no-offload-train --no-offload-rollout``).
 """
 
 import argparse
@@ -224,7 +225,10 @@ RUNNERS = {"vime_ext": run_vime_ext, "trl": run_trl, "verl": run_verl,
            # four API-server processes share the engine's answers (docs/reference.md, Rollout engines)
            "vime_ext_4_api_servers": functools.partial(run_vime_ext, flags=("--vllm-api-server-count", "4")),
            # replies in pieces of 64 tokens as the engine generates them (docs/reference.md, Rollout engines)
-           "vime_ext_stream": functools.partial(run_vime_ext, flags=("--rollout-stream-interval", "64"))}
+           "vime_ext_stream": functools.partial(run_vime_ext, flags=("--rollout-stream-interval", "64")),
+           # both of those, and trainer and engine resident side by side: no hand-over between steps
+           "vime_ext_resident_stream": functools.partial(
+               run_vime_ext, flags=("--rollout-stream-interval", "64", "--no-offload-train", "--no-offload-rollout"))}
 
 
 def result(framework: str, workload: Workload, steps: list[dict], gpus: int, wall: float,

@@ -402,15 +402,16 @@ case "${STAGE}" in
         --out "${OUT_DIR}/${EXAMPLE}_replay$([ "${mode}" = eager ] && echo _eager).json" "$@"
     done ;;
   peers)
-    # tools/bench_peers.py's W1 on this GPU: the random Qwen3-0.6B shape, then PEERS (default: this project with
-    # whole and with streamed replies, and TRL, about 21 min: 7 min each; add vime_ext_4_api_servers, verl, which
-    # needs the wheel set's --verl part, 4-6 min to start and about 100 s a step, so PEERS_TIME_LIMIT_S=1200 for
-    # its 7 steps, and vime_ext again for the drift when a lease has room), then the engine-only path; progress
-    # in OUT/peers.log. A framework stopped at the limit keeps the steps it logged, marked in its row.
+    # tools/bench_peers.py's W1 on this GPU: the random Qwen3-0.6B shape, then PEERS (default: this project as
+    # before, then resident with streamed replies, and TRL, about 21 min: 7 min each; add vime_ext_stream,
+    # vime_ext_4_api_servers, verl, which needs the wheel set's --verl part, 4-6 min to start and about 100 s a
+    # step, so PEERS_TIME_LIMIT_S=1200 for its 7 steps, and vime_ext again for the drift when a lease has room),
+    # then the engine-only path; progress in OUT/peers.log. A framework stopped at the limit keeps the steps it
+    # logged, marked in its row.
     python tools/make_random_hf.py --shape qwen3-0.6b --out "${WORK}/qwen3-0.6b-random" 2>&1 | tail -1
     # shellcheck disable=SC2086
     python tools/bench_peers.py --workload w1 --model-dir "${WORK}/qwen3-0.6b-random" --out "${OUT_DIR}/peers" \
-      --frameworks ${PEERS:-vime_ext vime_ext_stream trl} --time-limit-s "${PEERS_TIME_LIMIT_S:-600}" \
+      --frameworks ${PEERS:-vime_ext vime_ext_resident_stream trl} --time-limit-s "${PEERS_TIME_LIMIT_S:-600}" \
       >> "${OUT_DIR}/peers.log" 2>&1 || true
     python tools/bench_generate_path.py --workload w1 --model-dir "${WORK}/qwen3-0.6b-random" \
       --out "${OUT_DIR}/generate_path" --rounds 1 >> "${OUT_DIR}/peers.log" 2>&1 ;;

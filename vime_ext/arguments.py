@@ -61,6 +61,13 @@ class ClusterConfig:
     rollout_num_gpus_per_engine: int = _help("GPUs per engine (its tensor-parallel size)", 1)
     colocate: bool = field(default=False, metadata={"help": "engines share the actors' GPUs; they sleep while "
                                                             "the actors train"})
+    offload_train: bool = _help(
+        "with --colocate: the trainer hands its GPU memory to the engines while they generate (slime's name). "
+        "--no-offload-train --no-offload-rollout keep trainer and engines resident side by side, each in its "
+        "share of the GPU (the engines' is --vllm-gpu-memory-utilization), with no hand-over between generating "
+        "and training: for models small enough that both fit", True)
+    offload_rollout: bool = _help("with --colocate: the engines sleep while the trainer trains (slime's name); "
+                                  "see --offload-train", True)
     engine_sleep_level: Literal[1, 2] = field(default=1, metadata={
         "help": "colocated vLLM's sleep: 1 copies the weights to host memory and back; 2 drops them (and keeps "
                 "the model's buffers), since the weight push after every wake replaces them all"})
@@ -440,6 +447,16 @@ def _check(config: TrainConfig) -> None:
                         f"policy (--num-rollout {config.data.num_rollout})")
     if cl.colocate and cl.rollout_num_gpus is not None:
         problems.append("--colocate puts the engines on the actors' GPUs; drop --rollout-num-gpus")
+    if not (cl.offload_train and cl.offload_rollout):
+        if not cl.colocate:
+            problems.append("--no-offload-train and --no-offload-rollout keep colocated trainer and engines resident; "
+                            "without --colocate nothing is offloaded: add --colocate or drop them")
+        elif cl.offload_train != cl.offload_rollout:
+            problems.append("the trainer and the engines hand the GPU over to each other, or neither does: give both "
+                            "--no-offload-train and --no-offload-rollout (resident), or neither")
+        elif cl.engine_sleep_level != 1:
+            problems.append(f"--engine-sleep-level {cl.engine_sleep_level} with --no-offload-rollout: resident "
+                            "engines never sleep; drop it")
     if cl.engine_sleep_level != 1 and not cl.colocate:
         problems.append(f"--engine-sleep-level {cl.engine_sleep_level} sets how colocated engines sleep; these "
                         "engines have GPUs of their own and never sleep: add --colocate or drop it")

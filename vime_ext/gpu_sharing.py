@@ -7,8 +7,9 @@ Three modes, chosen from the flags once (``GpuSharing.from_config``):
 - ``colocated`` (``--colocate``): one engine worker on every trainer GPU; the engines sleep while the ranks train
   and the ranks hand their memory over while the engines generate; weights travel as CUDA IPC handles, each
   engine worker mapping the copy on its own GPU.
-- ``resident`` (``--colocate --async-training``): placed as colocated, but engines and ranks each keep a share of
-  the memory for the whole run, so generation runs beside training; nothing sleeps.
+- ``resident`` (``--colocate --async-training``, or ``--colocate --no-offload-train --no-offload-rollout`` in the
+  synchronous loop): placed as colocated, but engines and ranks each keep a share of the memory for the whole
+  run, so nothing sleeps and nothing is handed over (asynchronous, generation runs beside training).
 
 ``GpuSharing`` owns where engines go (``place_colocated`` / ``place_separate``, and the engine count), the
 engines' sleep flags, the transport, and both hand-overs: at start-up (``before_engines_start``,
@@ -74,8 +75,10 @@ class GpuSharing:
             import torch
 
             on_gpu = torch.cuda.is_available()
-        mode = Mode.SEPARATE if not cl.colocate else (Mode.RESIDENT if config.rollout.async_training
-                                                      else Mode.COLOCATED)
+        # Resident: asynchronous training generates while it trains, and --no-offload-train/--no-offload-rollout
+        # ask for the same side-by-side layout in the synchronous loop.
+        resident = config.rollout.async_training or not (cl.offload_train or cl.offload_rollout)
+        mode = Mode.SEPARATE if not cl.colocate else (Mode.RESIDENT if resident else Mode.COLOCATED)
         return cls(mode=mode, on_gpu=on_gpu,
                    rollout_gpus=cl.actor_world_size if cl.colocate else (cl.rollout_num_gpus or 1),
                    gpus_per_engine=cl.rollout_num_gpus_per_engine, sleep_level=cl.engine_sleep_level,

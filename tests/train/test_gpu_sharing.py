@@ -26,6 +26,7 @@ def base(tiny_hf_dirs, tmp_path) -> list[str]:
     (["--colocate", "--actor-num-gpus-per-node", "4"], Mode.COLOCATED, 4),
     (["--colocate", "--actor-num-gpus-per-node", "4", "--rollout-num-gpus-per-engine", "2"], Mode.COLOCATED, 2),
     (["--colocate", "--async-training"], Mode.RESIDENT, 1),
+    (["--colocate", "--no-offload-train", "--no-offload-rollout"], Mode.RESIDENT, 1),
 ])
 def test_the_mode_and_engine_count_come_from_the_flags(base, flags, mode, engines):
     sharing = GpuSharing.from_config(parse_train_args(base + flags), on_gpu=True)
@@ -91,7 +92,8 @@ def test_the_colocated_hand_over_never_holds_two_full_sets_of_memory(base):
     assert times["weight_sync"] == 0.5 and {"sleep", "reload", "offload", "wake_up"} <= set(times)
 
 
-@pytest.mark.parametrize("flags", [[], ["--colocate", "--async-training"]])
+@pytest.mark.parametrize("flags", [[], ["--colocate", "--async-training"],
+                                   ["--colocate", "--no-offload-train", "--no-offload-rollout"]])
 def test_engines_that_do_not_sleep_only_receive_the_push(base, flags):
     sharing = GpuSharing.from_config(parse_train_args(base + flags), on_gpu=True)
     both, times = Recorder(), {}
@@ -114,3 +116,43 @@ def test_start_up_hand_overs(base):
     on_cpu.before_engines_start(ranks)
     assert ranks.calls == []  # nothing to hand over without a GPU; the engines still sleep and wake
     assert on_cpu.engines_sleep
+
+
+def test_resident_in_the_synchronous_loop_takes_both_offload_flags(base):
+    """slime's --offload-train/--offload-rollout: colocated trainer and engines hand the GPU over to each other
+    (default) or, with both off, stay resident side by side; one of the two alone, or either without --colocate,
+    is refused with the reason."""
+    from vime_ext.arguments import ConfigError
+
+    resident = GpuSharing.from_config(parse_train_args(base + ["--colocate", "--no-offload-train",
+                                                               "--no-offload-rollout"]), on_gpu=True)
+    ranks = Recorder()
+    resident.before_engines_start(ranks)
+    resident.after_engines_start(ranks)
+    assert ranks.calls == ["ranks.release(keep_weights=False)", "ranks.restore"]  # as --async-training's
+    assert "--enable-sleep-mode" not in resident.engine_flags([], True)
+    for flags, reason in ((["--colocate", "--no-offload-train"], "or neither does"),
+                          (["--colocate", "--no-offload-rollout"], "or neither does"),
+                          (["--no-offload-train", "--no-offload-rollout"], "without --colocate nothing is offloaded"),
+                          (["--colocate", "--no-offload-train", "--no-offload-rollout", "--engine-sleep-level", "2"],
+                           "resident engines never sleep")):
+        with pytest.raises(ConfigError, match=reason):
+            parse_train_args(base + flags)
+
+
+def test_the_synchronous_loop_runs_resident_with_no_hand_over(tmp_path):
+    """train.py --colocate --no-offload-train --no-offload-rollout on the CPU (transformers engine, no Ray): each
+    step pushes the weights and nothing else between generating and training: no sleep, wake, reload or offload."""
+    from tests.train.test_train_loop import metrics, tiny_model_dir, train
+    from vime_ext.data.synthetic import write_jsonl
+
+    model, data = tiny_model_dir(tmp_path), write_jsonl(tmp_path / "arith.jsonl", "arithmetic", 8)
+    train(["--hf-checkpoint", str(model), "--prompt-data", str(data), "--rollout-batch-size", "2",
+           "--n-samples-per-prompt", "2", "--rollout-max-response-len", "8", "--global-batch-size", "4",
+           "--num-rollout", "2", "--engine-backend", "hf", "--no-ray", "--colocate", "--no-offload-train",
+           "--no-offload-rollout", "--tensorboard-dir", str(tmp_path / "tb")], tmp_path / "train.log")
+    steps = metrics(tmp_path / "tb")
+    assert sorted(steps) == [0, 1]
+    for row in steps.values():
+        assert "time/weight_sync" in row and "time/train" in row
+        assert not {"time/sleep", "time/wake_up", "time/reload", "time/offload"} & set(row)
