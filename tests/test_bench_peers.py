@@ -137,12 +137,16 @@ def test_verl_accepts_the_workload_as_its_own_config_checks_do(tmp_path):
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
 
-    overrides = bench_verl.overrides(WORKLOADS["w1"], tmp_path / "model", tmp_path / "p.parquet", tmp_path, 0.5)
-    with initialize_config_dir(config_dir=str(Path(verl.__file__).parent / "trainer/config"), version_base=None):
-        config = compose(config_name="ppo_trainer", overrides=overrides)
-    OmegaConf.resolve(config)
-    assert not need_reference_policy(config) and not need_critic(config)  # no KL, GRPO
-    validate_config(config=config, use_reference_policy=False, use_critic=False)
+    for bypass in (False, True):
+        overrides = bench_verl.overrides(WORKLOADS["w1"], tmp_path / "model", tmp_path / "p.parquet", tmp_path, 0.5,
+                                         bypass)
+        with initialize_config_dir(config_dir=str(Path(verl.__file__).parent / "trainer/config"), version_base=None):
+            config = compose(config_name="ppo_trainer", overrides=overrides)
+        OmegaConf.resolve(config)
+        assert not need_reference_policy(config) and not need_critic(config)  # no KL, GRPO
+        validate_config(config=config, use_reference_policy=False, use_critic=False)
+        # the switch verl's trainer reads to skip its old-log-prob pass
+        assert bool(config.algorithm.rollout_correction.get("bypass_mode", False)) is bypass
     assert config.actor_rollout_ref.model.custom_chat_template == bench_verl.PLAIN_TEMPLATE
     assert (config.data.train_batch_size, config.actor_rollout_ref.rollout.n, config.trainer.total_training_steps) \
         == (32, 8, 7)

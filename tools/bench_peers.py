@@ -22,7 +22,8 @@ from its own site, ``$VERL_SITE``). A framework named twice runs twice, the seco
 ``vime_ext`` after the peers too, to bound the machine's drift over the run. ``vime_ext_no_log_probs`` is this
 project's run with ``--no-rollout-log-probs`` (the engine answers token ids only), ``vime_ext_4_api_servers`` with
 four API-server processes on its engine, ``vime_ext_stream`` with ``--rollout-stream-interval 64``,
-``vime_ext_resident_stream`` with that and trainer and engine resident (``--no-offload-train --no-offload-rollout``).
+``vime_ext_resident_stream`` with that and trainer and engine resident (``--no-offload-train --no-offload-rollout``);
+``verl_bypass`` is verl in its bypass mode (the rollout's log-probs as the old ones, no separate pass).
 """
 
 import argparse
@@ -199,7 +200,7 @@ def run_trl(name: str, workload: Workload, model_dir: Path, data: Path, out: Pat
 
 
 def run_verl(name: str, workload: Workload, model_dir: Path, data: Path, out: Path, engine_memory: float,
-             time_limit_s: float) -> dict:
+             time_limit_s: float, bypass: bool = False) -> dict:
     from tools import bench_verl
 
     site = os.environ.get("VERL_SITE")
@@ -211,7 +212,7 @@ def run_verl(name: str, workload: Workload, model_dir: Path, data: Path, out: Pa
     file_log = out / name / "verl_metrics.jsonl"
     file_log.unlink(missing_ok=True)
     command = [sys.executable, "-m", "verl.trainer.main_ppo",
-               *bench_verl.overrides(workload, model_dir, parquet, out / name, engine_memory)]
+               *bench_verl.overrides(workload, model_dir, parquet, out / name, engine_memory, bypass)]
     return measure(name, workload,
                    lambda: run_command(name, command, out, time_limit_s, first_on_path=[str(VERL_PATH), site],
                                        env={"VERL_FILE_LOGGER_PATH": str(file_log)}),
@@ -219,6 +220,8 @@ def run_verl(name: str, workload: Workload, model_dir: Path, data: Path, out: Pa
 
 
 RUNNERS = {"vime_ext": run_vime_ext, "trl": run_trl, "verl": run_verl,
+           # verl without its separate old-log-prob pass (bench_verl.BYPASS), as this project's trainer skips it
+           "verl_bypass": functools.partial(run_verl, bypass=True),
            # the engines answer token ids only (no --use-tis, no trainer-vs-engine metrics; TRL's runner records
            # whether TRL asked vLLM for log-probs)
            "vime_ext_no_log_probs": functools.partial(run_vime_ext, flags=("--no-rollout-log-probs",)),

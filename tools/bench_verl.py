@@ -53,10 +53,19 @@ def write_parquet(prompts_jsonl: Path, path: Path) -> Path:
     return path
 
 
-def overrides(workload, model_dir: Path, data: Path, out: Path, engine_memory: float) -> list[str]:
-    """``main_ppo``'s Hydra overrides for ``workload`` (a bench_peers ``Workload``) on one GPU."""
+# verl's bypass mode: the rollout's log-probs serve as the old ones (its PPO ratio handles the correction), so the
+# separate old-log-prob pass of its default, decoupled mode is skipped; with one optimizer step per rollout, as
+# this project's trainer does.
+BYPASS = ["algorithm.rollout_correction.bypass_mode=True", "algorithm.rollout_correction.rollout_is=null",
+          "algorithm.rollout_correction.loss_type=ppo_clip"]
+
+
+def overrides(workload, model_dir: Path, data: Path, out: Path, engine_memory: float,
+              bypass: bool = False) -> list[str]:
+    """``main_ppo``'s Hydra overrides for ``workload`` (a bench_peers ``Workload``) on one GPU; ``bypass``: verl's
+    bypass mode (``BYPASS``)."""
     micro_tokens = 16384
-    return [
+    return (BYPASS if bypass else []) + [
         "algorithm.adv_estimator=grpo", "algorithm.use_kl_in_reward=False",
         f"data.train_files=['{data}']", f"data.val_files=['{data}']",
         f"data.train_batch_size={workload.prompts}", f"data.max_prompt_length={workload.prompt_tokens}",
