@@ -445,7 +445,7 @@ def test_streamed_replies_from_the_transformers_engine_equal_whole_ones(engines,
     params = SamplingParams(temperature=0.0, max_new_tokens=10)
 
     async def run(stream):
-        client = RolloutClient(urls[0], stream=stream)
+        client = RolloutClient(urls[-1], stream=stream)  # the engine that test_killed_engine_requests_fail_over spares
         try:
             return await asyncio.gather(*(client.generate(p, params) for p in prompts(tiny_hf_dirs, 3)))
         finally:
