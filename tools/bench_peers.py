@@ -36,8 +36,8 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -163,9 +163,9 @@ def measure(name: str, workload: Workload, run: Callable[[], float], read_steps:
     try:
         steps = read_steps()
     except FileNotFoundError:
-        if stopped:
-            raise stopped from None
-        raise
+        if not stopped:
+            raise
+        steps = []  # stopped before its first step wrote the file
     if stopped and not steps:
         raise stopped
     return result(name, workload, steps, gpus=1, wall=wall, stopped=stopped is not None)

@@ -89,17 +89,28 @@ def parse_generate_response(body: dict, log_probs: bool = True) -> GenerateResul
     try:
         choice = body["choices"][0]
         token_ids = list(choice["token_ids"])
-        if log_probs:
-            content = (choice.get("logprobs") or {}).get("content") or []
-            log_probs = [float(entry["logprob"]) for entry in content]
-        else:
-            log_probs = [math.nan] * len(token_ids)
+        values = choice_log_probs(choice) if log_probs else None
     except (KeyError, IndexError, TypeError) as err:
         raise ValueError(f"malformed generate response ({err!r}): {str(body)[:300]}") from err
+    return checked_result("generate response", token_ids, values, choice.get("finish_reason") or "stop",
+                          prompt_length=len(body.get("prompt_token_ids") or []))
+
+
+def choice_log_probs(choice: dict) -> list[float]:
+    """The sampled tokens' log-probs in one choice of a reply, or of one piece of a streamed reply."""
+    content = (choice.get("logprobs") or {}).get("content") or []
+    return [float(entry["logprob"]) for entry in content]
+
+
+def checked_result(what: str, token_ids: list[int], log_probs: list[float] | None, finish_reason: str,
+                   prompt_length: int = 0) -> GenerateResult:
+    """A result with one log-prob per token (NaN per token, "not recorded", where none were asked for)."""
+    if log_probs is None:
+        log_probs = [math.nan] * len(token_ids)
     if len(log_probs) != len(token_ids):
-        raise ValueError(f"generate response has {len(token_ids)} tokens but {len(log_probs)} log-probs")
-    return GenerateResult(token_ids=token_ids, log_probs=log_probs, finish_reason=choice.get("finish_reason") or
-                          "stop", prompt_length=len(body.get("prompt_token_ids") or []))
+        raise ValueError(f"{what} has {len(token_ids)} tokens but {len(log_probs)} log-probs")
+    return GenerateResult(token_ids=token_ids, log_probs=log_probs, finish_reason=finish_reason,
+                          prompt_length=prompt_length)
 
 
 class StreamFailed(RuntimeError):
@@ -142,11 +153,9 @@ class StreamedReply:
             raise StreamFailed(error.get("message", str(error)) if isinstance(error, dict) else str(error))
         try:
             for choice in piece["choices"]:
-                tokens = list(choice.get("token_ids") or [])
-                self.token_ids += tokens
+                self.token_ids += list(choice.get("token_ids") or [])
                 if self.log_probs:
-                    content = (choice.get("logprobs") or {}).get("content") or []
-                    self.values += [float(entry["logprob"]) for entry in content]
+                    self.values += choice_log_probs(choice)
                 self.finish_reason = choice.get("finish_reason") or self.finish_reason
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"malformed piece of a streamed generate reply ({err!r}): {str(piece)[:300]}") from err
@@ -154,10 +163,8 @@ class StreamedReply:
     def result(self) -> GenerateResult:
         if not self.done:  # the connection closed mid-reply
             raise StreamFailed("the streamed generate reply ended before data: [DONE]")
-        values = self.values if self.log_probs else [math.nan] * len(self.token_ids)
-        if len(values) != len(self.token_ids):
-            raise ValueError(f"streamed generate reply has {len(self.token_ids)} tokens but {len(values)} log-probs")
-        return GenerateResult(token_ids=self.token_ids, log_probs=values, finish_reason=self.finish_reason or "abort")
+        return checked_result("streamed generate reply", self.token_ids, self.values if self.log_probs else None,
+                              self.finish_reason or "abort")
 
 
 def stream_pieces(request_id: str, result: GenerateResult, log_probs: bool = True) -> list[bytes]:
