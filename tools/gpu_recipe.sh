@@ -254,6 +254,47 @@ layout_run() {
 # 2; TP-1 engines) and apart (the script's default), MemUpdate colocated, MemAgent colocated with TP-2 engines;
 # the table; CONVERT=1 evaluation of both colocated saves; the SmolLM2 smoke colocated on every GPU
 # gpu_count: this machine's GPUs (CUDA_VISIBLE_DEVICES narrows them); every_gpu: their list, 0 to N - 1
+# The real RULER-HQA's rows without RL: each packaged model (BASE_MODELS) through MemAgent's workflow, untrained,
+# on the 128 test questions at every length (REAL_LENGTHS, documents; MemAgent's to 896K tokens) and the two
+# references (eval_0: no document; eval_2: the gold pair); MemAgent's chunks of 5000 tokens and memory updates of
+# 1024. The models run at the same time on this GPU, each engine its share of memory (the next starts once the
+# one before serves, so no profile run sees another's memory move). Per model: the references and the lengths up
+# to AT_ONCE_MAX_DOCS (default 800) at once, then each longer length in turn, shortest first, so a lease that
+# ends early still returns every length before the one it was in. Sub-EM, seconds per item and tokens read per
+# second: OUT_DIR/base_rows/ruler_hqa_N/MODEL.summary.json as each length ends, and the plot beside them.
+base_rows() {
+  local lengths=${REAL_LENGTHS:-50 100 200 400 800 1600 3200 6400} models=(${BASE_MODELS:-qwen2.5-coder-1.5b smollm2-135m})
+  local share model
+  [ -f "${WORK}/real/test/eval_0.json" ] || python -m examples.mem_agent.hotpotqa_dev --out-dir "${WORK}/real" \
+    --eval-lengths ${lengths} --validation-lengths 50 --train-num 64
+  share=$(python -c "print(round(0.9 / ${#models[@]}, 2))")
+  for model in "${models[@]}"; do
+    base_rows_model "${model}" "${share}" ${lengths} &
+    # served once the first file's progress bar is up; a start that fails ends the wait too
+    for _ in $(seq 120); do
+      grep -q "eval_0.json" "${OUT_DIR}/base_rows_${model}.log" 2>/dev/null && break
+      kill -0 $! 2>/dev/null || break
+      sleep 5
+    done
+  done
+  wait
+}
+
+base_rows_model() {
+  local model=$1 share=$2 path first=(0 2) rest=() n
+  shift 2
+  for n in "$@"; do
+    if [ "${n}" -le "${AT_ONCE_MAX_DOCS:-800}" ]; then first+=("${n}"); else rest+=("${n}"); fi
+  done
+  path=$(python -m vime_ext.models.packaged "${model}" | tail -1)
+  for group in "${first[*]}" "${rest[@]}"; do
+    MODEL_PATH=${path} DATA_ROOT="${WORK}/real/test" LENGTH="${group}" SAVE_DIR="${OUT_DIR}/base_rows" \
+      SAVE_FILE="${model}" N_PROC="${N_PROC:-128}" LENGTHS_AT_ONCE=1 MEM_CHUNK_TOKENS=5000 MEM_MAX_MEMORY=1024 \
+      MAX_MODEL_LEN="${MAX_MODEL_LEN:-8192}" bash examples/mem_agent/run-eval.sh \
+      --vllm-gpu-memory-utilization "${share}" --vllm-max-num-batched-tokens 16384 >> "${OUT_DIR}/base_rows_${model}.log" 2>&1
+  done
+}
+
 gpu_count() {
   (source _common.sh && echo "${NUM_GPUS}")
 }
@@ -326,21 +367,7 @@ case "${STAGE}" in
   sleep_levels)
     sleep_levels "$@" ;;
   base_rows)
-    # The real RULER-HQA's rows without RL: each packaged model (BASE_MODELS) through MemAgent's workflow,
-    # untrained, on the 128 test questions at every length (REAL_LENGTHS, documents; MemAgent's to 896K tokens)
-    # and the two references (eval_0: no document; eval_2: the gold pair); MemAgent's chunks of 5000 tokens and
-    # memory updates of 1024. Sub-EM, seconds per item and tokens read per second per length:
-    # OUT_DIR/base_rows/ruler_hqa_N/MODEL.summary.json, and the plot beside them.
-    lengths=${REAL_LENGTHS:-50 100 200 400 800 1600 3200 6400}
-    [ -f "${WORK}/real/test/eval_0.json" ] || python -m examples.mem_agent.hotpotqa_dev --out-dir "${WORK}/real" \
-      --eval-lengths ${lengths} --validation-lengths 50 --train-num 64 --count-tokens
-    for model in ${BASE_MODELS:-smollm2-135m qwen2.5-coder-1.5b}; do
-      MODEL_PATH=$(python -m vime_ext.models.packaged "${model}" | tail -1) DATA_ROOT="${WORK}/real/test" \
-        LENGTH="0 2 ${lengths}" SAVE_DIR="${OUT_DIR}/base_rows" SAVE_FILE="${model}" N_PROC="${N_PROC:-128}" \
-        LENGTHS_AT_ONCE=1 MEM_CHUNK_TOKENS=5000 MEM_MAX_MEMORY=1024 MAX_MODEL_LEN="${MAX_MODEL_LEN:-8192}" \
-        bash examples/mem_agent/run-eval.sh 2>&1 | tee "${OUT_DIR}/base_rows_${model}.log" \
-        | { grep --line-buffered -v "it/s\]\|s/it\]" || true; }  # grep: 1 when every line was a progress bar
-    done ;;
+    base_rows ;;
   prepare)
     if [ ! -f "${HF_CKPT}/config.json" ]; then
       python tools/make_random_hf.py --shape qwen3-4b --out "${HF_CKPT}"
