@@ -498,32 +498,39 @@ def test_the_sweep_runs_a_variant_per_gpu_on_data_prepared_once(tiny_hf_dirs, tm
 
 
 def test_the_real_benchmark_base_rows_run_every_length_and_both_references(tmp_path):
-    """gpu_recipe.sh base_rows: each packaged model through the untrained workflow on the real test questions: the
-    two references (no document, the gold pair) and the short lengths at once on one engine, then each longer
-    length alone, shortest first; the engine's memory share split over the models; here on files built from the
+    """gpu_recipe.sh base_rows: each packaged model through the untrained workflow on the real test questions, on
+    one engine: the two references (no document, the gold pair) and the short lengths at once, then each longer
+    length alone; the engine's memory share split over the models; an earlier lease's gzipped rows (RESUME_FROM)
+    put in place first, so that the evaluation skips or resumes their items. Here on files built from the
     real-format slice (the stage builds them from the installed package when they are missing)."""
+    import gzip
+
     from examples.mem_agent.hotpotqa_dev import main as build_real
 
     work = tmp_path / "work"
     assert build_real(["--source", str(ROOT / "tests/examples/data/hotpotqa_dev_slice.json"), "--out-dir",
                        str(work / "real"), "--eval-lengths", "20", "40", "60", "--validation-lengths", "20",
                        "--num-test", "4", "--num-validation", "4", "--train-num", "2", "--train-docs", "30"]) == 0
+    earlier = tmp_path / "records" / "ruler_hqa_40"
+    earlier.mkdir(parents=True)
+    (earlier / "smollm2-135m.progress.jsonl.gz").write_bytes(gzip.compress(b'{"_id": "3", "state": {}}\n'))
     record = tmp_path / "train_args.json"
     full = {**os.environ, "WORK": str(work), "VIME_EXT_OUT": str(tmp_path / "out"), "REAL_LENGTHS": "20 40 60",
-            "AT_ONCE_MAX_DOCS": "20", "BASE_MODELS": "smollm2-135m",
+            "AT_ONCE_MAX_DOCS": "20", "BASE_MODELS": "smollm2-135m", "RESUME_FROM": str(tmp_path / "records"),
             "PATH": f"{stand_ins(tmp_path, record)}{os.pathsep}{os.environ['PATH']}"}
     full.pop("PYTHONPATH", None)
     done = subprocess.run(["bash", str(ROOT / "tools/gpu_recipe.sh"), "base_rows"], env=full, capture_output=True,
                           text=True, timeout=600)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
-    calls = [json.loads(line) for line in Path(f"{record}.eval").read_text().splitlines()]
-    lengths = [args[args.index("--length") + 1:args.index("--save-dir")] for args in calls]
-    assert lengths == [["0", "2", "20"], ["40"], ["60"]]
-    for args in calls:
-        assert "--lengths-at-once" in args and last(args, "--vllm-gpu-memory-utilization") == "0.9"
-        assert last(args, "--data-root") == str(work / "real/test") and last(args, "--save-file") == "smollm2-135m"
-        assert Path(last(args, "--model-path"), "config.json").is_file()  # the packaged model, built for real
-        assert last(args, "--max-model-len") == "8192"
+    (args,) = [json.loads(line) for line in Path(f"{record}.eval").read_text().splitlines()]
+    assert args[args.index("--length") + 1:args.index("--save-dir")] == ["0", "2", "20", "40", "60"]
+    assert "--lengths-at-once" in args and last(args, "--at-once-max-docs") == "20"
+    assert last(args, "--vllm-gpu-memory-utilization") == "0.9"
+    assert last(args, "--data-root") == str(work / "real/test") and last(args, "--save-file") == "smollm2-135m"
+    assert Path(last(args, "--model-path"), "config.json").is_file()  # the packaged model, built for real
+    assert last(args, "--max-model-len") == "8192"
+    resumed = tmp_path / "out/base_rows/ruler_hqa_40/smollm2-135m.progress.jsonl"
+    assert resumed.read_text() == '{"_id": "3", "state": {}}\n'
 
 
 def test_mem_agent_script_takes_the_qwen25_coder_model(tmp_path):

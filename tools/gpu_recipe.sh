@@ -258,15 +258,27 @@ layout_run() {
 # on the 128 test questions at every length (REAL_LENGTHS, documents; MemAgent's to 896K tokens) and the two
 # references (eval_0: no document; eval_2: the gold pair); MemAgent's chunks of 5000 tokens and memory updates of
 # 1024. The models run at the same time on this GPU, each engine its share of memory (the next starts once the
-# one before serves, so no profile run sees another's memory move). Per model: the references and the lengths up
-# to AT_ONCE_MAX_DOCS (default 800) at once, then each longer length in turn, shortest first, so a lease that
-# ends early still returns every length before the one it was in. Sub-EM, seconds per item and tokens read per
-# second: OUT_DIR/base_rows/ruler_hqa_N/MODEL.summary.json as each length ends, and the plot beside them.
+# one before serves, so no profile run sees another's memory move). Per model, on one engine: the references and
+# the lengths up to AT_ONCE_MAX_DOCS (default 800) at once, then each longer length in turn, shortest first, so
+# a lease that ends early still returns every length before the one it was in. RESUME_FROM: a folder of an
+# earlier lease's rows (gzipped, as records keep them), whose items are skipped, or resumed mid-document. Sub-EM,
+# seconds per item and tokens read per second: OUT_DIR/base_rows/ruler_hqa_N/MODEL.summary.json as each length
+# ends, and the plot beside them.
 base_rows() {
   local lengths=${REAL_LENGTHS:-50 100 200 400 800 1600 3200 6400} models=(${BASE_MODELS:-qwen2.5-coder-1.5b smollm2-135m})
   local share model
   [ -f "${WORK}/real/test/eval_0.json" ] || python -m examples.mem_agent.hotpotqa_dev --out-dir "${WORK}/real" \
     --eval-lengths ${lengths} --validation-lengths 50 --train-num 64
+  # an earlier lease's rows and in-flight items (records/ruler_hqa_real_base_rows_*): what is there is skipped
+  # or resumed mid-document
+  if [ -n "${RESUME_FROM:-}" ]; then
+    mkdir -p "${OUT_DIR}/base_rows"
+    (cd "${RESUME_FROM}" && find . -name "*.jsonl.gz" | while read -r f; do
+      target="${OUT_DIR}/base_rows/${f%.gz}"
+      mkdir -p "$(dirname "${target}")"
+      [ -f "${target}" ] || gunzip -c "${f}" > "${target}"
+    done)
+  fi
   share=$(python -c "print(round(0.9 / ${#models[@]}, 2))")
   for model in "${models[@]}"; do
     base_rows_model "${model}" "${share}" ${lengths} &
@@ -281,18 +293,13 @@ base_rows() {
 }
 
 base_rows_model() {
-  local model=$1 share=$2 path first=(0 2) rest=() n
+  local model=$1 share=$2
   shift 2
-  for n in "$@"; do
-    if [ "${n}" -le "${AT_ONCE_MAX_DOCS:-800}" ]; then first+=("${n}"); else rest+=("${n}"); fi
-  done
-  path=$(python -m vime_ext.models.packaged "${model}" | tail -1)
-  for group in "${first[*]}" "${rest[@]}"; do
-    MODEL_PATH=${path} DATA_ROOT="${WORK}/real/test" LENGTH="${group}" SAVE_DIR="${OUT_DIR}/base_rows" \
-      SAVE_FILE="${model}" N_PROC="${N_PROC:-128}" LENGTHS_AT_ONCE=1 MEM_CHUNK_TOKENS=5000 MEM_MAX_MEMORY=1024 \
-      MAX_MODEL_LEN="${MAX_MODEL_LEN:-8192}" bash examples/mem_agent/run-eval.sh \
-      --vllm-gpu-memory-utilization "${share}" --vllm-max-num-batched-tokens 16384 >> "${OUT_DIR}/base_rows_${model}.log" 2>&1
-  done
+  MODEL_PATH=$(python -m vime_ext.models.packaged "${model}" | tail -1) DATA_ROOT="${WORK}/real/test" \
+    LENGTH="0 2 $*" SAVE_DIR="${OUT_DIR}/base_rows" SAVE_FILE="${model}" N_PROC="${N_PROC:-128}" LENGTHS_AT_ONCE=1 \
+    AT_ONCE_MAX_DOCS="${AT_ONCE_MAX_DOCS:-800}" MEM_CHUNK_TOKENS=5000 MEM_MAX_MEMORY=1024 \
+    MAX_MODEL_LEN="${MAX_MODEL_LEN:-8192}" bash examples/mem_agent/run-eval.sh \
+    --vllm-gpu-memory-utilization "${share}" --vllm-max-num-batched-tokens 16384 >> "${OUT_DIR}/base_rows_${model}.log" 2>&1
 }
 
 gpu_count() {

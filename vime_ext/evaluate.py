@@ -30,6 +30,7 @@ from vime_ext.data.prompt_dataset import read_jsonl
 from vime_ext.engines.client import RolloutClient
 from vime_ext.engines.protocol import SamplingParams
 from vime_ext.engines.servers import EngineConfig, launch_engine, split_vllm_args, wait_until_serving
+from vime_ext.item_progress import ItemProgress
 from vime_ext.rollout.config import RolloutConfig, sampling_params
 from vime_ext.rollout.debug_data import sample_from_dict
 from vime_ext.rollout.failures import plugin_failure
@@ -129,12 +130,24 @@ async def evaluate_items(args: PluginArgs, url: str, items: list[tuple[str, Samp
     score, with ``LOOP_KEYS`` added: the id, and the seconds of the item's generate and score) is appended to
     ``out`` as soon as it is made, so a kill loses only the items in flight. A sample that the engine or a plug-in failed, or that took longer than ``timeout_s`` (its
     generate and row together), is listed in ``out``'s ``.failed.jsonl`` and run again next time, never
-    scored."""
+    scored. A plug-in may save an item's state as it goes (``args.save_progress(sample, state)``, kept in
+    ``out``'s ``.progress.jsonl``); the next run hands it back in ``sample.metadata["resume"]``
+    (``vime_ext.item_progress``)."""
     out.parent.mkdir(parents=True, exist_ok=True)
+    progress_file = out.with_name(out.name.removesuffix(".jsonl") + ".progress.jsonl")
     if force:
         out.unlink(missing_ok=True)
+        progress_file.unlink(missing_ok=True)
     rows = read_rows(out)
     todo = [(item_id, slot) for item_id, slot in items if item_id not in rows]
+    ids = {slot.index: item_id for item_id, slot in todo}
+    if len(ids) != len(todo):
+        raise ValueError(f"{desc}: the samples' indices repeat; each item needs its own index")
+    saved = ItemProgress(progress_file, set(rows))
+    for item_id, slot in todo:
+        if saved.state(item_id) is not None:
+            slot.metadata["resume"] = saved.state(item_id)
+    args.save_progress = lambda sample, state: saved.save(ids[sample.index], state)
     failed: list[tuple[str, Sample]] = []
     semaphore = asyncio.Semaphore(n_proc)
     progress = tqdm(total=len(todo), desc=f"{desc} ({len(rows)} done before)", unit="item")
@@ -160,6 +173,7 @@ async def evaluate_items(args: PluginArgs, url: str, items: list[tuple[str, Samp
                         sink.write(json.dumps(scored, default=repr) + "\n")
                         sink.flush()  # one whole line per item
                         rows[item_id] = scored
+                        saved.finish(item_id)
                 except Exception as err:  # noqa: BLE001 (a plug-in's error or timeout fails this item only)
                     failed.append((item_id, plugin_failure(slot, err, timeout_s)))
                 finally:
@@ -168,7 +182,8 @@ async def evaluate_items(args: PluginArgs, url: str, items: list[tuple[str, Samp
             await asyncio.gather(*(one(item_id, slot) for item_id, slot in todo))
     finally:
         progress.close()
-        args.rollout_client = args.loop = None
+        saved.compact()
+        args.rollout_client = args.loop = args.save_progress = None
         await client.close()
     failed_file = out.with_name(out.name.removesuffix(".jsonl") + ".failed.jsonl")
     failed_file.write_text("".join(json.dumps({"_id": item_id, "status": s.status.value, "error": s.error}) + "\n"

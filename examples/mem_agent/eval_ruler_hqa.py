@@ -3,7 +3,7 @@
     python -m examples.mem_agent.eval_ruler_hqa --model-path HF_DIR --data-root DIR --length 50 200 800 \
         --save-dir results --save-file my_model [--n-proc 16] [--temperature 0.7] [--top-p 0.95] [--force]
         [--custom-config-path mem.yaml] [--engine-backend vllm|hf] [--tp 1] [--max-model-len N] [--model-url URL]
-        [--lengths-at-once]
+        [--lengths-at-once [--at-once-max-docs N]]
         [--vllm-X ...: any vLLM server flag --X, for the engine this starts]
 
 For each N (one after the other, or with ``--lengths-at-once`` all at the same time) it reads ``DATA_ROOT/eval_{N}.json`` and writes ``SAVE_DIR/ruler_hqa_{N}/{SAVE_FILE}.jsonl`` (one line
@@ -12,8 +12,11 @@ document's ``doc_tokens`` and ``chunks``, the final ``memory`` the answer was re
 character per chunk: 1 when the memory after it held a gold answer), the item's ``seconds``, and its other keys
 except ``context``) and
 ``{SAVE_FILE}.summary.json`` (f1/em/sub_em x100 over the scored items, the counts of failed and refused items,
-and the cost per item: mean document tokens, chunks, seconds and document tokens read per second). Resumable: items already in the output are skipped; a line cut by
-a kill is dropped and its item run again. Items the engine failed on are listed in ``{SAVE_FILE}.failed.jsonl``
+and the cost per item: mean document tokens, chunks, seconds and document tokens read per second). Resumable: items
+already in the output are skipped; a line cut by a kill is dropped and its item run again; an item a kill stopped
+mid-document goes on from the last chunk it finished (its chunk and memory are kept in
+``{SAVE_FILE}.progress.jsonl`` while it runs; its row says ``resumed_at``, and its time is left out of the cost
+figures). Items the engine failed on are listed in ``{SAVE_FILE}.failed.jsonl``
 and retried by the next run, never scored as 0. At the end, ``SAVE_DIR/ruler_hqa_sub_em.png`` plots sub-EM
 against the number of documents for every ``SAVE_FILE`` found in ``SAVE_DIR``.
 
@@ -53,12 +56,14 @@ def summarize(rows: list[dict], failed: int, refused: int, num_docs: int, save_f
               n_proc: int | None) -> dict:
     """The scores x 100 over the scored items, and what an item cost: its document's tokens and chunks, its
     seconds (generate and score, ``n_proc`` items in flight) and the document tokens it read per second (means
-    over the rows that have them: rows of earlier versions lack them)."""
+    over the rows that have them and were read in one run: rows of earlier versions lack them)."""
     n = len(rows)
     summary = {"save_file": save_file, "num_docs": num_docs, "scored": n, "failed": failed, "refused": refused}
     for judge in JUDGES:
         summary[judge.removeprefix("judge_")] = round(100 * sum(r[judge] for r in rows) / n, 2) if n else None
-    timed = [r for r in rows if r.get("seconds") and r.get("doc_tokens")]
+    # An item resumed mid-document (an earlier run stopped in it) timed only its rest: left out of the cost.
+    timed = [r for r in rows if r.get("seconds") and r.get("doc_tokens") and not r.get("resumed_at")]
+    summary["resumed"] = sum(1 for r in rows if r.get("resumed_at"))
     if timed:
         summary.update(n_proc=n_proc, doc_tokens=round(sum(r["doc_tokens"] for r in timed) / len(timed), 1),
                        chunks=round(sum(r["chunks"] for r in timed) / len(timed), 2),
@@ -83,7 +88,7 @@ async def evaluate_length(args, url: str, data_file: Path, out_dir: Path, save_f
     async def scored(item_id: str, sample: Sample) -> dict:
         item, entry = entries[item_id]
         return {**score_row(item, entry, sample.response, settings.answer_format),
-                **{key: sample.metadata.get(key, 0) for key in ("tokens_cut", "doc_tokens", "chunks")},
+                **{key: sample.metadata.get(key, 0) for key in ("tokens_cut", "doc_tokens", "chunks", "resumed_at")},
                 "memory": sample.metadata.get("memory", ""), "answer_trace": sample.metadata.get("answer_trace", "")}
 
     done = await evaluate_items(args, url, slots, generate, scored, params, out_dir / f"{save_file}.jsonl",
@@ -147,6 +152,10 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--lengths-at-once", action="store_true",
                         help="run every length at the same time (a length's items stay within --n-proc): the "
                              "whole evaluation takes about as long as its longest length alone")
+    parser.add_argument("--at-once-max-docs", type=int, default=None,
+                        help="with --lengths-at-once: only lengths of at most this many documents at once, the "
+                             "longer ones after them one at a time, shortest first (on the same engine), so that "
+                             "a run cut short has finished every length before the one it was in")
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--top-p", type=float, default=0.95)
     parser.add_argument("--force", action="store_true", help="score every item again")
@@ -178,18 +187,21 @@ def main(argv=None) -> list[dict]:
     engine = EngineConfig(options.model_path, backend=options.engine_backend, dtype=options.engine_dtype,
                           max_model_len=options.max_model_len, extra_args=extra + vllm_args, rl_routes=False)
 
-    async def one_length(n: int) -> dict:
+    async def one_length(n: int, sharing: int) -> dict:
         # Each length its own copy of the plug-in args: the loop sets the engine client on the args it is given.
         summary = await evaluate_length(copy.copy(args), url, data_root / f"eval_{n}.json",
                                         save_dir / f"ruler_hqa_{n}", save_file, options.n_proc, params, options.force,
-                                        len(options.length) if options.lengths_at_once else 1)
+                                        sharing)
         print(json.dumps(summary))
         return summary
 
     async def every_length() -> list[dict]:
-        if options.lengths_at_once:
-            return list(await asyncio.gather(*(one_length(n) for n in options.length)))
-        return [await one_length(n) for n in options.length]
+        if not options.lengths_at_once:
+            return [await one_length(n, 1) for n in options.length]
+        cap = options.at_once_max_docs
+        together = [n for n in options.length if cap is None or n <= cap]
+        summaries = list(await asyncio.gather(*(one_length(n, len(together)) for n in together)))
+        return summaries + [await one_length(n, 1) for n in sorted(set(options.length) - set(together))]
 
     with served(engine, options.model_url) as url:
         summaries = asyncio.run(every_length())

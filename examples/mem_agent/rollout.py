@@ -5,7 +5,8 @@ starts as "No previous memory"; for each chunk the policy sees the question, its
 chat and writes the new memory (at most ``mem_max_memory`` tokens; an empty reply keeps the old one). A last
 chat asks for the answer from the memory alone (at most ``mem_max_final`` tokens), optionally starting the reply
 with ``mem_answer_prefix`` for the policy (a small model that ignores the format instruction still answers in it). Every chat is one training
-sequence, so ``generate`` returns one Sample per chat; the reward judges the last.
+sequence, so ``generate`` returns one Sample per chat; the reward judges the last. In an evaluation the item's
+chunk and memory are saved after each chunk (``args.save_progress``), and a rerun goes on from there.
 
 Settings (``--custom-config-path``; the launch scripts fill them from ``MEM_*`` variables): see ``MemSettings``.
 """
@@ -61,6 +62,21 @@ def split_chunks(tokenizer, text: str, chunk_tokens: int, max_chunks: int | None
     return Chunks([tokenizer.decode(p) for p in pieces], cut, len(ids))
 
 
+def resume_point(sample, chunks: int, chunk_tokens: int) -> tuple[int, str, list[str]]:
+    """Where an evaluation item starts: (chunk, memory, trace) saved by an earlier run of the same evaluation
+    (``sample.metadata["resume"]``), or the beginning when there is none or it was saved for another chunking."""
+    state = sample.metadata.get("resume")
+    if not state:
+        return 0, NO_MEMORY, []
+    if state.get("chunks") != chunks or state.get("chunk_tokens") != chunk_tokens or \
+            not 0 < int(state.get("chunk", 0)) <= chunks:
+        log.warning("sample %s: the saved progress (%s of %s chunks of %s tokens) does not fit this document "
+                    "(%d chunks of %d); starting it again", sample.index, state.get("chunk"), state.get("chunks"),
+                    state.get("chunk_tokens"), chunks, chunk_tokens)
+        return 0, NO_MEMORY, []
+    return int(state["chunk"]), str(state["memory"]), list(state.get("trace", ""))
+
+
 async def generate(args, sample, sampling_params, evaluation: bool = False):
     settings = MemSettings.from_args(args)
     context = sample.metadata.get("context")
@@ -77,8 +93,12 @@ async def generate(args, sample, sampling_params, evaluation: bool = False):
                     len(chunks), settings.chunk_tokens, cut)
     question, memory, out = str(sample.prompt), NO_MEMORY, []
     trace = []  # evaluation: after each chunk, whether the memory holds a gold answer (where it came and went)
+    first = 0
+    if evaluation:  # an item an earlier run of the evaluation stopped in goes on from the chunk it reached
+        first, memory, trace = resume_point(sample, len(chunks), settings.chunk_tokens)
+    save = getattr(args, "save_progress", None) if evaluation else None
     memory_params = replace(sampling_params, max_new_tokens=settings.max_memory)
-    for chunk in chunks:
+    for k, chunk in enumerate(chunks[first:], first):
         chat = Trajectory(args.tokenizer, [{"role": "user", "content": memory_prompt(question, memory, chunk)}])
         reply = await chat.generate(args.rollout_client, memory_params, session_id=f"{sample.index}")
         if reply is None:  # the engine failed: the trajectory is marked failed or aborted
@@ -88,6 +108,9 @@ async def generate(args, sample, sampling_params, evaluation: bool = False):
         memory = reply.strip() or memory
         if evaluation:
             trace.append("1" if holds_answer(memory, sample.label) else "0")
+        if save is not None:
+            save(sample, {"chunk": k + 1, "chunks": len(chunks), "chunk_tokens": settings.chunk_tokens,
+                          "memory": memory, "trace": "".join(trace)})
     chat = Trajectory(args.tokenizer, [{"role": "user",
                                         "content": final_prompt(question, memory, settings.answer_format)}])
     if settings.answer_prefix:
@@ -97,7 +120,7 @@ async def generate(args, sample, sampling_params, evaluation: bool = False):
     final = chat.to_sample(sample)
     final.metadata.update(memory=memory, chunks=len(chunks), tokens_cut=cut, doc_tokens=doc_tokens)
     if evaluation:
-        final.metadata["answer_trace"] = "".join(trace)
+        final.metadata.update(answer_trace="".join(trace), resumed_at=first)
     final.metrics.update(chunks=float(len(chunks)), tokens_cut=float(cut),
                          memory_tokens=float(len(args.tokenizer(memory, add_special_tokens=False)["input_ids"])))
     return out + [final]

@@ -22,6 +22,7 @@ SAVE_FILE=${SAVE_FILE:-$(basename "${MODEL_PATH}")}
 EXTRA=()
 [ "${FORCE:-0}" = "1" ] && EXTRA+=(--force)
 [ "${LENGTHS_AT_ONCE:-0}" = "1" ] && EXTRA+=(--lengths-at-once)
+[ -n "${AT_ONCE_MAX_DOCS:-}" ] && EXTRA+=(--at-once-max-docs "${AT_ONCE_MAX_DOCS}")
 [ -n "${MAX_MODEL_LEN:-}" ] && EXTRA+=(--max-model-len "${MAX_MODEL_LEN}")
 [ -n "${ENGINE_DTYPE:-}" ] && EXTRA+=(--engine-dtype "${ENGINE_DTYPE}")
 # shellcheck disable=SC2086

@@ -317,6 +317,62 @@ def test_an_evaluation_keeps_the_final_chat_and_a_long_document_is_split_off_the
     assert len(training) == 4  # a memory chat for each of mem_max_chunks (3) and the final one
 
 
+def test_an_evaluation_item_saves_each_chunk_and_resumes_from_the_last(engine, monkeypatch):
+    """In evaluation the chunk reached, the memory and the answer trace are saved after every chunk
+    (args.save_progress); an item handed such a state (metadata["resume"]) reads only the chunks after it, from
+    the saved memory, and says where it resumed; a state saved for another chunking starts the item afresh."""
+    import asyncio
+    import random
+
+    import examples.mem_agent.rollout as rollout
+    from examples.mem_agent.data import generate_item
+    from vime_ext.agent.sample import Sample
+    from vime_ext.engines.client import RolloutClient
+    from vime_ext.engines.protocol import SamplingParams
+
+    model, url = engine
+    args = mem_args(model)
+    item = generate_item(random.Random(5), 3000, 0)
+    reads: list[tuple[str, str]] = []  # (memory, chunk) of each memory update
+
+    def recorded_prompt(question, memory, chunk):
+        reads.append((memory, chunk))
+        return rollout_prompt(question, memory, chunk)
+
+    rollout_prompt = rollout.memory_prompt
+    monkeypatch.setattr(rollout, "memory_prompt", recorded_prompt)
+
+    def run(resume=None):
+        states, reads[:] = [], []
+        args.save_progress = lambda sample, state: states.append(state)
+        metadata = {"context": item.context, **({"resume": resume} if resume else {})}
+
+        async def go():
+            args.rollout_client = RolloutClient(url, max_concurrency=4, timeout_s=300)
+            try:
+                slot = Sample(prompt=item.question, label=item.answers, index=0, metadata=metadata)
+                return await rollout.generate(args, slot, SamplingParams(max_new_tokens=4), evaluation=True)
+            finally:
+                await args.rollout_client.close()
+
+        (final,) = asyncio.run(go())
+        return final, states, list(reads)
+
+    final, states, whole = run()
+    n = final.metadata["chunks"]
+    assert n >= 3 and [s["chunk"] for s in states] == list(range(1, n + 1)) and len(whole) == n
+    assert states[-1]["memory"] == final.metadata["memory"] and states[-1]["trace"] == final.metadata["answer_trace"]
+    assert all(s["chunks"] == n and s["chunk_tokens"] == 40 for s in states) and final.metadata["resumed_at"] == 0
+    saved = {**states[0], "memory": "the saved memory", "trace": "1"}
+    final, states, rest = run(resume=saved)
+    assert [chunk for _, chunk in rest] == [chunk for _, chunk in whole[1:]]  # chunks 2.. only
+    assert rest[0][0] == "the saved memory" and final.metadata["resumed_at"] == 1
+    assert final.metadata["answer_trace"].startswith("1") and len(final.metadata["answer_trace"]) == n
+    assert [s["chunk"] for s in states] == list(range(2, n + 1))
+    final, _, again = run(resume={**saved, "chunk_tokens": 64})  # saved for another chunking
+    assert len(again) == n and final.metadata["resumed_at"] == 0
+
+
 def test_the_answer_prefix_starts_the_final_reply_and_is_not_trained(engine, tmp_path):
     args, groups = mem_rollout(engine, tmp_path, 1, 2, {"mem_chunk_tokens": 400, "mem_answer_format": "answer_is",
                                                         "mem_answer_prefix": "The answer is"})

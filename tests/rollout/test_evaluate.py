@@ -66,3 +66,62 @@ def test_an_item_over_the_time_limit_fails_alone_and_is_listed(tmp_path):
     assert 0 <= done.rows["quick"]["seconds"] < 0.5  # its own time, under the limit
     [failed] = [json.loads(line) for line in (tmp_path / "rows.failed.jsonl").read_text().splitlines()]
     assert failed["_id"] == "slow" and failed["status"] == "failed" and "timed out after 0.5 s" in failed["error"]
+
+
+def test_an_item_stopped_part_way_is_handed_its_saved_state_by_the_next_run(tmp_path):
+    """A plug-in that saves its state as it goes (args.save_progress) gets the last state back in
+    metadata["resume"] when an earlier run stopped in the item (here: its step 2 failed the first time); a
+    finished item's state is dropped, and the progress file is gone once every item has its row."""
+    import asyncio
+    import json
+
+    from vime_ext.agent.sample import Sample, Status
+    from vime_ext.engines.protocol import SamplingParams
+    from vime_ext.evaluate import evaluate_items
+    from vime_ext.rollout.plugins import plugin_args
+
+    started: dict[str, int] = {}
+
+    async def generate(args, sample, params, evaluation=False):
+        step = (sample.metadata.get("resume") or {"step": 0})["step"]
+        started[sample.prompt] = step
+        for step in range(step + 1, 4):
+            if sample.prompt == "long" and step == 3 and "failed once" not in started:
+                started["failed once"] = 1
+                raise RuntimeError("stopped in step 3")
+            args.save_progress(sample, {"step": step})
+        sample.response, sample.status = f"steps to {step}", Status.COMPLETED
+        return sample
+
+    async def row(item_id, sample):
+        return {"response": sample.response}
+
+    def run():
+        items = [(name, Sample(prompt=name, index=i)) for i, name in enumerate(("short", "long"))]
+        return asyncio.run(evaluate_items(plugin_args([], {}), "http://127.0.0.1:9", items, generate, row,
+                                          SamplingParams(), tmp_path / "rows.jsonl"))
+
+    first = run()
+    progress = tmp_path / "rows.progress.jsonl"
+    assert list(first.rows) == ["short"] and started == {"short": 0, "long": 0, "failed once": 1}
+    assert [json.loads(line) for line in progress.read_text().splitlines()] == [{"_id": "long", "state": {"step": 2}}]
+    second = run()
+    assert started["long"] == 2 and second.rows["long"]["response"] == "steps to 3"
+    assert not progress.exists()
+
+
+def test_the_progress_file_stays_small_and_survives_a_torn_line(tmp_path):
+    from vime_ext.item_progress import COMPACT_FACTOR, ItemProgress
+
+    path = tmp_path / "p.jsonl"
+    saved = ItemProgress(path, finished=set())
+    for step in range(50):
+        for item in ("a", "b"):
+            saved.save(item, {"step": step})
+        assert len(path.read_text().splitlines()) <= COMPACT_FACTOR * 2 + 1
+    saved.finish("a")
+    saved.compact()
+    path.write_text(path.read_text() + '{"_id": "b", "sta')  # a kill in the middle of a save
+    again = ItemProgress(path, finished={"c"})
+    assert again.state("b") == {"step": 49} and again.state("a") is None
+    assert path.read_text() == '{"_id": "b", "state": {"step": 49}}\n'

@@ -13,7 +13,9 @@ Plug-in signatures (slime/vime-compatible; ``async def`` or plain ``def``, both 
 ``args`` is a ``PluginArgs``: every flag of ``train.py`` as an attribute under its slime name
 (``args.rollout_max_response_len``, ``args.n_samples_per_prompt``, ...), every key of ``--custom-config-path``,
 and, in the process that runs rollouts, ``args.tokenizer`` (the served model's tokenizer), ``args.rollout_client``
-(a ``RolloutClient`` for the router, valid while a rollout runs) and ``args.weight_version``.
+(a ``RolloutClient`` for the router, valid while a rollout runs) and ``args.weight_version``. In an evaluation,
+``args.save_progress(sample, state)`` keeps a long item's state so that a rerun resumes it
+(``sample.metadata["resume"]``; ``vime_ext.item_progress``); it is None in training.
 """
 
 import asyncio
@@ -47,7 +49,7 @@ class PluginArgs(types.SimpleNamespace):
         vars(self).update(state)
 
 
-_PROCESS_LOCAL = ("tokenizer", "rollout_client", "loop")
+_PROCESS_LOCAL = ("tokenizer", "rollout_client", "loop", "save_progress")
 
 
 def plugin_args(sections: list[Any], custom: dict[str, Any] | None = None) -> PluginArgs:
@@ -57,7 +59,8 @@ def plugin_args(sections: list[Any], custom: dict[str, Any] | None = None) -> Pl
         if is_dataclass(section):
             values.update({f.name: getattr(section, f.name) for f in fields(section)})
     values.update(custom or {})
-    return PluginArgs(tokenizer=None, rollout_client=None, loop=None, weight_version=None, **values)
+    return PluginArgs(tokenizer=None, rollout_client=None, loop=None, weight_version=None, save_progress=None,
+                      **values)
 
 
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
