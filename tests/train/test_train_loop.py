@@ -146,7 +146,8 @@ def test_resume_reproduces_the_next_step(algorithm, tiny_model, tmp_path):
     rollout 3 draws the same prompts and computes the same loss as the run that was never interrupted. With
     PPO (in bf16, so the optimizer keeps fp32 masters) the critic (weights and optimizer) resumes too: same
     value loss, same critic weights afterwards. The optimizer state lives in the torch_dist checkpoint, sharded
-    like the weights."""
+    like the weights. The kill itself runs once (GRPO); PPO resumes from the uninterrupted run's save of
+    rollout 2, which is the same save."""
     from megatron.core import dist_checkpointing
 
     data = write_jsonl(tmp_path / "arith.jsonl", "arithmetic", 6)
@@ -163,15 +164,18 @@ def test_resume_reproduces_the_next_step(algorithm, tiny_model, tmp_path):
         assert {f"optimizer.state.{s}.{k}" for s in states for k in weights} == set(saved) - weights
 
     cut = tmp_path / "cut"
-    tracker = cut / "latest_checkpointed_iteration.txt"
-    # The run kills itself (reward plugin) in rollout 3, after the save of rollout 2 and before its next step.
-    kill = {"VIME_TEST_KILL_AFTER": str(tracker), "VIME_TEST_KILL_ITERATION": "2"}
-    cut_flags = with_reward(flags, "even_token_share_killed_after_checkpoint")
-    process = train(cut_flags + ["--save", str(cut)], tmp_path / "cut.log", wait=False, env=kill)
-    process.wait(timeout=1200)
-    assert process.returncode == -signal.SIGKILL, (tmp_path / "cut.log").read_text()[-4000:]
-    assert tracker.read_text() == "2" and not (cut / "iter_0000003").exists()
-    train(flags + ["--save", str(cut), "--load", str(cut / "iter_0000002"), "--colocate"], tmp_path / "resume.log")
+    load = whole / "iter_0000002"
+    if algorithm == "grpo":
+        tracker = cut / "latest_checkpointed_iteration.txt"
+        # The run kills itself (reward plugin) in rollout 3, after the save of rollout 2 and before its next step.
+        kill = {"VIME_TEST_KILL_AFTER": str(tracker), "VIME_TEST_KILL_ITERATION": "2"}
+        cut_flags = with_reward(flags, "even_token_share_killed_after_checkpoint")
+        process = train(cut_flags + ["--save", str(cut)], tmp_path / "cut.log", wait=False, env=kill)
+        process.wait(timeout=1200)
+        assert process.returncode == -signal.SIGKILL, (tmp_path / "cut.log").read_text()[-4000:]
+        assert tracker.read_text() == "2" and not (cut / "iter_0000003").exists()
+        load = cut / "iter_0000002"
+    train(flags + ["--save", str(cut), "--load", str(load), "--colocate"], tmp_path / "resume.log")
 
     expected, resumed = metrics(whole / "tensorboard")[2], metrics(cut / "tensorboard")[2]
     assert resumed["prompts"] == expected["prompts"]
