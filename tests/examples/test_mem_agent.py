@@ -332,7 +332,7 @@ def test_an_evaluation_item_saves_each_chunk_and_resumes_from_the_last(engine, m
 
     model, url = engine
     args = mem_args(model)
-    item = generate_item(random.Random(5), 3000, 0)
+    item = generate_item(random.Random(5), 4, 0)  # about 4 chunks of 40 tokens
     reads: list[tuple[str, str]] = []  # (memory, chunk) of each memory update
 
     def recorded_prompt(question, memory, chunk):
@@ -413,6 +413,8 @@ def test_a_resumed_eval_scores_every_item_once(engine, tmp_path):
     assert all(r["chunks"] == -(-r["doc_tokens"] // 64) and r["seconds"] > 0 for r in rows)
     assert summary["doc_tokens"] == round(sum(tokens) / 6, 1) and summary["n_proc"] == 3
     assert summary["seconds_per_item"] > 0 and summary["doc_tokens_per_s"] > 0
+    assert summary["scored_this_run"] == 6 and summary["wall_s"] > 0
+    assert summary["read_tokens_per_s"] == pytest.approx(sum(tokens) / summary["wall_s"], rel=0.05)
     # Stopped half-way: three whole lines and a torn fourth. The re-run keeps the three, scores the other three.
     lines = out.read_text().splitlines()
     out.write_text("\n".join(lines[:3]) + "\n" + lines[3][:20])
@@ -420,12 +422,18 @@ def test_a_resumed_eval_scores_every_item_once(engine, tmp_path):
     again = out.read_text().splitlines()
     assert again[:3] == lines[:3] and len(again) == 6
     assert sorted(json.loads(line)["_id"] for line in again) == list("012345") and summary["scored"] == 6
+    assert summary["scored_this_run"] == 3  # the throughput of this run counts its own items alone
     assert (tmp_path / "out/ruler_hqa_sub_em.png").stat().st_size > 1000
     # --lengths-at-once: a second length beside the first (whose items are all scored: none is run again).
     write_eval_file(tmp_path / "data", 5, 4, seed=2)
     both = main(argv[:argv.index("--length")] + ["--length", "3", "5", "--lengths-at-once"]
                 + argv[argv.index("--length") + 2:])
     assert [(s["num_docs"], s["scored"], s["lengths_at_once"]) for s in both] == [(3, 6, 2), (5, 4, 2)]
+    assert both[0]["scored_this_run"] == 0 and both[0]["read_tokens_per_s"] is None
+    # --at-once-max-docs: the lengths above it after the others, one at a time, on the same engine
+    capped = main(argv[:argv.index("--length")] + ["--length", "5", "3", "--lengths-at-once", "--at-once-max-docs",
+                                                   "3"] + argv[argv.index("--length") + 2:])
+    assert [(s["num_docs"], s["lengths_at_once"]) for s in capped] == [(3, 1), (5, 1)]
     assert out.read_text().splitlines() == again
     rows5 = [json.loads(line) for line in (tmp_path / "out/ruler_hqa_5/tiny.jsonl").read_text().splitlines()]
     assert sorted(r["_id"] for r in rows5) == list("0123") and all(r["num_docs"] == 5 for r in rows5)
