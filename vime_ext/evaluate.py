@@ -83,9 +83,11 @@ def read_rows(path: Path) -> dict[str, dict]:
 
 @dataclass
 class EvalPass:
-    """Every item's row (those of earlier runs included), and the samples that failed in this run."""
+    """Every item's row (those of earlier runs included), the ids of the rows this run scored, and the samples
+    that failed in this run."""
 
     rows: dict[str, dict]
+    scored_now: list[str]
     failed: list[Sample]
 
 
@@ -145,10 +147,11 @@ async def evaluate_items(args: PluginArgs, url: str, items: list[tuple[str, Samp
         raise ValueError(f"{desc}: the samples' indices repeat; each item needs its own index")
     saved = ItemProgress(progress_file, set(rows))
     for item_id, slot in todo:
-        if saved.state(item_id) is not None:
-            slot.metadata["resume"] = saved.state(item_id)
+        if (state := saved.state(item_id)) is not None:
+            slot.metadata["resume"] = state
     args.save_progress = lambda sample, state: saved.save(ids[sample.index], state)
     failed: list[tuple[str, Sample]] = []
+    scored_now: list[str] = []
     semaphore = asyncio.Semaphore(n_proc)
     progress = tqdm(total=len(todo), desc=f"{desc} ({len(rows)} done before)", unit="item")
     client = RolloutClient(url, max_concurrency=max(n_proc, 1) * 2, timeout_s=1800)
@@ -173,6 +176,7 @@ async def evaluate_items(args: PluginArgs, url: str, items: list[tuple[str, Samp
                         sink.write(json.dumps(scored, default=repr) + "\n")
                         sink.flush()  # one whole line per item
                         rows[item_id] = scored
+                        scored_now.append(item_id)
                         saved.finish(item_id)
                 except Exception as err:  # noqa: BLE001 (a plug-in's error or timeout fails this item only)
                     failed.append((item_id, plugin_failure(slot, err, timeout_s)))
@@ -188,7 +192,7 @@ async def evaluate_items(args: PluginArgs, url: str, items: list[tuple[str, Samp
     failed_file = out.with_name(out.name.removesuffix(".jsonl") + ".failed.jsonl")
     failed_file.write_text("".join(json.dumps({"_id": item_id, "status": s.status.value, "error": s.error}) + "\n"
                                    for item_id, s in failed), encoding="utf-8")
-    return EvalPass(rows, [s for _, s in failed])
+    return EvalPass(rows, scored_now, [s for _, s in failed])
 
 
 def evaluate(hf_dir: str, prompt_data: str, reward_path: str = "vime_ext.agent.rewards.boxed_exact_match",

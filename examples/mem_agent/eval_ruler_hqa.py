@@ -39,7 +39,7 @@ from examples.mem_agent.scoring import exact_match, extract_answer, substring_ma
 from vime_ext.agent.rewards import token_f1 as f1
 from vime_ext.agent.sample import Sample
 from vime_ext.engines.protocol import SamplingParams
-from vime_ext.evaluate import evaluate_items, saved_rows, served
+from vime_ext.evaluate import evaluate_items, served
 from vime_ext.rollout.plugins import load_custom_config, plugin_args
 
 JUDGES = ("judge_f1", "judge_em", "judge_sub_em")
@@ -93,16 +93,15 @@ async def evaluate_length(args, url: str, data_file: Path, out_dir: Path, save_f
                 **{key: sample.metadata.get(key, 0) for key in ("tokens_cut", "doc_tokens", "chunks", "resumed_at")},
                 "memory": sample.metadata.get("memory", ""), "answer_trace": sample.metadata.get("answer_trace", "")}
 
-    out = out_dir / f"{save_file}.jsonl"
-    before = set() if force else set(saved_rows(out)[0])
     start = time.perf_counter()
-    done = await evaluate_items(args, url, slots, generate, scored, params, out, n_proc, force, desc=data_file.name)
+    done = await evaluate_items(args, url, slots, generate, scored, params, out_dir / f"{save_file}.jsonl",
+                                n_proc, force, desc=data_file.name)
     wall = time.perf_counter() - start
     num_docs = items[0][0].num_docs if items else 0
     summary = summarize(list(done.rows.values()), len(done.failed), len(refused), num_docs, save_file, n_proc)
     # The throughput of this run: the document tokens its items read (a resumed item's rest only) over its wall
     # time, with every item in flight and (lengths_at_once) the other lengths beside it.
-    new = [r for item_id, r in done.rows.items() if item_id not in before]
+    new = [done.rows[item_id] for item_id in done.scored_now]
     read = sum(r["doc_tokens"] * (1 - r.get("resumed_at", 0) / r["chunks"]) for r in new if r.get("chunks"))
     summary.update(lengths_at_once=lengths_at_once, wall_s=round(wall, 1), scored_this_run=len(new),
                    read_tokens_per_s=round(read / wall, 1) if new and wall > 0 else None)
