@@ -109,6 +109,11 @@ async def evaluate_length(args, url: str, data_file: Path, out_dir: Path, save_f
     return summary
 
 
+# The reference files of the real benchmark (examples/mem_agent/hotpotqa_dev.py), by their number of documents:
+# what the row is called and how its level is drawn
+REFERENCES = {0: ("no document", "--"), 2: ("gold pair", ":")}
+
+
 def plot(save_dir: Path) -> Path | None:
     """sub-EM against the number of documents, one line per SAVE_FILE found under ``save_dir``."""
     import matplotlib
@@ -126,9 +131,13 @@ def plot(save_dir: Path) -> Path | None:
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, points in sorted(curves.items()):
         points.sort()
-        line, = ax.plot([n for n, _ in points if n > 0], [v for n, v in points if n > 0], marker="o", label=name)
-        for _, closed_book in (p for p in points if p[0] == 0):  # eval_0: no document, a level, not a length
-            ax.axhline(closed_book, color=line.get_color(), linestyle="--", label=f"{name}, no document")
+        lengths = [(n, v) for n, v in points if n not in REFERENCES]
+        line, = ax.plot([n for n, _ in lengths], [v for _, v in lengths], marker="o", label=name)
+        # the reference files are levels, not lengths
+        for n, level in points:
+            if n in REFERENCES:
+                ax.axhline(level, color=line.get_color(), linestyle=REFERENCES[n][1],
+                           label=f"{name}, {REFERENCES[n][0]}")
     path = save_dir / "ruler_hqa_sub_em.png"
     save_sub_em_figure(fig, ax, "documents per question (RULER-HQA length)", path)
     return path

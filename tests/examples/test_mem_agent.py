@@ -437,3 +437,21 @@ def test_a_resumed_eval_scores_every_item_once(engine, tmp_path):
     assert out.read_text().splitlines() == again
     rows5 = [json.loads(line) for line in (tmp_path / "out/ruler_hqa_5/tiny.jsonl").read_text().splitlines()]
     assert sorted(r["_id"] for r in rows5) == list("0123") and all(r["num_docs"] == 5 for r in rows5)
+
+
+def test_the_length_plot_draws_the_reference_files_as_levels(tmp_path, monkeypatch):
+    """eval_ruler_hqa.plot: the lengths as one line per model; no document (eval_0) and the gold pair (eval_2) as
+    horizontal levels, not as points at 0 and 2 documents."""
+    from examples.mem_agent import eval_ruler_hqa
+
+    for num_docs, sub_em in ((0, 1.6), (2, 22.7), (50, 9.4), (100, 7.8)):
+        folder = tmp_path / f"ruler_hqa_{num_docs}"
+        folder.mkdir()
+        (folder / "m.summary.json").write_text(json.dumps({"save_file": "m", "num_docs": num_docs, "sub_em": sub_em}))
+    drawn = {}
+    monkeypatch.setattr(eval_ruler_hqa, "save_sub_em_figure", lambda fig, ax, xlabel, path: drawn.update(ax=ax))
+    eval_ruler_hqa.plot(tmp_path)
+    lines = {line.get_label(): line for line in drawn["ax"].get_lines()}
+    assert list(lines["m"].get_xdata()) == [50, 100] and list(lines["m"].get_ydata()) == [9.4, 7.8]
+    assert list(lines["m, no document"].get_ydata()) == [1.6, 1.6]
+    assert list(lines["m, gold pair"].get_ydata()) == [22.7, 22.7]
