@@ -257,8 +257,8 @@ layout_run() {
 # The real RULER-HQA's rows without RL: each packaged model (BASE_MODELS) through MemAgent's workflow, untrained,
 # on the 128 test questions at every length (REAL_LENGTHS, documents; MemAgent's to 896K tokens) and the two
 # references (eval_0: no document; eval_2: the gold pair); MemAgent's chunks of 5000 tokens and memory updates of
-# 1024. The models run at the same time: each on a GPU of its own where there are as many GPUs, else on the
-# first GPU, each engine its share of its memory (the next starts once the one before serves). Per model, on one engine: the references and
+# 1024. The models run at the same time, each with an engine on every GPU of the machine (behind a router), each
+# engine its share of the GPU's memory (the next model starts once the one before serves). Per model, on one engine: the references and
 # the lengths up to AT_ONCE_MAX_DOCS (default 800) at once, then each longer length in turn, shortest first, so
 # a lease that ends early still returns every length before the one it was in. RESUME_FROM: a folder of an
 # earlier lease's rows (gzipped, as records keep them), whose items are skipped, or resumed mid-document. Sub-EM,
@@ -279,18 +279,16 @@ base_rows() {
       [ -f "${target}" ] || gunzip -c "${f}" > "${target}"
     done)
   fi
-  # a GPU per model where there are enough (0.9 of its memory each), else all on the first, sharing it
-  local visible i=0 apart=0
-  visible=(${CUDA_VISIBLE_DEVICES:-$(every_gpu)})
-  visible=(${visible[*]//,/ })
-  if (( ${#visible[@]} >= ${#models[@]} )); then apart=1; share=0.9
-  else share=$(python -c "print(round(0.9 / ${#models[@]}, 2))"); fi
+  # every model on every GPU (an engine per GPU, behind a router), each engine its share of the GPU's memory:
+  # the work of all models spreads over all GPUs, however unequal it is
+  local engines
+  engines=$(gpu_count)
+  engines=$(( engines > 0 ? engines : 1 ))
+  share=$(python -c "print(round(0.9 / ${#models[@]}, 2))")
   for model in "${models[@]}"; do
-    CUDA_VISIBLE_DEVICES=${visible[$(( apart ? i : 0 ))]} base_rows_model "${model}" "${share}" ${lengths} &
-    i=$(( i + 1 ))
-    (( apart )) && continue
-    # sharing a GPU: the next starts once this one serves (its first file's progress bar is up), so no
-    # profile run sees another's memory move; a start that fails ends the wait too
+    NUM_ENGINES=${engines} base_rows_model "${model}" "${share}" ${lengths} &
+    # the next starts once this one serves (its first file's progress bar is up), so no profile run sees
+    # another's memory move; a start that fails ends the wait too
     for _ in $(seq 120); do
       grep -q "eval_0.json" "${OUT_DIR}/base_rows_${model}.log" 2>/dev/null && break
       kill -0 $! 2>/dev/null || break

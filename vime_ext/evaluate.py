@@ -5,7 +5,8 @@ MemUpdate's ``eval_mem_update``) and MemAgent's RULER-HQA lengths.
     python -m vime_ext.evaluate --hf-checkpoint DIR --prompt-data FILE.jsonl [--custom-rm-path MOD.fn]
         [--engine-backend vllm|hf] [--n-samples-per-prompt 1] [--rollout-max-response-len 64] [--temperature 0]
         [--custom-generate-function-path MOD.fn] [--custom-config-path FILE] [--engine-dtype float32]
-        [--engine-max-model-len N] [--results FILE.jsonl] [--top-p 1.0] [--vllm-X ...: vLLM's --X]
+        [--engine-max-model-len N] [--results FILE.jsonl] [--top-p 1.0] [--num-engines 1]
+        [--vllm-X ...: vLLM's --X]
 
 With ``--results`` every finished sample is written there as it finishes, and a second run of the same command
 skips what is there (a line cut by a kill is dropped and its item run again).
@@ -29,7 +30,8 @@ from vime_ext.arguments import EvalConfig, rollout_problems
 from vime_ext.data.prompt_dataset import read_jsonl
 from vime_ext.engines.client import RolloutClient
 from vime_ext.engines.protocol import SamplingParams
-from vime_ext.engines.servers import EngineConfig, launch_engine, split_vllm_args, wait_until_serving
+from vime_ext.engines.servers import (EngineConfig, data_parallel_configs, launch_engine, launch_router,
+                                     split_vllm_args, visible_gpus, wait_until_serving)
 from vime_ext.item_progress import ItemProgress
 from vime_ext.rollout.config import RolloutConfig, sampling_params
 from vime_ext.rollout.debug_data import sample_from_dict
@@ -40,18 +42,27 @@ from vime_ext.rollout.validate import check_sample, fold_trajectory
 
 
 @contextlib.contextmanager
-def served(config: EngineConfig, url: str | None = None, timeout_s: float = 1800) -> Iterator[str]:
-    """The URL of an engine serving ``config``'s model: ``url`` when one is running already, else an engine
-    started here and stopped on leaving."""
+def served(config: EngineConfig, url: str | None = None, timeout_s: float = 1800, engines: int = 1,
+           router_policy: str = "consistent_hash") -> Iterator[str]:
+    """The URL serving ``config``'s model: ``url`` when one is running already, else engines started here and
+    stopped on leaving. ``engines`` > 1: data-parallel engines, each on GPUs of its own (``--tensor-parallel-size``
+    of the visible ones), behind vllm-router (``router_policy``; consistent_hash keeps an item's turns on one
+    engine, as in training)."""
     if url is not None:
         yield url
         return
-    engine = launch_engine(config)
+    servers = []
     try:
-        wait_until_serving([engine], timeout_s=timeout_s)
-        yield engine.url
+        for copy in data_parallel_configs(config, engines, visible_gpus(config)):
+            servers.append(launch_engine(copy))
+        wait_until_serving(servers, timeout_s=timeout_s)
+        if len(servers) > 1:
+            servers.insert(0, launch_router([s.url for s in servers], policy=router_policy, log_dir=config.log_dir))
+            wait_until_serving(servers[:1], timeout_s=120)
+        yield servers[0].url
     finally:
-        engine.stop()
+        for server in servers:
+            server.stop()
 
 
 def saved_rows(path: Path) -> tuple[dict[str, dict], list[str]]:
@@ -202,12 +213,13 @@ def evaluate(hf_dir: str, prompt_data: str, reward_path: str = "vime_ext.agent.r
              custom_config_path: str | None = None, dtype: str = "auto",
              max_model_len: int | None = None, results: str | None = None, force: bool = False,
              n_proc: int = 64, settings_override: dict | None = None,
-             reward_model: EngineConfig | None = None, top_p: float = 1.0) -> dict[str, float]:
+             reward_model: EngineConfig | None = None, top_p: float = 1.0, engines: int = 1) -> dict[str, float]:
     """``n_samples`` answers to each prompt of ``prompt_data`` from the model at ``hf_dir``, each rewarded by
     ``reward_path``; the rollout metrics of all (``eval/...``). ``results``: a JSONL kept across runs, one
     rewarded sample a line, so that a second run goes on where the first stopped (``force``: start it afresh).
     ``settings_override``: plug-in settings that replace those of ``custom_config_path``. ``reward_model``: an
-    engine served for the reward function, as train.py's ``--rm-hf-checkpoint`` (``args.rm_url``)."""
+    engine served for the reward function, as train.py's ``--rm-hf-checkpoint`` (``args.rm_url``). ``engines``:
+    data-parallel engines behind vllm-router (``served``)."""
     import tempfile
     from dataclasses import fields
 
@@ -246,7 +258,7 @@ def evaluate(hf_dir: str, prompt_data: str, reward_path: str = "vime_ext.agent.r
         if reward_model is not None:
             args.rm_url = stack.enter_context(served(reward_model, timeout_s=900))
         scratch = stack.enter_context(tempfile.TemporaryDirectory())
-        url = stack.enter_context(served(engine, timeout_s=900))
+        url = stack.enter_context(served(engine, timeout_s=900, engines=engines))
         out = Path(results) if results else Path(scratch) / "samples.jsonl"
         done = asyncio.run(evaluate_items(args, url, items, generate, rewarded, sampling_params(args, True), out,
                                           n_proc, force, timeout_s=rollout.rollout_sample_timeout or None))
@@ -271,13 +283,16 @@ def main(argv=None) -> dict[str, float]:
     parser.add_argument("--engine-dtype", default="auto", help="the engine's weights and activations")
     parser.add_argument("--engine-max-model-len", type=int, default=None, help="the engine's context length")
     parser.add_argument("--results", default=None, help="JSONL of the rewarded samples, kept across runs")
+    parser.add_argument("--num-engines", type=int, default=1,
+                        help="data-parallel engines, each on GPUs of its own, behind vllm-router")
     own, vllm_args = split_vllm_args(sys.argv[1:] if argv is None else list(argv))  # --vllm-X: the engine's --X
     args = parser.parse_args(own)
     result = evaluate(args.hf_checkpoint, args.prompt_data, args.custom_rm_path, args.engine_backend,
                       args.n_samples_per_prompt, args.rollout_max_response_len, args.temperature,
                       engine_args=vllm_args, generate_path=args.custom_generate_function_path,
                       custom_config_path=args.custom_config_path, dtype=args.engine_dtype,
-                      max_model_len=args.engine_max_model_len, results=args.results, top_p=args.top_p)
+                      max_model_len=args.engine_max_model_len, results=args.results, top_p=args.top_p,
+                      engines=args.num_engines)
     print(json.dumps(result, indent=1))
     return result
 

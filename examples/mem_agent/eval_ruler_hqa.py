@@ -2,7 +2,8 @@
 
     python -m examples.mem_agent.eval_ruler_hqa --model-path HF_DIR --data-root DIR --length 50 200 800 \
         --save-dir results --save-file my_model [--n-proc 16] [--temperature 0.7] [--top-p 0.95] [--force]
-        [--custom-config-path mem.yaml] [--engine-backend vllm|hf] [--tp 1] [--max-model-len N] [--model-url URL]
+        [--custom-config-path mem.yaml] [--engine-backend vllm|hf] [--tp 1] [--num-engines 1] [--max-model-len N]
+        [--model-url URL]
         [--lengths-at-once [--at-once-max-docs N]]
         [--vllm-X ...: any vLLM server flag --X, for the engine this starts]
 
@@ -181,6 +182,8 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--engine-backend", choices=["vllm", "hf"], default="vllm")
     parser.add_argument("--engine-dtype", default="auto")
     parser.add_argument("--tp", type=int, default=1, help="tensor parallel size of the vLLM engine")
+    parser.add_argument("--num-engines", type=int, default=1,
+                        help="data-parallel engines, each on --tp GPUs of its own, behind vllm-router")
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--seed", type=int, default=None, help="sampling seed (transformers engine or GPU vLLM)")
     from vime_ext.engines.servers import EngineConfig, split_vllm_args
@@ -221,7 +224,7 @@ def main(argv=None) -> list[dict]:
         summaries = list(await asyncio.gather(*(one_length(n, len(together)) for n in together)))
         return summaries + [await one_length(n, 1) for n in sorted(set(options.length) - set(together))]
 
-    with served(engine, options.model_url) as url:
+    with served(engine, options.model_url, engines=options.num_engines) as url:
         summaries = asyncio.run(every_length())
     figure = plot(save_dir)
     if figure:

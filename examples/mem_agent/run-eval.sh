@@ -11,6 +11,7 @@ DATA_ROOT=${DATA_ROOT:-/data/ruler_hqa}
 LENGTH=${LENGTH:-"50 200 800"}
 SAVE_DIR=${SAVE_DIR:-results/ruler_hqa}
 N_PROC=${N_PROC:-16} TEMPERATURE=${TEMPERATURE:-0.7} TOP_P=${TOP_P:-0.95} TP=${TP:-1}
+NUM_ENGINES=${NUM_ENGINES:-1}  # data-parallel engines, each on TP GPUs of its own (behind vllm-router)
 ENGINE_BACKEND=${ENGINE_BACKEND:-vllm}
 if [ "${CONVERT:-0}" = "1" ]; then
   MODEL_PATH=$(bash tools/convert_iteration_to_hf.sh | tail -1)
@@ -28,5 +29,5 @@ EXTRA=()
 # shellcheck disable=SC2086
 python -m examples.mem_agent.eval_ruler_hqa --model-path "${MODEL_PATH}" --data-root "${DATA_ROOT}" \
   --length ${LENGTH} --save-dir "${SAVE_DIR}" --save-file "${SAVE_FILE}" --n-proc "${N_PROC}" \
-  --temperature "${TEMPERATURE}" --top-p "${TOP_P}" --tp "${TP}" --engine-backend "${ENGINE_BACKEND}" \
+  --temperature "${TEMPERATURE}" --top-p "${TOP_P}" --tp "${TP}" --num-engines "${NUM_ENGINES}" --engine-backend "${ENGINE_BACKEND}" \
   --custom-config-path "${MEM_CONFIG}" "${EXTRA[@]}" "$@"

@@ -11,7 +11,8 @@ import pytest
 
 from vime_ext.engines import servers
 from vime_ext.engines.gpu_start_lock import GpuStartLock
-from vime_ext.engines.servers import EngineConfig, ServerProcess, engine_gpus, tensor_parallel_size, wait_until_serving
+from vime_ext.engines.servers import (EngineConfig, ServerProcess, data_parallel_configs, engine_gpus,
+                                     tensor_parallel_size, visible_gpus, wait_until_serving)
 from vime_ext.net import free_port
 
 
@@ -225,7 +226,9 @@ def test_a_start_that_keeps_failing_is_given_up_after_three(tmp_path):
 
 def test_which_gpus_an_engine_uses(monkeypatch):
     monkeypatch.setattr("torch.cuda.is_available", lambda: True)  # the rule, on a machine without CUDA
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 4)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert visible_gpus(EngineConfig("m")) == ["0", "1", "2", "3"]
     assert engine_gpus(EngineConfig("m", env={"CUDA_VISIBLE_DEVICES": "2,3"})) == ["2", "3"]
     assert engine_gpus(EngineConfig("m", extra_args=["--tensor-parallel-size", "2"])) == ["0", "1"]
     assert engine_gpus(EngineConfig("m", env={"CUDA_VISIBLE_DEVICES": ""})) == []
@@ -235,3 +238,18 @@ def test_which_gpus_an_engine_uses(monkeypatch):
     assert tensor_parallel_size(["--tensor-parallel-size=4"]) == 4 and tensor_parallel_size(["-tp", "8"]) == 8
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     assert engine_gpus(EngineConfig("m", env={"CUDA_VISIBLE_DEVICES": "0"})) == []
+
+
+def test_data_parallel_engines_each_get_gpus_of_their_own():
+    """An evaluation's --num-engines: each copy on its own port and its own tensor-parallel slice of the visible
+    GPUs, in order; too few GPUs is refused with the count; on CPUs the copies are not pinned."""
+    config = EngineConfig("m", port=8000, extra_args=["--tensor-parallel-size", "2"], env={"A": "1"})
+    two = data_parallel_configs(config, 2, ["2", "3", "5", "6"])
+    assert [c.env for c in two] == [{"A": "1", "CUDA_VISIBLE_DEVICES": "2,3"}, {"A": "1", "CUDA_VISIBLE_DEVICES": "5,6"}]
+    assert all(c.port == 0 and c.extra_args == config.extra_args for c in two)
+    assert data_parallel_configs(config, 1, ["2", "3"]) == [config]
+    with pytest.raises(ValueError, match="3 engines of 2 GPU\\(s\\) each need 6 GPUs; 4 visible"):
+        data_parallel_configs(config, 3, ["2", "3", "5", "6"])
+    assert [c.env for c in data_parallel_configs(config, 3, [])] == [{"A": "1"}] * 3
+    with pytest.raises(ValueError, match="1 or more"):
+        data_parallel_configs(config, 0, [])

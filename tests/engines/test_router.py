@@ -81,3 +81,22 @@ def test_vllm_flags_pass_through():
                                  "--vllm-kv-cache-dtype=fp8", "--seed", "3"])
     assert own == ["--lr", "1e-6", "--seed", "3"]
     assert vllm == ["--max-num-seqs", "64", "--enable-prefix-caching", "--kv-cache-dtype=fp8"]
+
+
+def test_an_evaluation_serves_from_data_parallel_engines_behind_the_router(tiny_hf_dirs, tmp_path):
+    """vime_ext.evaluate.served with engines=2 (eval_ruler_hqa's and vime_ext.evaluate's --num-engines): two
+    engines and a router in front of them; requests spread over both; all three stopped on leaving."""
+    from vime_ext.evaluate import served as serve
+
+    config = EngineConfig(str(tiny_hf_dirs["llama"]), backend="hf", log_dir=str(tmp_path),
+                          env={"OMP_NUM_THREADS": "1"})
+    with serve(config, timeout_s=120, engines=2, router_policy="round_robin") as url:
+        engines = [f"http://127.0.0.1:{log.stem.rsplit('_', 1)[1]}" for log in tmp_path.glob("hf_engine_*.log")]
+        assert len(engines) == 2 and url not in engines and list(tmp_path.glob("router_*.log"))
+        before = [httpx.get(e + "/health").json()["requests_served"] for e in engines]
+        results = run_requests(url, 8, [None])
+        counts = [httpx.get(e + "/health").json()["requests_served"] - b for e, b in zip(engines, before)]
+    assert len(results) == 8 and counts == [4, 4], counts
+    for address in [*engines, url]:
+        with pytest.raises(httpx.TransportError):
+            httpx.get(address + "/health", timeout=5)

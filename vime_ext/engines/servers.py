@@ -5,6 +5,7 @@ Any vLLM flag is reachable as ``--vllm-<flag>`` on vime_ext's command line: ``sp
 of argv unchanged (no per-flag forwarding to maintain). Servers bind 127.0.0.1 unless told otherwise.
 """
 
+import dataclasses
 import json
 import os
 import re
@@ -228,6 +229,15 @@ def vllm_dtype(config: EngineConfig) -> str:
 def engine_gpus(config: EngineConfig) -> list[str]:
     """The GPUs a vLLM engine will run on, as CUDA_VISIBLE_DEVICES names them (its own env's, else this
     process's, else the first --tensor-parallel-size devices); none without CUDA or for the hf backend."""
+    gpus = visible_gpus(config)
+    if config.env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES")) is not None:
+        return gpus
+    return gpus[:tensor_parallel_size(config.extra_args)]
+
+
+def visible_gpus(config: EngineConfig) -> list[str]:
+    """Every GPU a vLLM engine of ``config`` could be given, as CUDA_VISIBLE_DEVICES names them (its env's, else
+    this process's, else all the machine has); none without CUDA or for the hf backend."""
     import torch
 
     if config.backend != "vllm" or not torch.cuda.is_available():
@@ -235,7 +245,22 @@ def engine_gpus(config: EngineConfig) -> list[str]:
     visible = config.env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
     if visible is not None:
         return [g.strip() for g in visible.split(",") if g.strip()]
-    return [str(i) for i in range(tensor_parallel_size(config.extra_args))]
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def data_parallel_configs(config: EngineConfig, engines: int, gpus: list[str]) -> list[EngineConfig]:
+    """``engines`` copies of ``config`` for data-parallel serving, each on a port of its own and, given ``gpus``
+    (``visible_gpus``), pinned to its own ``--tensor-parallel-size`` of them in order; on CPUs, unpinned."""
+    if engines < 1:
+        raise ValueError(f"the number of engines must be 1 or more, got {engines}")
+    if engines == 1:
+        return [config]
+    tp = tensor_parallel_size(config.extra_args)
+    if gpus and len(gpus) < engines * tp:
+        raise ValueError(f"{engines} engines of {tp} GPU(s) each need {engines * tp} GPUs; {len(gpus)} visible "
+                         f"(CUDA_VISIBLE_DEVICES={','.join(gpus)})")
+    return [dataclasses.replace(config, port=0, env={**config.env, **(
+        {"CUDA_VISIBLE_DEVICES": ",".join(gpus[i * tp:(i + 1) * tp])} if gpus else {})}) for i in range(engines)]
 
 
 def tensor_parallel_size(args: list[str]) -> int:
