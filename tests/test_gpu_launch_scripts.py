@@ -228,10 +228,10 @@ def test_the_async_benchmark_runs_the_script_in_either_layout(layout, tmp_path):
         assert "--colocate" in args and last(args, "--vllm-gpu-memory-utilization") == "0.3"
 
 
-def evaluations_of_all(script: str, env: dict, record: Path) -> list[list[str]]:
-    """Run SCRIPT's `all` stage with the stand-ins; the evaluations it started (their arguments)."""
+def evaluations_of_all(script: str, env: dict, record: Path, stage: str = "all") -> list[list[str]]:
+    """Run SCRIPT's `all` stage (or another) with the stand-ins; the evaluations it started (their arguments)."""
     calls = len(record.read_text().splitlines())
-    done = subprocess.run(["bash", str(ROOT / script), "all"], env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(["bash", str(ROOT / script), stage], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     return [json.loads(line) for line in record.read_text().splitlines()[calls:]]
 
@@ -370,10 +370,11 @@ def test_the_smollm2_learning_recipe_chains_sft_rl_and_both_evaluations(tiny_hf_
 def test_the_mem_update_smollm2_recipe_chains_sft_rl_and_both_evaluations(tiny_hf_dirs, tmp_path):
     """examples/mem_update/run-smollm2-gpu.sh on one GPU: prepare (real: conversations, the split, the held-out
     questions, the SFT chats), then a seed's SFT run, its GRPO run through the Qwen3-4B launch script from the
-    SFT save, and both saves converted and evaluated with the base model as the reader."""
+    SFT save, and both saves converted and evaluated with the base model as the reader (READER=base: the
+    default reader is the packaged 1.5B model, which CI does not install); the baselines with another reader."""
     model, work = tiny_hf_dirs["qwen3"], tmp_path / "work"
     env = {"VIME_EXT_OUT": str(work), "HF_CKPT": str(model), "STAND_IN_GPUS": "1", "CONVERSATIONS": "5",
-           "N_TEST": "2", "EVAL_NUM": "7", "MEMUP_RETRIEVER": "bm25", "SEED": "2"}
+           "N_TEST": "2", "EVAL_NUM": "7", "MEMUP_RETRIEVER": "bm25", "SEED": "2", "READER": "base"}
     record = tmp_path / "train_args.json"
     full = {**os.environ, **env, "PATH": f"{stand_ins(tmp_path, record)}{os.pathsep}{os.environ['PATH']}"}
     full.pop("CUDA_VISIBLE_DEVICES", None)
@@ -404,6 +405,14 @@ def test_the_mem_update_smollm2_recipe_chains_sft_rl_and_both_evaluations(tiny_h
     for a in evals:
         assert last(a, "--reader-model") == str(model) and last(a, "--test-data") == str(data / "test_eval.jsonl")
         assert last(a, "--model-path").startswith(str(work / "seed_2")) and last(a, "--save-dir") == str(work / "eval")
+        assert last(a, "--edit") == "agent"
+    # the rows without training, with a reader of another folder: the base model, no-op and oracle, each episode
+    # scoring 3 unseen questions of its conversation beside the one it was shown
+    reader = tiny_hf_dirs["llama"]
+    evals = evaluations_of_all("examples/mem_update/run-smollm2-gpu.sh", {**full, "READER": str(reader)},
+                               tmp_path / "train_args.json.eval", stage="base")
+    assert [(last(a, "--save-file"), last(a, "--edit"), last(a, "--reader-model")) for a in evals] == [
+        ("base", "agent", str(reader)), ("noop", "noop", str(reader)), ("oracle", "oracle", str(reader))]
 
     # `all` with the base model's result copied from an earlier run (BASE_FROM): no base evaluation, its row in
     # the table. The stand-in evaluations write no results: the 4 x H200 run's stand in for them.
@@ -499,8 +508,8 @@ def test_the_sweep_runs_a_variant_per_gpu_on_data_prepared_once(tiny_hf_dirs, tm
 
 def test_the_real_benchmark_base_rows_run_every_length_and_both_references(tmp_path):
     """gpu_recipe.sh base_rows: each packaged model through the untrained workflow on the real test questions, on
-    one engine: the two references (no document, the gold pair) and the short lengths at once, then each longer
-    length alone; the engine's memory share split over the models; an earlier lease's gzipped rows (RESUME_FROM)
+    an engine per GPU: the two references (no document, the gold pair) and the short lengths at once, then each
+    longer length alone; each GPU's memory split over the models; an earlier lease's gzipped rows (RESUME_FROM)
     put in place first, so that the evaluation skips or resumes their items. Here on files built from the
     real-format slice (the stage builds them from the installed package when they are missing)."""
     import gzip
@@ -525,7 +534,8 @@ def test_the_real_benchmark_base_rows_run_every_length_and_both_references(tmp_p
     (args,) = [json.loads(line) for line in Path(f"{record}.eval").read_text().splitlines()]
     assert args[args.index("--length") + 1:args.index("--save-dir")] == ["0", "2", "20", "40", "60"]
     assert "--lengths-at-once" in args and last(args, "--at-once-max-docs") == "20"
-    assert last(args, "--vllm-gpu-memory-utilization") == "0.9"
+    # every model an engine on each of the 4 (stand-in) GPUs, sharing each GPU's memory with the other models
+    assert last(args, "--vllm-gpu-memory-utilization") == "0.9" and last(args, "--num-engines") == "4"
     assert last(args, "--data-root") == str(work / "real/test") and last(args, "--save-file") == "smollm2-135m"
     assert Path(last(args, "--model-path"), "config.json").is_file()  # the packaged model, built for real
     assert last(args, "--max-model-len") == "8192"

@@ -2,19 +2,23 @@
 # MemUpdate learned by SmolLM2-135M-Instruct on GPUs: a supervised warm start from demonstrations of good
 # episodes (Qwen <tool_call> sequences played on the real store and tools), then GRPO with the example's reward
 # through this example's Qwen3-4B launch script (its variables scaled to the small model), then QA before and
-# after the agent's edits on held-out conversations, scored by a fixed reader (the base SmolLM2, an engine of
-# its own) for every model. Stages:
+# after the agent's edits on held-out conversations, scored by a fixed reader (READER, an engine of its own) for
+# every model, beside the rows without a policy (no-op: the store untouched; oracle: the gold answers added).
+# Stages:
 #   bash examples/mem_update/run-smollm2-gpu.sh prepare       # conversations, the split, SFT chats
 #   SEED=0 bash examples/mem_update/run-smollm2-gpu.sh seed   # on one GPU: SFT, GRPO from it, both evaluated
-#   bash examples/mem_update/run-smollm2-gpu.sh base          # the base model evaluated
+#   bash examples/mem_update/run-smollm2-gpu.sh base          # the base model, no-op and oracle evaluated
 #   bash examples/mem_update/run-smollm2-gpu.sh table         # base / SFT / SFT + RL over the seeds: .md .json
 #   SEEDS="0 1" bash examples/mem_update/run-smollm2-gpu.sh all   # prepare, a seed per GPU at once, base, table
 #                                                                 # (BASE_FROM=DIR: base copied from a RESULTS)
 # Everything goes under VIME_EXT_OUT (default runs/mem_update_smollm2): data/, seed_S/{sft,rl}, eval/ (one
 # SAVE_FILE per model: base, sft_sS, rl_sS; resumable), table/. Extra arguments go to the GRPO run's train.py.
-# The training reward and the evaluation score QA with the same fixed reader, the base model (GRPO serves it as
-# the run's reward model, train.py --rm-hf-checkpoint, in RM_MEMORY (0.1) of the GPU). MEMUP_SCORER=proxy trains
-# on the proxy scorer instead, which the fourth run found to disagree with the reader (+0.2 against -0.016).
+# The training reward and the evaluation score QA with the same fixed reader: READER, default the packaged
+# Qwen2.5-Coder-1.5B-Instruct (READER=base: the policy's base model, as the published three seeds; GRPO serves
+# it as the run's reward model, train.py --rm-hf-checkpoint, in RM_MEMORY (0.1) of the GPU). Each episode scores
+# the question it was shown and MEMUP_EXTRA_QUESTIONS (3) other questions of its conversation (unseen); the
+# reward is over MEMUP_REWARD_QUESTIONS (both). MEMUP_SCORER=proxy trains on the proxy scorer instead, which the
+# fourth run found to disagree with the reader (+0.2 against -0.016).
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 STAGE=${1:?usage: run-smollm2-gpu.sh prepare|seed|base|table|all [train.py flags for the GRPO run]}
@@ -30,9 +34,16 @@ SFT_EPOCHS=${SFT_EPOCHS:-6} SFT_LR=${SFT_LR:-1e-4}
 export TURN_TOKENS=${TURN_TOKENS:-256}  # a reply's budget, in the launch script too
 MAX_MODEL_LEN=${MAX_MODEL_LEN:-8192}  # SmolLM2's context: an episode's bound
 RAY_PORT_BASE=${RAY_PORT_BASE:-6390}  # beside MemAgent's seeds (6380 + seed) on one machine
-export MEMUP_SCORER=${MEMUP_SCORER:-reader}
+export MEMUP_SCORER=${MEMUP_SCORER:-reader} MEMUP_EXTRA_QUESTIONS=${MEMUP_EXTRA_QUESTIONS:-3}
 # 7 GRPO steps: the published three seeds' (H200, 2026-11-27; records/mem_update_log.md, sixth and seventh runs)
 smollm2_recipe_defaults 7
+READER=${READER:-qwen2.5-coder-1.5b}
+case "${READER}" in
+  base) READER=${HF_CKPT} ;;
+  */*) ;;  # a folder
+  *) READER=$(python -m vime_ext.models.packaged "${READER}" | tail -1) ;;
+esac
+need "${READER}/config.json" READER
 
 prepare() {
   echo "$(date +%T) prepare: start"  # the time line of a lease (the fifth run could not place 4 minutes)
@@ -48,12 +59,13 @@ open(sys.argv[2], "w").writelines(sorted(random.Random(0).sample(lines, n), key=
 }
 
 # evaluate SAVE_FILE [SAVE_PATH]: the held-out episodes of the base model or (with a save) its last iteration, in
-# EVAL_ENGINE_MEMORY (0.25) of the GPU and the reader in 0.15, beside a seed's GRPO run (0.3 for its engine)
+# EVAL_ENGINE_MEMORY (0.25) of the GPU and the reader in 0.15, beside a seed's GRPO run (0.3 for its engine);
+# EDIT=noop|oracle: the rows without a policy (eval_mem_update.py --edit)
 evaluate() {
   local convert=0
   if [ -n "${2:-}" ]; then convert=1; fi
   CONVERT=${convert} SAVE_PATH=${2:-} MODEL_PATH=${HF_CKPT} SAVE_FILE=$1 TEST_DATA=${DATA_ROOT}/test_eval.jsonl \
-    RESULTS=${RESULTS} bash "${MEM_UPDATE_DIR}/run-eval.sh" --reader-model "${HF_CKPT}" \
+    RESULTS=${RESULTS} bash "${MEM_UPDATE_DIR}/run-eval.sh" --reader-model "${READER}" --edit "${EDIT:-agent}" \
     --max-response-len "${TURN_TOKENS}" --max-model-len "${MAX_MODEL_LEN}" \
     --vllm-gpu-memory-utilization "${EVAL_ENGINE_MEMORY:-0.25}"
 }
@@ -64,7 +76,7 @@ one_seed() {
   local seed=$1 reader=()
   shift
   if [ "${MEMUP_SCORER}" = "reader" ]; then
-    reader=(--rm-hf-checkpoint "${HF_CKPT}" --rm-gpu-memory-utilization "${RM_MEMORY:-0.1}")
+    reader=(--rm-hf-checkpoint "${READER}" --rm-gpu-memory-utilization "${RM_MEMORY:-0.1}")
   fi
   sft_warm_start "${HF_CKPT}" "${DATA_ROOT}/sft.jsonl" "${WORK}/seed_${seed}/sft" "${seed}" "${SFT_LR}" \
     "${SFT_EPOCHS}" --sft-max-len "${MAX_MODEL_LEN}" --sft-overlong skip
@@ -72,8 +84,16 @@ one_seed() {
     "${MEM_UPDATE_DIR}/run-qwen3-4b-train.sh" "${reader[@]}" "$@"
 }
 
+# the rows without training: the base model, then nobody editing (no-op) and the gold answers added (oracle)
+baselines() {
+  evaluate base
+  EDIT=noop evaluate noop
+  EDIT=oracle evaluate oracle
+}
+
 table() {
-  models_with_results "${RESULTS}/%s.json" base=base "SFT=sft_s*" "SFT + RL=rl_s*"
+  models_with_results "${RESULTS}/%s.json" "no-op (store untouched)=noop" base=base "SFT=sft_s*" \
+    "SFT + RL=rl_s*" "oracle (gold answers added)=oracle"
   python -m examples.mem_update.results_table --results "${RESULTS}" "${MODEL_ARGS[@]}" \
     --out "${WORK}/table/mem_update_smollm2"
 }
@@ -82,15 +102,16 @@ mkdir -p "${WORK}"
 case "${STAGE}" in
   prepare) prepare ;;
   seed) one_seed "${SEED}" "$@" ;;
-  base) evaluate base ;;
+  base) baselines ;;
   table) table ;;
   all)
     prepare
     seeds_on_gpus "$0" "${WORK}" "$@" || true
-    if [ -n "${BASE_FROM:-}" ]; then  # the base model's result from an earlier run's RESULTS, on the same files
-      mkdir -p "${RESULTS}" && cp "${BASE_FROM}"/base.* "${RESULTS}/"
+    if [ -n "${BASE_FROM:-}" ]; then  # the rows without training from an earlier run's RESULTS, same files
+      mkdir -p "${RESULTS}"
+      for row in "${BASE_FROM}"/{base,noop,oracle}.*; do if [ -e "${row}" ]; then cp "${row}" "${RESULTS}/"; fi; done
     else
-      CUDA_VISIBLE_DEVICES=$(cut -d, -f1 <<<"${CUDA_VISIBLE_DEVICES:-0}") evaluate base
+      CUDA_VISIBLE_DEVICES=$(cut -d, -f1 <<<"${CUDA_VISIBLE_DEVICES:-0}") baselines
     fi
     table ;;
   *) echo "usage: run-smollm2-gpu.sh prepare|seed|base|table|all" >&2; exit 2 ;;
