@@ -73,6 +73,9 @@ def main(argv=None) -> dict:
                              "oracle (each scored question's gold answer added: the ceiling); baselines.py")
     parser.add_argument("--reader-memory", type=float, default=0.15,
                         help="the reader engine's share of GPU memory (vLLM on a GPU)")
+    parser.add_argument("--num-engines", type=int, default=1,
+                        help="data-parallel engines of the model, each on GPUs of its own, behind vllm-router (the "
+                             "reader, one engine, on the first GPU)")
     own, vllm_args = split_vllm_args(sys.argv[1:] if argv is None else list(argv))
     args = parser.parse_args(own)
     name = args.save_file or Path(args.model_path).name
@@ -89,7 +92,7 @@ def main(argv=None) -> dict:
                        custom_config_path=args.custom_config_path, dtype=args.engine_dtype,
                        max_model_len=args.max_model_len,
                        results=str(Path(args.save_dir) / f"{name}.samples.jsonl"), force=args.force,
-                       settings_override=override, reward_model=reader)
+                       settings_override=override, reward_model=reader, engines=args.num_engines)
     summary = {"model": args.model_path, "edit": args.edit, "test_data": args.test_data,
                "scorer": f"reader {args.reader_model}" if args.reader_model else "from the settings",
                **summarize(metrics)}

@@ -490,8 +490,8 @@ def test_locomo_loader_split_and_bad_records(tmp_path):
 def test_the_evaluation_scores_with_a_fixed_reader_and_counts_each_tool(tmp_path):
     """eval_mem_update --reader-model: the QA scores come from a reader engine of their own (the same for every
     model evaluated), whatever scorer the settings name; the summary says which, and counts the calls per tool.
-    Real engines (the transformers backend) serving a tiny random Qwen3: its episodes are noise, the plumbing is
-    what is checked."""
+    Real engines (the transformers backend) serving a tiny random Qwen3, two of them behind the router
+    (--num-engines 2): its episodes are noise, the plumbing is what is checked."""
     from examples.mem_update.eval_mem_update import TOOL_NAMES, main
     from examples.mem_update.prepare_data import main as prepare
     from tests.conftest import make_tiny_hf_dir
@@ -504,7 +504,8 @@ def test_the_evaluation_scores_with_a_fixed_reader_and_counts_each_tool(tmp_path
     model = str(make_tiny_hf_dir("qwen3", tmp_path / "qwen3", max_position_embeddings=2048))  # the tool list fits
     summary = main(["--model-path", model, "--test-data", str(test), "--save-dir", str(tmp_path / "out"),
                     "--engine-backend", "hf", "--engine-dtype", "float32", "--max-response-len", "16",
-                    "--custom-config-path", str(tmp_path / "settings.json"), "--reader-model", model])
+                    "--custom-config-path", str(tmp_path / "settings.json"), "--reader-model", model,
+                    "--num-engines", "2"])
     assert summary["scorer"] == f"reader {model}" and summary["episodes"] == 2 and summary["failed"] == 0
     assert sorted(summary["calls_per_tool"]) == sorted(TOOL_NAMES)
     assert summary["valid_tool_calls"] == pytest.approx(summary["tool_calls"] - summary["tool_errors"])
