@@ -258,9 +258,9 @@ layout_run() {
 # on the 128 test questions at every length (REAL_LENGTHS, documents; MemAgent's to 896K tokens) and the two
 # references (eval_0: no document; eval_2: the gold pair); MemAgent's chunks of 5000 tokens and memory updates of
 # 1024. The models run at the same time, each with an engine on every GPU of the machine (behind a router), each
-# engine its share of the GPU's memory (the next model starts once the one before serves). Per model, on one engine: the references and
-# the lengths up to AT_ONCE_MAX_DOCS (default 800) at once, then each longer length in turn, shortest first, so
-# a lease that ends early still returns every length before the one it was in. RESUME_FROM: a folder of an
+# engine its share of the GPU's memory (the next model starts once the one before serves). Per model, on the
+# same engines: the references and the lengths up to AT_ONCE_MAX_DOCS (default 800) at once, then each longer
+# length in turn, shortest first, so a lease that ends early still returns every length before the one it was in. RESUME_FROM: a folder of an
 # earlier lease's rows (gzipped, as records keep them), whose items are skipped, or resumed mid-document. Sub-EM,
 # seconds per item and tokens read per second: OUT_DIR/base_rows/ruler_hqa_N/MODEL.summary.json as each length
 # ends, and the plot beside them.

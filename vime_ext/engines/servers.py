@@ -230,9 +230,12 @@ def engine_gpus(config: EngineConfig) -> list[str]:
     """The GPUs a vLLM engine will run on, as CUDA_VISIBLE_DEVICES names them (its own env's, else this
     process's, else the first --tensor-parallel-size devices); none without CUDA or for the hf backend."""
     gpus = visible_gpus(config)
-    if config.env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES")) is not None:
-        return gpus
-    return gpus[:tensor_parallel_size(config.extra_args)]
+    return gpus if cuda_visible_devices(config) is not None else gpus[:tensor_parallel_size(config.extra_args)]
+
+
+def cuda_visible_devices(config: EngineConfig) -> str | None:
+    """CUDA_VISIBLE_DEVICES as the engine will see it: its env's, else this process's (None: unset)."""
+    return config.env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
 
 
 def visible_gpus(config: EngineConfig) -> list[str]:
@@ -242,7 +245,7 @@ def visible_gpus(config: EngineConfig) -> list[str]:
 
     if config.backend != "vllm" or not torch.cuda.is_available():
         return []
-    visible = config.env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
+    visible = cuda_visible_devices(config)
     if visible is not None:
         return [g.strip() for g in visible.split(",") if g.strip()]
     return [str(i) for i in range(torch.cuda.device_count())]
