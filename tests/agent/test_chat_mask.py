@@ -154,3 +154,27 @@ def test_a_cut_that_leaves_no_assistant_token_skips_the_chat(qwen):
     sample = chat_sample(Sample(prompt=CHAT, metadata={"tools": TOOLS}), masker, 20, "truncate")
     assert sample.status == Status.FAILED and sample.metrics["sft_skipped"] == 1.0
     assert "over --sft-max-len 20" in sample.error
+
+
+def test_a_chat_masked_again_comes_from_the_cache_within_its_token_bound(qwen):
+    """SFT's later epochs: the same chat is not rendered again, and what the cache hands out is a copy; past
+    ``cache_tokens`` chats are rendered every time."""
+    tokenizer = with_template(qwen, TOOL_TEMPLATE)
+    renders = []
+    render = tokenizer.apply_chat_template
+    tokenizer.apply_chat_template = lambda *a, **k: renders.append(1) or render(*a, **k)
+    masker = ChatMasker(tokenizer)
+    probes = len(renders)  # the template's tool support, probed once per masker
+    first = masker(CHAT, TOOLS)
+    once = len(renders) - probes
+    assert once == 2 + 2 * 4  # the chat, its kept-content probe, and each of its 4 assistant turns twice
+    first.sequences[0].tokens.clear()  # a caller's change does not reach the cache
+    again = masker(CHAT, TOOLS)
+    assert len(renders) == probes + once and again == ChatMasker(with_template(qwen, TOOL_TEMPLATE))(CHAT, TOOLS)
+    assert masker(CHAT[:3], TOOLS) != again and len(renders) > probes + once  # another chat, another key
+    with pytest.raises(ChatTemplateError, match=r"no assistant message to train on \(roles: system, user\)"):
+        masker(CHAT[:2], TOOLS)
+    bounded = ChatMasker(tokenizer, cache_tokens=len(again.sequences[0].tokens) - 1)
+    before = len(renders)
+    assert bounded(CHAT, TOOLS) == again and bounded(CHAT, TOOLS) == again
+    assert len(renders) == before + 2 * once

@@ -16,8 +16,16 @@ turn it opens; every assistant turn's content and tool-call names must appear in
 turn's content in the rendering (a template that drops content would train on something else). Chat templates
 that ignore ``tools=`` or drop ``tool_calls`` get the tool list in the system message and the calls as
 ``<tool_call>`` blocks in the content, as the rollout's ``Trajectory`` renders them.
+
+A chat is rendered 2 + 2 x (assistant turns) times, each time from its start, so masking costs more than the
+training step of a small model (64 MemUpdate chats of ~1,200 tokens: 2.2 s, against SmolLM2's 0.85 s step on an
+H200). SFT runs several epochs over the same chats, so the masker keeps what it made, keyed by the chat, up to
+``cache_tokens`` tokens in all (compact arrays, 5 bytes a token), and later epochs take it from there.
 """
 
+import hashlib
+import json
+from array import array
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,7 +57,8 @@ class MaskedChat:
 class ChatMasker:
     """Renders chats with one tokenizer's template; the template's tool support is probed once."""
 
-    def __init__(self, tokenizer, chat_template_kwargs: dict[str, Any] | None = None):
+    def __init__(self, tokenizer, chat_template_kwargs: dict[str, Any] | None = None,
+                 cache_tokens: int = 20_000_000):
         if not getattr(tokenizer, "chat_template", None):
             raise ChatTemplateError(f"the tokenizer of {getattr(tokenizer, 'name_or_path', '?')} has no chat "
                                     "template to render chats with")
@@ -58,6 +67,9 @@ class ChatMasker:
         self.tools_in_system = template_ignores_tools(tokenizer, self.kwargs)
         self.calls_as_text = template_drops_tool_calls(tokenizer, self.kwargs)
         self.eos = tokenizer.eos_token_id
+        self.cache_tokens = cache_tokens  # the cache's bound: chats past it are rendered every time
+        self._cache: dict[bytes, tuple[bool, list[tuple[array, array]]]] = {}
+        self._cached_tokens = 0
 
     def _normalise(self, messages: list[dict], tools: list[dict] | None) -> tuple[list[dict], list[dict] | None]:
         if self.calls_as_text:
@@ -82,6 +94,19 @@ class ChatMasker:
                 raise ChatTemplateError(f"the chat template drops the content of messages[{i}] ({message['role']})")
 
     def __call__(self, messages: list[dict], tools: list[dict] | None = None) -> MaskedChat:
+        key = hashlib.blake2b(json.dumps([messages, tools], sort_keys=True, default=str).encode(),
+                              digest_size=16).digest()
+        if key in self._cache:  # fresh lists: a caller may change what it gets
+            split, sequences = self._cache[key]
+            return MaskedChat([MaskedSequence(list(t), list(m)) for t, m in sequences], split)
+        chat = self._mask(messages, tools)
+        size = sum(len(s.tokens) for s in chat.sequences)
+        if self._cached_tokens + size <= self.cache_tokens:
+            self._cache[key] = chat.split, [(array("i", s.tokens), array("b", s.mask)) for s in chat.sequences]
+            self._cached_tokens += size
+        return chat
+
+    def _mask(self, messages: list[dict], tools: list[dict] | None) -> MaskedChat:
         messages, tools = self._normalise(messages, tools)
         self._check_kept(messages, tools)
         full, _ = self._ids(messages, tools, False)
@@ -105,6 +130,9 @@ class ChatMasker:
                 raise ChatTemplateError(f"the chat template drops the content of messages[{i}] (assistant): "
                                         f"{(missing or '')[:60]!r} is not in the tokens of its turn")
             turns.append((closed, len(opening), end))
+        if not turns:
+            raise ChatTemplateError(f"the chat has no assistant message to train on (roles: "
+                                    f"{', '.join(m['role'] for m in messages)})")
         if all(full[:len(closed)] == closed for closed, _, _ in turns):
             mask = [0] * turns[-1][2]
             for _, start, end in turns:
