@@ -191,6 +191,27 @@ smollm2_recipe_defaults() {
   SEED=${SEED:-0} SEEDS=${SEEDS:-"0 1 2"}
   RL_ROLLOUTS=${RL_ROLLOUTS:-${1:?smollm2_recipe_defaults ROLLOUTS}} RL_LR=${RL_LR:-2e-5}
   ROLLOUT_BATCH_SIZE=${ROLLOUT_BATCH_SIZE:-16} N_SAMPLES_PER_PROMPT=${N_SAMPLES_PER_PROMPT:-8}
+  shared_gpu_defaults
+}
+
+# shared_gpu_defaults: SEEDS_PER_GPU (default 1) seeds run on each GPU at once (seeds_on_gpus). vLLM sizes an
+# engine's KV cache from the free memory of the whole device before and after its profile run, so what another
+# seed's engines and trainer take or give back meanwhile (their sleep and wake, the trainer's offload) would be
+# counted as this engine's: its cache too small, or an "Error in memory profiling". With several seeds a GPU every
+# engine of the recipe therefore gets a fixed cache of KV_CACHE_GIB (default 8: SmolLM2's 372K tokens, the 1.5B
+# reader's 300K), vLLM's --kv-cache-memory-bytes, which skips that sizing; its memory share (ENGINE_MEMORY,
+# RM_MEMORY, EVAL_ENGINE_MEMORY, READER_MEMORY, default 0.05) is then only the free memory vLLM checks for at
+# its start. KV_CACHE_GIB alone (one seed a GPU) fixes the caches too. Sets KV_ARGS (train.py's and the
+# evaluations' --vllm-* flags).
+shared_gpu_defaults() {
+  SEEDS_PER_GPU=${SEEDS_PER_GPU:-1}
+  KV_ARGS=()
+  if [ "${SEEDS_PER_GPU}" -gt 1 ]; then KV_CACHE_GIB=${KV_CACHE_GIB:-8}; fi
+  if [ -n "${KV_CACHE_GIB:-}" ] && [ "${NUM_GPUS}" -gt 0 ]; then
+    KV_ARGS=(--vllm-kv-cache-memory-bytes $(( KV_CACHE_GIB * 1024 * 1024 * 1024 )))
+    ENGINE_MEMORY=${ENGINE_MEMORY:-0.05} RM_MEMORY=${RM_MEMORY:-0.05}
+    EVAL_ENGINE_MEMORY=${EVAL_ENGINE_MEMORY:-0.05} READER_MEMORY=${READER_MEMORY:-0.05}
+  fi
 }
 
 # grpo_from_sft LAUNCH_SCRIPT WORK SEED [train.py flags]: an example's Qwen3-4B launch script through its variables,
@@ -218,7 +239,7 @@ grpo_from_sft() {
     SAVE_INTERVAL=${RL_ROLLOUTS} SAVE_OPTIM=0 ENGINE_MEMORY=${ENGINE_MEMORY:-0.3} RAY_PORT=$(( ${RAY_PORT_BASE:-6380} + seed )) \
     bash "${script}" --lr "${RL_LR}" --seed "${seed}" --engine-max-model-len "${MAX_MODEL_LEN}" \
     --rollout-temperature "${RL_TEMPERATURE:-1.0}" \
-    --max-tokens-per-gpu 32768 --recompute-granularity selective "${knobs[@]}" "$@"
+    --max-tokens-per-gpu 32768 --recompute-granularity selective "${knobs[@]}" "${KV_ARGS[@]}" "$@"
 }
 
 # grpo_beside_sft_eval EVALUATE WORK SEED LAUNCH_SCRIPT [train.py flags]: GRPO from the SFT save (grpo_from_sft) and,
@@ -284,20 +305,23 @@ models_with_results() {
   done
 }
 
-# seeds_on_gpus SCRIPT LOG_DIR [ARGS]: `SEED=s bash SCRIPT seed ARGS` for every s of SEEDS at once, one GPU each
-# (those of CUDA_VISIBLE_DEVICES, else the machine's), logged to LOG_DIR/seed_s.log; fails if any seed failed
+# seeds_on_gpus SCRIPT LOG_DIR [ARGS]: `SEED=s bash SCRIPT seed ARGS` for every s of SEEDS at once, on the GPUs of
+# CUDA_VISIBLE_DEVICES (else the machine's) in turn, at most SEEDS_PER_GPU (1) a GPU (shared_gpu_defaults),
+# logged to LOG_DIR/seed_s.log; fails if any seed failed
 seeds_on_gpus() {
-  local script=$1 logs=$2 seeds=(${SEEDS}) gpus pids=() i status=0
+  local script=$1 logs=$2 seeds=(${SEEDS}) gpus pids=() i status=0 per_gpu=${SEEDS_PER_GPU:-1}
   shift 2
   gpus=(${CUDA_VISIBLE_DEVICES:-$(seq -s ' ' 0 $(( NUM_GPUS > 0 ? NUM_GPUS - 1 : 0 )))})
   gpus=(${gpus[@]//,/ })
-  if (( ${#seeds[@]} > ${#gpus[@]} )); then
-    echo "$(basename "${script}"): ${#seeds[@]} seeds (SEEDS) for ${#gpus[@]} GPU(s): at most one per GPU" >&2
+  if (( ${#seeds[@]} > ${#gpus[@]} * per_gpu )); then
+    echo "$(basename "${script}"): ${#seeds[@]} seeds (SEEDS) for ${#gpus[@]} GPU(s) at SEEDS_PER_GPU=${per_gpu}:" \
+      "at most $(( ${#gpus[@]} * per_gpu ))" >&2
     return 2
   fi
   mkdir -p "${logs}"
   for i in "${!seeds[@]}"; do
-    CUDA_VISIBLE_DEVICES=${gpus[i]} SEED=${seeds[i]} bash "${script}" seed "$@" >"${logs}/seed_${seeds[i]}.log" 2>&1 &
+    CUDA_VISIBLE_DEVICES=${gpus[i % ${#gpus[@]}]} SEED=${seeds[i]} bash "${script}" seed "$@" \
+      >"${logs}/seed_${seeds[i]}.log" 2>&1 &
     pids+=($!)
   done
   for i in "${!pids[@]}"; do

@@ -236,6 +236,34 @@ def evaluations_of_all(script: str, env: dict, record: Path, stage: str = "all")
     return [json.loads(line) for line in record.read_text().splitlines()[calls:]]
 
 
+def test_seeds_share_gpus_in_turn_with_fixed_kv_caches(tmp_path):
+    """seeds_on_gpus and shared_gpu_defaults (_common.sh, real) with a stand-in seed script: SEEDS_PER_GPU seeds
+    a GPU, placed in turn; more seeds than that is refused with the count; several seeds a GPU give every engine a
+    fixed KV cache (vLLM's --kv-cache-memory-bytes) and small memory shares, one seed a GPU neither."""
+    script = tmp_path / "seed.sh"
+    script.write_text(f'echo "$SEED $CUDA_VISIBLE_DEVICES" >>{tmp_path}/placed\n')
+    path = f"{stand_ins(tmp_path, tmp_path / 'args.json')}{os.pathsep}{os.environ['PATH']}"
+    mine = ("CUDA_VISIBLE_DEVICES", "KV_CACHE_GIB", "SEEDS_PER_GPU", "ENGINE_MEMORY", "RM_MEMORY", "READER_MEMORY")
+
+    def run(env: dict, body: str) -> subprocess.CompletedProcess:
+        full = {k: v for k, v in os.environ.items() if k not in mine}
+        return subprocess.run(["bash", "-c", f"source {ROOT}/_common.sh\n{body}"], env={**full, "PATH": path, **env},
+                              capture_output=True, text=True, timeout=60)
+
+    done = run({"STAND_IN_GPUS": "2", "SEEDS": "0 1 2", "SEEDS_PER_GPU": "2"},
+               f"seeds_on_gpus {script} {tmp_path}/logs")
+    assert done.returncode == 0, done.stderr
+    assert sorted((tmp_path / "placed").read_text().splitlines()) == ["0 0", "1 1", "2 0"]
+    done = run({"STAND_IN_GPUS": "2", "SEEDS": "0 1 2"}, f"seeds_on_gpus {script} {tmp_path}/logs")
+    assert done.returncode == 2 and "3 seeds (SEEDS) for 2 GPU(s) at SEEDS_PER_GPU=1: at most 2" in done.stderr
+    show = 'shared_gpu_defaults; echo "${KV_ARGS[*]}|${ENGINE_MEMORY:-}|${RM_MEMORY:-}|${READER_MEMORY:-}"'
+    assert run({"STAND_IN_GPUS": "1", "SEEDS_PER_GPU": "3"}, show).stdout.split() == [
+        "--vllm-kv-cache-memory-bytes", f"{8 * 2**30}|0.05|0.05|0.05"]
+    assert run({"STAND_IN_GPUS": "1", "KV_CACHE_GIB": "3", "ENGINE_MEMORY": "0.2"}, show).stdout.split() == [
+        "--vllm-kv-cache-memory-bytes", f"{3 * 2**30}|0.2|0.05|0.05"]
+    assert run({"STAND_IN_GPUS": "1"}, show).stdout.strip() == "|||"
+
+
 @pytest.mark.parametrize("grpo_fails", [False, True])
 def test_the_sft_evaluation_starts_after_grpos_first_rollout(grpo_fails, tmp_path):
     """grpo_beside_sft_eval (_common.sh, real) with GRPO and the evaluations as shell stand-ins: the SFT save's
@@ -378,9 +406,9 @@ def test_the_mem_update_smollm2_recipe_chains_sft_rl_and_both_evaluations(tiny_h
     record = tmp_path / "train_args.json"
     full = {**os.environ, **env, "PATH": f"{stand_ins(tmp_path, record)}{os.pathsep}{os.environ['PATH']}"}
     full.pop("CUDA_VISIBLE_DEVICES", None)
-    for stage in ("prepare", "seed"):
-        done = subprocess.run(["bash", str(ROOT / "examples/mem_update/run-smollm2-gpu.sh"), stage], env=full,
-                              capture_output=True, text=True, timeout=600)
+    for stage in ("prepare", "seed"):  # the seed with fixed KV caches (shared_gpu_defaults), as beside others
+        done = subprocess.run(["bash", str(ROOT / "examples/mem_update/run-smollm2-gpu.sh"), stage],
+                              env={**full, "KV_CACHE_GIB": "2"}, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     data = work / "data"
     test, chosen = (data / "test.jsonl").read_text().splitlines(), (data / "test_eval.jsonl").read_text().splitlines()
@@ -398,11 +426,14 @@ def test_the_mem_update_smollm2_recipe_chains_sft_rl_and_both_evaluations(tiny_h
     assert "--colocate" in rl and last(rl, "--rollout-max-response-len") == "256" and last(rl, "--seed") == "2"
     assert last(rl, "--num-rollout") == "7" and last(rl, "--lr") == "2e-5"  # the published seeds' steps
     # the training reward's reader is the evaluation's: the base model, served as the run's reward model
-    assert last(rl, "--rm-hf-checkpoint") == str(model) and last(rl, "--rm-gpu-memory-utilization") == "0.1"
+    assert last(rl, "--rm-hf-checkpoint") == str(model) and last(rl, "--rm-gpu-memory-utilization") == "0.05"
+    kv = str(2 * 2**30)  # every engine's KV cache fixed; the shares only what vLLM checks is free at its start
+    assert last(rl, "--vllm-kv-cache-memory-bytes") == kv and last(rl, "--vllm-gpu-memory-utilization") == "0.05"
     evals = sorted((json.loads(line) for line in (tmp_path / "train_args.json.eval").read_text().splitlines()),
                    key=lambda a: last(a, "--save-file"))
     assert [last(a, "--save-file") for a in evals] == ["rl_s2", "sft_s2"]
     for a in evals:
+        assert last(a, "--vllm-kv-cache-memory-bytes") == kv and last(a, "--reader-memory") == "0.05"
         assert last(a, "--reader-model") == str(model) and last(a, "--test-data") == str(data / "test_eval.jsonl")
         assert last(a, "--model-path").startswith(str(work / "seed_2")) and last(a, "--save-dir") == str(work / "eval")
         assert last(a, "--edit") == "agent"
@@ -413,6 +444,9 @@ def test_the_mem_update_smollm2_recipe_chains_sft_rl_and_both_evaluations(tiny_h
                                tmp_path / "train_args.json.eval", stage="base")
     assert [(last(a, "--save-file"), last(a, "--edit"), last(a, "--reader-model")) for a in evals] == [
         ("base", "agent", str(reader)), ("noop", "noop", str(reader)), ("oracle", "oracle", str(reader))]
+    # one seed a GPU, no KV_CACHE_GIB: vLLM sizes the caches from the shares
+    assert all(last(a, "--reader-memory") == "0.15" and last(a, "--vllm-gpu-memory-utilization") == "0.25"
+               and "--vllm-kv-cache-memory-bytes" not in a for a in evals)
 
     # `all` with the base model's result copied from an earlier run (BASE_FROM): no base evaluation, its row in
     # the table. The stand-in evaluations write no results: the 4 x H200 run's stand in for them.

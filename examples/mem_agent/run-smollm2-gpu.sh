@@ -82,7 +82,7 @@ evaluate() {
   if [ -n "${2:-}" ]; then convert=1; fi
   CONVERT=${convert} SAVE_PATH=${2:-} MODEL_PATH=${HF_CKPT} SAVE_FILE=$1 DATA_ROOT=${DATA_ROOT}/ruler_hqa \
     LENGTH=${LENGTH} SAVE_DIR=${EVAL_DIR} N_PROC=${EVAL_NUM} LENGTHS_AT_ONCE=1 MAX_MODEL_LEN=${MAX_MODEL_LEN} \
-    bash "${MEM_AGENT_DIR}/run-eval.sh" --vllm-gpu-memory-utilization "${EVAL_ENGINE_MEMORY:-0.3}"
+    bash "${MEM_AGENT_DIR}/run-eval.sh" --vllm-gpu-memory-utilization "${EVAL_ENGINE_MEMORY:-0.3}" "${KV_ARGS[@]}"
 }
 
 # seed SEED ARGS...: SFT, then GRPO from it with the SFT model's evaluation beside it, then the RL model's

@@ -21,7 +21,7 @@ import torch
 
 from examples.mem_update.locomo import CATEGORIES
 from examples.mem_update.tools import ERROR_KINDS, TOOLS
-from vime_ext.engines.servers import EngineConfig, split_vllm_args
+from vime_ext.engines.servers import EngineConfig, split_vllm_args, without_flag
 from vime_ext.evaluate import evaluate
 
 HERE = Path(__file__).resolve().parent
@@ -52,6 +52,16 @@ def summarize(metrics: dict[str, float]) -> dict:
     return summary
 
 
+def reader_config(args: argparse.Namespace, vllm_args: list[str], gpu: bool) -> EngineConfig:
+    """The evaluation's reader, as train.py's --rm-hf-checkpoint engine: the model engine's --vllm-* flags (a fixed
+    KV cache, eager mode) in a memory share of its own (--reader-memory), without the weight-update routes."""
+    extra = without_flag(list(vllm_args), "--gpu-memory-utilization")
+    if gpu:
+        extra += ["--gpu-memory-utilization", str(args.reader_memory)]
+    return EngineConfig(args.reader_model, backend=args.engine_backend, dtype=args.engine_dtype,
+                        max_model_len=args.max_model_len, rl_routes=False, extra_args=extra)
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-path", required=True, help="HF checkpoint to serve")
@@ -80,11 +90,8 @@ def main(argv=None) -> dict:
     args = parser.parse_args(own)
     name = args.save_file or Path(args.model_path).name
     reader, override = None, {}
-    if args.reader_model:  # the reward model of the evaluation, as train.py's --rm-hf-checkpoint
-        gpu = args.engine_backend == "vllm" and torch.cuda.is_available()
-        reader = EngineConfig(args.reader_model, backend=args.engine_backend, dtype=args.engine_dtype,
-                              max_model_len=args.max_model_len, rl_routes=False,
-                              extra_args=["--gpu-memory-utilization", str(args.reader_memory)] if gpu else [])
+    if args.reader_model:
+        reader = reader_config(args, vllm_args, args.engine_backend == "vllm" and torch.cuda.is_available())
         override = {"memup_scorer": "reader"}
     metrics = evaluate(args.model_path, args.test_data, "examples.mem_update.reward.reward", args.engine_backend,
                        1, args.max_response_len, args.temperature, engine_args=vllm_args,

@@ -59,7 +59,8 @@ open(sys.argv[2], "w").writelines(sorted(random.Random(0).sample(lines, n), key=
 }
 
 # evaluate SAVE_FILE [SAVE_PATH]: the held-out episodes of the base model or (with a save) its last iteration, in
-# EVAL_ENGINE_MEMORY (0.25) of the GPU and the reader in 0.15, beside a seed's GRPO run (0.3 for its engine);
+# EVAL_ENGINE_MEMORY (0.25) of the GPU and the reader in READER_MEMORY (0.15), beside a seed's GRPO run (0.3 for
+# its engine; several seeds a GPU: shared_gpu_defaults in _common.sh);
 # EDIT=noop|oracle: the rows without a policy (eval_mem_update.py --edit)
 evaluate() {
   local convert=0
@@ -67,7 +68,8 @@ evaluate() {
   CONVERT=${convert} SAVE_PATH=${2:-} MODEL_PATH=${HF_CKPT} SAVE_FILE=$1 TEST_DATA=${DATA_ROOT}/test_eval.jsonl \
     RESULTS=${RESULTS} bash "${MEM_UPDATE_DIR}/run-eval.sh" --reader-model "${READER}" --edit "${EDIT:-agent}" \
     --max-response-len "${TURN_TOKENS}" --max-model-len "${MAX_MODEL_LEN}" \
-    --vllm-gpu-memory-utilization "${EVAL_ENGINE_MEMORY:-0.25}"
+    --vllm-gpu-memory-utilization "${EVAL_ENGINE_MEMORY:-0.25}" --reader-memory "${READER_MEMORY:-0.15}" \
+    "${KV_ARGS[@]}"
 }
 
 # seed SEED ARGS...: SFT, then GRPO from it with the SFT model's evaluation beside it (an engine and a reader),

@@ -534,3 +534,21 @@ def test_the_baseline_rows_run_through_the_evaluation_as_a_user_runs_them(tiny_h
         assert row["episodes"] == episodes and row["failed"] == 0.0
     assert rows["noop"]["qa_delta"] == 0.0 and rows["noop"]["reward"] == 0.0
     assert rows["oracle"]["qa_after"] > rows["oracle"]["qa_before"] == rows["noop"]["qa_before"]
+
+
+def test_the_evaluations_reader_takes_the_engines_vllm_flags_in_a_share_of_its_own():
+    """eval_mem_update's reader, like train.py's --rm-hf-checkpoint engine: the model engine's --vllm-* flags (a
+    fixed KV cache beside other runs on the GPU) with --reader-memory in place of the engine's share."""
+    import argparse
+
+    from examples.mem_update.eval_mem_update import reader_config
+
+    args = argparse.Namespace(reader_model="/models/reader", engine_backend="vllm", engine_dtype="auto",
+                              max_model_len=8192, reader_memory=0.05)
+    flags = ["--gpu-memory-utilization", "0.25", "--kv-cache-memory-bytes", "2147483648", "--enforce-eager"]
+    reader = reader_config(args, flags, gpu=True)
+    assert reader.model == "/models/reader" and not reader.rl_routes and reader.max_model_len == 8192
+    assert reader.extra_args == ["--kv-cache-memory-bytes", "2147483648", "--enforce-eager",
+                                 "--gpu-memory-utilization", "0.05"]
+    assert reader_config(args, flags, gpu=False).extra_args == ["--kv-cache-memory-bytes", "2147483648",
+                                                                "--enforce-eager"]
