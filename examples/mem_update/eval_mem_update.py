@@ -21,7 +21,7 @@ import torch
 
 from examples.mem_update.locomo import CATEGORIES
 from examples.mem_update.tools import ERROR_KINDS, TOOLS
-from vime_ext.engines.servers import EngineConfig, split_vllm_args, without_flag
+from vime_ext.engines.servers import EngineConfig, in_memory_share, split_vllm_args
 from vime_ext.evaluate import evaluate
 
 HERE = Path(__file__).resolve().parent
@@ -55,11 +55,9 @@ def summarize(metrics: dict[str, float]) -> dict:
 def reader_config(args: argparse.Namespace, vllm_args: list[str], gpu: bool) -> EngineConfig:
     """The evaluation's reader, as train.py's --rm-hf-checkpoint engine: the model engine's --vllm-* flags (a fixed
     KV cache, eager mode) in a memory share of its own (--reader-memory), without the weight-update routes."""
-    extra = without_flag(list(vllm_args), "--gpu-memory-utilization")
-    if gpu:
-        extra += ["--gpu-memory-utilization", str(args.reader_memory)]
     return EngineConfig(args.reader_model, backend=args.engine_backend, dtype=args.engine_dtype,
-                        max_model_len=args.max_model_len, rl_routes=False, extra_args=extra)
+                        max_model_len=args.max_model_len, rl_routes=False,
+                        extra_args=in_memory_share(vllm_args, args.reader_memory if gpu else None))
 
 
 def main(argv=None) -> dict:

