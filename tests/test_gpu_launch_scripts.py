@@ -559,7 +559,7 @@ def test_the_real_benchmark_base_rows_run_every_length_and_both_references(tmp_p
     (earlier / "smollm2-135m.progress.jsonl.gz").write_bytes(gzip.compress(b'{"_id": "3", "state": {}}\n'))
     record = tmp_path / "train_args.json"
     full = {**os.environ, "WORK": str(work), "VIME_EXT_OUT": str(tmp_path / "out"), "REAL_LENGTHS": "20 40 60",
-            "AT_ONCE_MAX_DOCS": "20", "BASE_MODELS": "smollm2-135m", "RESUME_FROM": str(tmp_path / "records"),
+            "AT_ONCE_MAX_DOCS": "20", "BASE_MODELS": "smollm2-135m", "ROWS_MEMORY": "0.7", "RESUME_FROM": str(tmp_path / "records"),
             "PATH": f"{stand_ins(tmp_path, record)}{os.pathsep}{os.environ['PATH']}"}
     full.pop("PYTHONPATH", None)
     done = subprocess.run(["bash", str(ROOT / "tools/gpu_recipe.sh"), "base_rows"], env=full, capture_output=True,
@@ -568,8 +568,8 @@ def test_the_real_benchmark_base_rows_run_every_length_and_both_references(tmp_p
     (args,) = [json.loads(line) for line in Path(f"{record}.eval").read_text().splitlines()]
     assert args[args.index("--length") + 1:args.index("--save-dir")] == ["0", "2", "20", "40", "60"]
     assert "--lengths-at-once" in args and last(args, "--at-once-max-docs") == "20"
-    # every model an engine on each of the 4 (stand-in) GPUs, sharing each GPU's memory with the other models
-    assert last(args, "--vllm-gpu-memory-utilization") == "0.9" and last(args, "--num-engines") == "4"
+    # every model an engine on each of the 4 (stand-in) GPUs, sharing ROWS_MEMORY of each GPU with the other models
+    assert last(args, "--vllm-gpu-memory-utilization") == "0.7" and last(args, "--num-engines") == "4"
     assert last(args, "--data-root") == str(work / "real/test") and last(args, "--save-file") == "smollm2-135m"
     assert Path(last(args, "--model-path"), "config.json").is_file()  # the packaged model, built for real
     assert last(args, "--max-model-len") == "8192"

@@ -258,7 +258,8 @@ layout_run() {
 # on the 128 test questions at every length (REAL_LENGTHS, documents; MemAgent's to 896K tokens) and the two
 # references (eval_0: no document; eval_2: the gold pair); MemAgent's chunks of 5000 tokens and memory updates of
 # 1024. The models run at the same time, each with an engine on every GPU of the machine (behind a router), each
-# engine its share of the GPU's memory (the next model starts once the one before serves). Per model, on the
+# engine its share of the GPU's memory, ROWS_MEMORY (0.9) split evenly (the next model starts once the one before
+# serves; a lower ROWS_MEMORY leaves room for another job on the GPUs). Per model, on the
 # same engines: the references and the lengths up to AT_ONCE_MAX_DOCS (default 800) at once, then each longer
 # length in turn, shortest first, so a lease that ends early still returns every length before the one it was in. RESUME_FROM: a folder of an
 # earlier lease's rows (gzipped, as records keep them), whose items are skipped, or resumed mid-document. Sub-EM,
@@ -284,7 +285,7 @@ base_rows() {
   local engines
   engines=$(gpu_count)
   engines=$(( engines > 0 ? engines : 1 ))
-  share=$(python -c "print(round(0.9 / ${#models[@]}, 2))")
+  share=$(python -c "print(round(${ROWS_MEMORY:-0.9} / ${#models[@]}, 2))")
   for model in "${models[@]}"; do
     NUM_ENGINES=${engines} base_rows_model "${model}" "${share}" ${lengths} &
     # the next starts once this one serves (its first file's progress bar is up), so no profile run sees
