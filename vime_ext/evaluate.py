@@ -30,8 +30,9 @@ from vime_ext.arguments import EvalConfig, rollout_problems
 from vime_ext.data.prompt_dataset import read_jsonl
 from vime_ext.engines.client import RolloutClient
 from vime_ext.engines.protocol import SamplingParams
-from vime_ext.engines.servers import (EngineConfig, data_parallel_configs, launch_engine, launch_router,
-                                     split_vllm_args, visible_gpus, wait_until_serving)
+from vime_ext.engines.servers import (EngineConfig, ServerProcess, data_parallel_configs, engine_gpus,
+                                     fixed_kv_cache, launch_engine, launch_router, split_vllm_args,
+                                     visible_gpus, wait_until_serving)
 from vime_ext.item_progress import ItemProgress
 from vime_ext.rollout.config import RolloutConfig, sampling_params
 from vime_ext.rollout.debug_data import sample_from_dict
@@ -51,18 +52,48 @@ def served(config: EngineConfig, url: str | None = None, timeout_s: float = 1800
     if url is not None:
         yield url
         return
-    servers = []
+    with served_together([(config, engines)], timeout_s, router_policy) as (url,):
+        yield url
+
+
+@contextlib.contextmanager
+def served_together(models: list[tuple[EngineConfig, int]], timeout_s: float = 1800,
+                    router_policy: str = "consistent_hash") -> Iterator[list[str]]:
+    """One URL per (config, engines) of ``models``, as ``served`` gives it, their engines started at once where
+    they may be: an engine that must have its GPUs to itself while it starts (``gpu_start_lock.py``: one that
+    sizes its KV cache from free memory) first waits until those started before it on the same GPUs serve."""
+    groups: list[list[ServerProcess]] = []
+    starting: list[tuple[ServerProcess, EngineConfig]] = []
     try:
-        for copy in data_parallel_configs(config, engines, visible_gpus(config)):
-            servers.append(launch_engine(copy))
-        wait_until_serving(servers, timeout_s=timeout_s)
-        if len(servers) > 1:
-            servers.insert(0, launch_router([s.url for s in servers], policy=router_policy, log_dir=config.log_dir))
-            wait_until_serving(servers[:1], timeout_s=120)
-        yield servers[0].url
+        for config, engines in models:
+            group = []
+            groups.append(group)
+            for copy in data_parallel_configs(config, engines, visible_gpus(config)):
+                if any(start_excludes(copy, server, other) for server, other in starting):
+                    wait_until_serving([server for server, _ in starting], timeout_s=timeout_s)
+                    starting = []
+                server = launch_engine(copy)
+                group.append(server)
+                starting.append((server, copy))
+        wait_until_serving([server for server, _ in starting], timeout_s=timeout_s)
+        urls = []
+        for group, (config, _) in zip(groups, models):
+            if len(group) > 1:
+                group.insert(0, launch_router([s.url for s in group], policy=router_policy, log_dir=config.log_dir))
+                wait_until_serving(group[:1], timeout_s=120)
+            urls.append(group[0].url)
+        yield urls
     finally:
-        for server in servers:
-            server.stop()
+        for group in groups:
+            for server in group:
+                server.stop()
+
+
+def start_excludes(config: EngineConfig, server: ServerProcess, server_config: EngineConfig) -> bool:
+    """Whether an engine of ``config`` may not start while ``server`` (of ``server_config``, launched from this
+    process) still starts: they share a GPU and either takes its start lock exclusively."""
+    return bool(set(server.gpus) & set(engine_gpus(config))) and not (fixed_kv_cache(config)
+                                                                      and fixed_kv_cache(server_config))
 
 
 def saved_rows(path: Path) -> tuple[dict[str, dict], list[str]]:
@@ -206,30 +237,53 @@ async def evaluate_items(args: PluginArgs, url: str, items: list[tuple[str, Samp
     return EvalPass(rows, scored_now, [s for _, s in failed])
 
 
-def evaluate(hf_dir: str, prompt_data: str, reward_path: str = "vime_ext.agent.rewards.boxed_exact_match",
-             backend: str = "hf", n_samples: int = 1, max_response_len: int = 64, temperature: float = 0.0,
-             engine_args: list[str] | None = None, log_dir: str | None = None,
-             generate_path: str = "vime_ext.agent.generate.generate",
-             custom_config_path: str | None = None, dtype: str = "auto",
-             max_model_len: int | None = None, results: str | None = None, force: bool = False,
-             n_proc: int = 64, settings_override: dict | None = None,
-             reward_model: EngineConfig | None = None, top_p: float = 1.0, engines: int = 1) -> dict[str, float]:
+GENERATE = "vime_ext.agent.generate.generate"
+
+
+@dataclass(frozen=True)
+class EvalRow:
+    """One row of an evaluation: who answers (``generate_path``, a generate plug-in) and where its rewarded
+    samples are kept across runs (``results``, a JSONL; None: a scratch file)."""
+
+    generate_path: str = GENERATE
+    results: str | None = None
+
+
+def evaluate(hf_dir: str, prompt_data: str, *args, generate_path: str = GENERATE, results: str | None = None,
+             **kwargs) -> dict[str, float]:
+    """One row of ``evaluate_rows``: its metrics."""
+    return evaluate_rows(hf_dir, prompt_data, *args, rows=[EvalRow(generate_path, results)], **kwargs)[0]
+
+
+def evaluate_rows(hf_dir: str, prompt_data: str, reward_path: str = "vime_ext.agent.rewards.boxed_exact_match",
+                  backend: str = "hf", n_samples: int = 1, max_response_len: int = 64, temperature: float = 0.0,
+                  engine_args: list[str] | None = None, log_dir: str | None = None,
+                  custom_config_path: str | None = None, dtype: str = "auto",
+                  max_model_len: int | None = None, force: bool = False,
+                  n_proc: int = 64, settings_override: dict | None = None,
+                  reward_model: EngineConfig | None = None, top_p: float = 1.0, engines: int = 1, *,
+                  rows: list[EvalRow]) -> list[dict[str, float]]:
     """``n_samples`` answers to each prompt of ``prompt_data`` from the model at ``hf_dir``, each rewarded by
-    ``reward_path``; the rollout metrics of all (``eval/...``). ``results``: a JSONL kept across runs, one
-    rewarded sample a line, so that a second run goes on where the first stopped (``force``: start it afresh).
-    ``settings_override``: plug-in settings that replace those of ``custom_config_path``. ``reward_model``: an
-    engine served for the reward function, as train.py's ``--rm-hf-checkpoint`` (``args.rm_url``). ``engines``:
-    data-parallel engines behind vllm-router (``served``)."""
+    ``reward_path``, once per row of ``rows``, in turn, on the same engines; each row's rollout metrics
+    (``eval/...``). A row's ``results`` is kept across runs, one rewarded sample a line, so that a second run goes
+    on where the first stopped (``force``: start afresh). ``settings_override``: plug-in settings that replace
+    those of ``custom_config_path``. ``reward_model``: an engine served for the reward function, as train.py's
+    ``--rm-hf-checkpoint`` (``args.rm_url``), started beside the model's (``served_together``). ``engines``:
+    data-parallel engines behind vllm-router (``served``). Rows that share engines share one start, and a reward
+    that asks a fixed model through ``fixed_replies`` gets one reply per prompt across the rows."""
     import tempfile
     from dataclasses import fields
 
     from transformers import AutoTokenizer
 
+    if not rows:
+        raise ValueError("evaluate_rows needs at least one row")
     records = read_jsonl(prompt_data)
     rollout = RolloutConfig(rollout_batch_size=len(records), n_samples_per_prompt=n_samples,
                             rollout_max_response_len=max_response_len, rollout_top_p=top_p,
                             custom_rm_path=reward_path,
-                            custom_generate_function_path=generate_path, custom_config_path=custom_config_path,
+                            custom_generate_function_path=rows[0].generate_path,
+                            custom_config_path=custom_config_path,
                             rm_hf_checkpoint=reward_model.model if reward_model else None)
     problems = rollout_problems(rollout)
     if problems:
@@ -240,11 +294,8 @@ def evaluate(hf_dir: str, prompt_data: str, reward_path: str = "vime_ext.agent.r
     custom = load_custom_config(custom_config_path, names) if custom_config_path else {}
     args = plugin_args([rollout, settings], {**custom, **(settings_override or {})})
     args.tokenizer = AutoTokenizer.from_pretrained(hf_dir)
-    generate = load_function(generate_path, "--custom-generate-function-path")
+    generates = [load_function(row.generate_path, "--custom-generate-function-path") for row in rows]
     reward = load_function(reward_path, "--custom-rm-path")
-    items = [(f"{r.source}#{k}", Sample(prompt=r.prompt, label=r.label, metadata={**r.metadata, "source": r.source},
-                                        group_index=g, index=g * n_samples + k))
-             for g, r in enumerate(records) for k in range(n_samples)]
 
     async def rewarded(_: str, sample: Sample) -> dict:
         apply_reward(sample, await call_plugin(reward, args, sample))
@@ -254,18 +305,25 @@ def evaluate(hf_dir: str, prompt_data: str, reward_path: str = "vime_ext.agent.r
 
     engine = EngineConfig(hf_dir, backend=backend, dtype=dtype, max_model_len=max_model_len,
                           extra_args=list(engine_args or []), log_dir=log_dir)
-    with contextlib.ExitStack() as stack:
+    models = [(engine, engines)] + ([(reward_model, 1)] if reward_model is not None else [])
+    metrics = []
+    with tempfile.TemporaryDirectory() as scratch, served_together(models, timeout_s=900) as urls:
         if reward_model is not None:
-            args.rm_url = stack.enter_context(served(reward_model, timeout_s=900))
-        scratch = stack.enter_context(tempfile.TemporaryDirectory())
-        url = stack.enter_context(served(engine, timeout_s=900, engines=engines))
-        out = Path(results) if results else Path(scratch) / "samples.jsonl"
-        done = asyncio.run(evaluate_items(args, url, items, generate, rewarded, sampling_params(args, True), out,
-                                          n_proc, force, timeout_s=rollout.rollout_sample_timeout or None))
-    samples = [sample_from_dict({k: v for k, v in row.items() if k not in LOOP_KEYS}, f"{out}: {item_id}")
-               for item_id, row in done.rows.items()] + done.failed
-    return {**rollout_metrics(samples, "eval"), "eval/samples": float(len(samples)),
-            "eval/reward_sem": float(np.std([s.reward or 0.0 for s in samples]) / np.sqrt(len(samples)))}
+            args.rm_url = urls[1]
+        for number, (row, generate) in enumerate(zip(rows, generates)):
+            items = [(f"{r.source}#{k}", Sample(prompt=r.prompt, label=r.label,
+                                                metadata={**r.metadata, "source": r.source},
+                                                group_index=g, index=g * n_samples + k))
+                     for g, r in enumerate(records) for k in range(n_samples)]
+            out = Path(row.results) if row.results else Path(scratch) / f"samples_{number}.jsonl"
+            done = asyncio.run(evaluate_items(args, urls[0], items, generate, rewarded, sampling_params(args, True),
+                                              out, n_proc, force, timeout_s=rollout.rollout_sample_timeout or None))
+            samples = [sample_from_dict({k: v for k, v in r.items() if k not in LOOP_KEYS}, f"{out}: {item_id}")
+                       for item_id, r in done.rows.items()] + done.failed
+            metrics.append({**rollout_metrics(samples, "eval"), "eval/samples": float(len(samples)),
+                            "eval/reward_sem": float(np.std([s.reward or 0.0 for s in samples])
+                                                     / np.sqrt(len(samples)))})
+    return metrics
 
 
 def main(argv=None) -> dict[str, float]:

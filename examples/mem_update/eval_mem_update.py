@@ -1,10 +1,12 @@
 """QA on held-out conversations before and after the agent's edits.
 
     python -m examples.mem_update.eval_mem_update --model-path DIR --test-data test.jsonl --save-dir results \
-        [--save-file NAME] [--engine-backend vllm|hf] [--engine-dtype float32] [--force] [--vllm-X ...]
+        [--save-file NAME ...] [--edit agent|noop|oracle ...] [--reader-model DIR] [--engine-backend vllm|hf]
+        [--engine-dtype float32] [--force] [--vllm-X ...]
 
 Each test prompt is one episode of the served model on its conversation's initial memories (greedy by default;
-``--edit noop|oracle``: the store left alone, or given each scored question's gold answer, in the model's place),
+``--edit noop|oracle``: the store left alone, or given each scored question's gold answer, in the model's place;
+several edits: a row each, on the same engines),
 scored by the training reward: the QA score of the store before and after, with the settings of
 ``--custom-config-path``. Writes ``SAVE_DIR/SAVE_FILE.json`` (qa_before, qa_after, the delta, reward, per LoCoMo
 category, tool calls and errors per episode, failed episodes) and prints it. Each finished episode goes to
@@ -22,7 +24,7 @@ import torch
 from examples.mem_update.locomo import CATEGORIES
 from examples.mem_update.tools import ERROR_KINDS, TOOLS
 from vime_ext.engines.servers import EngineConfig, in_memory_share, split_vllm_args
-from vime_ext.evaluate import evaluate
+from vime_ext.evaluate import EvalRow, evaluate_rows
 
 HERE = Path(__file__).resolve().parent
 TOOL_NAMES = [tool["function"]["name"] for tool in TOOLS]
@@ -60,12 +62,14 @@ def reader_config(args: argparse.Namespace, vllm_args: list[str], gpu: bool) -> 
                         extra_args=in_memory_share(vllm_args, args.reader_memory if gpu else None))
 
 
-def main(argv=None) -> dict:
+def main(argv=None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-path", required=True, help="HF checkpoint to serve")
     parser.add_argument("--test-data", required=True, help="test.jsonl of prepare_data.py")
     parser.add_argument("--save-dir", required=True)
-    parser.add_argument("--save-file", default=None, help="result name (default: the model folder's name)")
+    parser.add_argument("--save-file", nargs="+", default=None,
+                        help="result name, one per --edit (default: the model folder's name for agent, the edit's "
+                             "name for the others)")
     parser.add_argument("--engine-backend", choices=["vllm", "hf"], default="vllm")
     parser.add_argument("--engine-dtype", default="auto")
     parser.add_argument("--max-response-len", type=int, default=256, help="new tokens per reply")
@@ -76,9 +80,11 @@ def main(argv=None) -> dict:
     parser.add_argument("--reader-model", default=None,
                         help="score QA with this model as the reader (an engine of its own, the same for every "
                              "model evaluated) instead of the settings' scorer")
-    parser.add_argument("--edit", choices=sorted(EDITS), default="agent",
+    parser.add_argument("--edit", nargs="+", choices=sorted(EDITS), default=["agent"],
                         help="who edits the store: the served model (agent), nobody (noop: doing nothing), or the "
-                             "oracle (each scored question's gold answer added: the ceiling); baselines.py")
+                             "oracle (each scored question's gold answer added: the ceiling); baselines.py. Several: "
+                             "one row each, in turn, on the same engines (one start; the reader's reply to a "
+                             "prompt is the same in every row)")
     parser.add_argument("--reader-memory", type=float, default=0.15,
                         help="the reader engine's share of GPU memory (vLLM on a GPU)")
     parser.add_argument("--num-engines", type=int, default=1,
@@ -86,26 +92,31 @@ def main(argv=None) -> dict:
                              "reader, one engine, on the first GPU)")
     own, vllm_args = split_vllm_args(sys.argv[1:] if argv is None else list(argv))
     args = parser.parse_args(own)
-    name = args.save_file or Path(args.model_path).name
+    names = args.save_file or [Path(args.model_path).name if edit == "agent" else edit for edit in args.edit]
+    if len(names) != len(args.edit):
+        parser.error(f"--save-file names {len(names)} file(s) for {len(args.edit)} --edit row(s): one each")
     reader, override = None, {}
     if args.reader_model:
         reader = reader_config(args, vllm_args, args.engine_backend == "vllm" and torch.cuda.is_available())
         override = {"memup_scorer": "reader"}
-    metrics = evaluate(args.model_path, args.test_data, "examples.mem_update.reward.reward", args.engine_backend,
-                       1, args.max_response_len, args.temperature, engine_args=vllm_args,
-                       generate_path=EDITS[args.edit],
-                       custom_config_path=args.custom_config_path, dtype=args.engine_dtype,
-                       max_model_len=args.max_model_len,
-                       results=str(Path(args.save_dir) / f"{name}.samples.jsonl"), force=args.force,
-                       settings_override=override, reward_model=reader, engines=args.num_engines)
-    summary = {"model": args.model_path, "edit": args.edit, "test_data": args.test_data,
-               "scorer": f"reader {args.reader_model}" if args.reader_model else "from the settings",
-               **summarize(metrics)}
-    out = Path(args.save_dir) / f"{name}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(summary, indent=1))
-    print(json.dumps(summary, indent=1))
-    return summary
+    rows = [EvalRow(EDITS[edit], str(Path(args.save_dir) / f"{name}.samples.jsonl"))
+            for edit, name in zip(args.edit, names)]
+    every = evaluate_rows(args.model_path, args.test_data, "examples.mem_update.reward.reward", args.engine_backend,
+                          1, args.max_response_len, args.temperature, engine_args=vllm_args,
+                          custom_config_path=args.custom_config_path, dtype=args.engine_dtype,
+                          max_model_len=args.max_model_len, force=args.force,
+                          settings_override=override, reward_model=reader, engines=args.num_engines, rows=rows)
+    summaries = []
+    for edit, name, metrics in zip(args.edit, names, every):
+        summary = {"model": args.model_path, "edit": edit, "test_data": args.test_data,
+                   "scorer": f"reader {args.reader_model}" if args.reader_model else "from the settings",
+                   **summarize(metrics)}
+        out = Path(args.save_dir) / f"{name}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(summary, indent=1))
+        print(json.dumps(summary, indent=1))
+        summaries.append(summary)
+    return summaries
 
 
 if __name__ == "__main__":

@@ -16,7 +16,9 @@ unseen), of one of two scorers, each reading the ``memup_top_k`` memories retrie
   whatever the store holds (as published), so it adds nothing to the delta;
 - ``reader``: a model answers from the retrieved memories, greedily; token F1 against the gold answer. The
   model is the run's reward model when it has one (``args.rm_url``: train.py's ``--rm-hf-checkpoint``, the
-  evaluation's ``--reader-model``), a fixed reader; else the policy itself, through the rollout's router.
+  evaluation's ``--reader-model``), a fixed reader, asked each distinct prompt once per process
+  (``vime_ext.engines.fixed_replies``: vLLM's batched greedy replies vary with the batch, and an unchanged store
+  must score the same before and after); else the policy itself, through the rollout's router.
 
 The before and after stores are the namespace's snapshot and its final state, both real; the namespace is
 dropped here. An unfinished episode (no final reply) is scored the same way, as published, unless
@@ -39,6 +41,7 @@ from examples.mem_update.retrieval import make_retriever
 from examples.mem_update.settings import MemUpdateSettings, reader_tokenizer
 from examples.mem_update.store import STORE, Memory
 from vime_ext.agent.rewards import token_f1
+from vime_ext.engines.fixed_replies import FIXED_REPLIES
 from vime_ext.engines.protocol import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -76,8 +79,6 @@ def _tokenizer(path: str):
 async def reader_score(args, settings: MemUpdateSettings, question: str, answer: str,
                        retrieved: list[Memory]) -> float:
     """The reader's answer from the retrieved memories, scored by token F1."""
-    from vime_ext.engines.client import RolloutClient
-
     listing = "\n".join(f"- {m.content}" + (f" ({m.metadata['date']})" if m.metadata.get("date") else "")
                         for m in retrieved) or "(none)"
     fixed = getattr(args, "rm_url", None)
@@ -87,12 +88,8 @@ async def reader_score(args, settings: MemUpdateSettings, question: str, answer:
         add_generation_prompt=True)
     ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     params = SamplingParams(temperature=0.0, max_new_tokens=settings.reader_max_tokens, log_probs=False)
-    if fixed:
-        client = RolloutClient(fixed)
-        try:
-            result = await client.generate(ids, params)
-        finally:
-            await client.close()
+    if fixed:  # one reply per distinct prompt: an unchanged store scores the same before and after
+        result = await FIXED_REPLIES.generate(fixed, ids, params)
     else:
         result = await args.rollout_client.generate(ids, params)
     reply = tokenizer.decode(result.token_ids, skip_special_tokens=True)

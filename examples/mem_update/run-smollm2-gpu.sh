@@ -58,15 +58,19 @@ open(sys.argv[2], "w").writelines(sorted(random.Random(0).sample(lines, n), key=
   echo "$(date +%T) prepare: done"
 }
 
-# evaluate SAVE_FILE [SAVE_PATH]: the held-out episodes of the base model or (with a save) its last iteration, in
-# EVAL_ENGINE_MEMORY (0.25) of the GPU and the reader in READER_MEMORY (0.15), beside a seed's GRPO run (0.3 for
-# its engine; several seeds a GPU: shared_gpu_defaults in _common.sh);
-# EDIT=noop|oracle: the rows without a policy (eval_mem_update.py --edit)
+# evaluate "SAVE_FILE..." [SAVE_PATH]: the held-out episodes of the base model or (with a save) its last iteration,
+# in EVAL_ENGINE_MEMORY (0.25) of the GPU and the reader in READER_MEMORY (0.15), beside a seed's GRPO run (0.3 for
+# its engine; several seeds a GPU: shared_gpu_defaults in _common.sh); EDIT (agent): who edits the store, a word
+# per SAVE_FILE (eval_mem_update.py --edit: noop and oracle are the rows without a policy), the rows in turn on
+# the same engines
 evaluate() {
-  local convert=0
+  local convert=0 names
+  read -r -a names <<<"$1"
   if [ -n "${2:-}" ]; then convert=1; fi
-  CONVERT=${convert} SAVE_PATH=${2:-} MODEL_PATH=${HF_CKPT} SAVE_FILE=$1 TEST_DATA=${DATA_ROOT}/test_eval.jsonl \
-    RESULTS=${RESULTS} bash "${MEM_UPDATE_DIR}/run-eval.sh" --reader-model "${READER}" --edit "${EDIT:-agent}" \
+  # shellcheck disable=SC2086  # EDIT is a list of words
+  CONVERT=${convert} SAVE_PATH=${2:-} MODEL_PATH=${HF_CKPT} SAVE_FILE=${names[0]} \
+    TEST_DATA=${DATA_ROOT}/test_eval.jsonl RESULTS=${RESULTS} bash "${MEM_UPDATE_DIR}/run-eval.sh" \
+    --reader-model "${READER}" --edit ${EDIT:-agent} --save-file "${names[@]}" \
     --max-response-len "${TURN_TOKENS}" --max-model-len "${MAX_MODEL_LEN}" \
     --vllm-gpu-memory-utilization "${EVAL_ENGINE_MEMORY:-0.25}" --reader-memory "${READER_MEMORY:-0.15}" \
     "${KV_ARGS[@]}"
@@ -86,11 +90,10 @@ one_seed() {
     "${MEM_UPDATE_DIR}/run-qwen3-4b-train.sh" "${reader[@]}" "$@"
 }
 
-# the rows without training: the base model, then nobody editing (no-op) and the gold answers added (oracle)
+# the rows without training, on one policy engine and one reader: the base model, nobody editing (no-op) and the
+# gold answers added (oracle)
 baselines() {
-  evaluate base
-  EDIT=noop evaluate noop
-  EDIT=oracle evaluate oracle
+  EDIT="agent noop oracle" evaluate "base noop oracle"
 }
 
 table() {

@@ -21,12 +21,13 @@ def lock_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("VIME_EXT_LOCK_DIR", str(tmp_path / "locks"))
 
 
-def holder(gpu: str, hold_s: float) -> subprocess.Popen:
-    """Another process that takes GPU ``gpu``'s lock, says so, holds it ``hold_s`` and says when it lets go."""
+def holder(gpu: str, hold_s: float, shared: bool = False) -> subprocess.Popen:
+    """Another process that takes GPU ``gpu``'s lock (``shared``: as an engine with a fixed KV cache), says so,
+    holds it ``hold_s`` and says when it lets go."""
     code = textwrap.dedent(f"""
         import time
         from vime_ext.engines.gpu_start_lock import GpuStartLock
-        lock = GpuStartLock([{gpu!r}], what="holder")
+        lock = GpuStartLock([{gpu!r}], what="holder", shared={shared})
         lock.acquire()
         print("held", time.time(), flush=True)
         time.sleep({hold_s})
@@ -89,7 +90,41 @@ def test_two_engines_on_one_gpu_from_one_process_are_refused():
     with pytest.raises(RuntimeError, match="one after another"):
         GpuStartLock(["0"]).acquire()
     lock.release()
-    assert GpuStartLock(["0"]).acquire()
+    again = GpuStartLock(["0"])
+    assert again.acquire()
+    again.release()
+
+
+def test_engines_with_fixed_caches_start_side_by_side_and_a_sizing_start_waits_for_them():
+    """Shared holds (engines given --kv-cache-memory-bytes) do not wait for one another, from other processes or
+    this one; an exclusive hold (an engine that sizes its cache from free memory) waits for them, and they for it."""
+    other = holder("0", 1.5, shared=True)
+    mine = GpuStartLock(["0"], shared=True)
+    start = time.time()
+    assert mine.acquire() and time.time() - start < 1.0
+    second = GpuStartLock(["0"], shared=True)  # this process again: shared beside shared is allowed
+    assert second.acquire(timeout_s=0.5)
+    assert not free_elsewhere("0")  # an exclusive start elsewhere waits
+    with pytest.raises(RuntimeError, match="one after another"):
+        GpuStartLock(["0"]).acquire()  # exclusive beside this process's shared holds would wait for itself
+    second.release()
+    mine.release()
+    released_at(other)
+    assert free_elsewhere("0")
+    sizing = holder("1", 1.5)
+    waiting = GpuStartLock(["1"], shared=True)
+    assert waiting.acquire()
+    assert time.time() >= released_at(sizing)
+    with pytest.raises(RuntimeError, match="one after another"):
+        GpuStartLock(["1"]).acquire()
+    waiting.release()
+
+
+def test_an_engine_with_a_fixed_cache_takes_the_lock_shared():
+    assert servers.fixed_kv_cache(EngineConfig("m", extra_args=["--kv-cache-memory-bytes", "8589934592"]))
+    assert servers.fixed_kv_cache(EngineConfig("m", extra_args=["--kv-cache-memory-bytes=1024"]))
+    assert not servers.fixed_kv_cache(EngineConfig("m", extra_args=["--gpu-memory-utilization", "0.3"]))
+    assert not servers.fixed_kv_cache(EngineConfig("m", backend="hf", extra_args=["--kv-cache-memory-bytes", "1"]))
 
 
 def stand_in(tmp_path, gpus: list[str], command) -> ServerProcess:
@@ -129,6 +164,59 @@ def test_serving_releases_the_lock_and_stopping_waits_for_another_start(tmp_path
         assert not server.alive()
     finally:
         server.stop()
+
+
+def test_stopping_does_not_wait_for_engines_with_fixed_caches_starting(tmp_path):
+    """A stop frees memory, which spoils only a start that sizes its cache: it waits for those, not for engines
+    with fixed caches starting on the GPU."""
+    server = health_server(tmp_path, ["2"])
+    try:
+        wait_until_serving([server], timeout_s=60)
+        starting = holder("2", 3.0, shared=True)
+        server.stop()
+        stopped = time.time()
+        assert not server.alive() and stopped < released_at(starting)
+    finally:
+        server.stop()
+
+
+def test_a_reader_and_a_policy_with_fixed_caches_start_together(tmp_path, monkeypatch):
+    """vime_ext.evaluate.served_together (an evaluation's model engine and its reward model's on one GPU): with
+    fixed KV caches both are launched before either is waited for; when one sizes its cache, the second is
+    launched only once the first serves (else this process would wait for its own lock)."""
+    from vime_ext import evaluate
+
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 1)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "6")
+    folder = www(tmp_path)
+    events = []
+
+    def launch(config):  # launch_engine's lock, a stand-in server in place of vLLM
+        lock = GpuStartLock(engine_gpus(config), shared=servers.fixed_kv_cache(config))
+        lock.acquire()
+        port = free_port()
+        events.append(f"launch {config.model}")
+        server = servers.start_server("stand_in", [sys.executable, "-m", "http.server", str(port), "--bind",
+                                                   "127.0.0.1", "--directory", folder],
+                                      "127.0.0.1", port, {}, str(tmp_path / "logs"))
+        server.gpus, server.start_lock, server.model = engine_gpus(config), lock, config.model
+        return server
+
+    def wait(started, timeout_s):
+        events.append("wait " + " ".join(s.model for s in started))
+        wait_until_serving(started, timeout_s=timeout_s)
+
+    monkeypatch.setattr(evaluate, "launch_engine", launch)
+    monkeypatch.setattr(evaluate, "wait_until_serving", wait)
+    fixed = ["--kv-cache-memory-bytes", str(2**30)]
+    for extra, expected in ((fixed, ["launch policy", "launch reader", "wait policy reader"]),
+                            ([], ["launch policy", "wait policy", "launch reader", "wait reader"])):
+        events.clear()
+        with evaluate.served_together([(EngineConfig("policy", extra_args=extra), 1),
+                                       (EngineConfig("reader", extra_args=extra), 1)], timeout_s=60) as urls:
+            assert len(set(urls)) == 2
+        assert events == expected
 
 
 def test_a_failed_start_names_the_error_far_above_the_tail(tmp_path):

@@ -502,10 +502,10 @@ def test_the_evaluation_scores_with_a_fixed_reader_and_counts_each_tool(tmp_path
     (tmp_path / "settings.json").write_text(json.dumps({"memup_retriever": "bm25", "memup_max_turns": 2,
                                                         "memup_scorer": "proxy", "memup_reader_max_tokens": 4}))
     model = str(make_tiny_hf_dir("qwen3", tmp_path / "qwen3", max_position_embeddings=2048))  # the tool list fits
-    summary = main(["--model-path", model, "--test-data", str(test), "--save-dir", str(tmp_path / "out"),
-                    "--engine-backend", "hf", "--engine-dtype", "float32", "--max-response-len", "16",
-                    "--custom-config-path", str(tmp_path / "settings.json"), "--reader-model", model,
-                    "--num-engines", "2"])
+    (summary,) = main(["--model-path", model, "--test-data", str(test), "--save-dir", str(tmp_path / "out"),
+                       "--engine-backend", "hf", "--engine-dtype", "float32", "--max-response-len", "16",
+                       "--custom-config-path", str(tmp_path / "settings.json"), "--reader-model", model,
+                       "--num-engines", "2"])
     assert summary["scorer"] == f"reader {model}" and summary["episodes"] == 2 and summary["failed"] == 0
     assert sorted(summary["calls_per_tool"]) == sorted(TOOL_NAMES)
     assert summary["valid_tool_calls"] == pytest.approx(summary["tool_calls"] - summary["tool_errors"])
@@ -517,7 +517,7 @@ def test_the_evaluation_scores_with_a_fixed_reader_and_counts_each_tool(tmp_path
 
 
 def test_the_baseline_rows_run_through_the_evaluation_as_a_user_runs_them(tiny_hf_dirs, tmp_path, monkeypatch):
-    """eval_mem_update.py --edit noop|oracle end to end (an engine is served, as for any model; neither edit asks
+    """eval_mem_update.py --edit noop oracle end to end (an engine is served, as for any model; neither edit asks
     it anything): every episode is scored, none failed (an episode with no sequence is evaluated, not refused),
     doing nothing changes no score and the oracle raises it."""
     from examples.mem_update.eval_mem_update import main as evaluate_edits
@@ -526,12 +526,14 @@ def test_the_baseline_rows_run_through_the_evaluation_as_a_user_runs_them(tiny_h
     monkeypatch.setenv("MEMUP_RETRIEVER", "bm25")
     prepare(["--generate", "--num-conversations", "3", "--n-test", "1", "--out-dir", str(tmp_path / "data")])
     episodes = len((tmp_path / "data" / "test.jsonl").read_text().splitlines())
-    rows = {edit: evaluate_edits(["--model-path", str(tiny_hf_dirs["llama"]), "--test-data",
-                                  str(tmp_path / "data" / "test.jsonl"), "--save-dir", str(tmp_path / "out"),
-                                  "--save-file", edit, "--edit", edit, "--engine-backend", "hf"])
-            for edit in ("noop", "oracle")}
-    for row in rows.values():
-        assert row["episodes"] == episodes and row["failed"] == 0.0
+    # both rows in one run, on one engine, each its own files (named for the edits)
+    rows = dict(zip(("noop", "oracle"), evaluate_edits([
+        "--model-path", str(tiny_hf_dirs["llama"]), "--test-data", str(tmp_path / "data" / "test.jsonl"),
+        "--save-dir", str(tmp_path / "out"), "--edit", "noop", "oracle", "--engine-backend", "hf"])))
+    for edit, row in rows.items():
+        assert row["edit"] == edit and row["episodes"] == episodes and row["failed"] == 0.0
+        assert json.loads((tmp_path / "out" / f"{edit}.json").read_text()) == row
+        assert len((tmp_path / "out" / f"{edit}.samples.jsonl").read_text().splitlines()) == episodes
     assert rows["noop"]["qa_delta"] == 0.0 and rows["noop"]["reward"] == 0.0
     assert rows["oracle"]["qa_after"] > rows["oracle"]["qa_before"] == rows["noop"]["qa_before"]
 

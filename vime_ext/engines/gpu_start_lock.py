@@ -7,6 +7,12 @@ once on one GPU mis-size each other, and one of them may fail with "No available
 MemAgent evaluation failed on an H200, where a seed's two evaluations and the base model's share a GPU. An engine
 therefore holds a file lock per GPU it uses from its launch until it serves or dies, and an engine on a GPU is
 stopped under the same lock, so that its memory does not come free inside another's profile run.
+
+Only an engine that sizes its cache that way needs the GPU to itself. One given a fixed cache
+(``--kv-cache-memory-bytes``, which skips the sizing) is not spoiled by others' memory moving, so it takes the lock
+shared: such engines start side by side (several seeds on one GPU, each with two or three engines to start, would
+otherwise queue for minutes), and a stop takes it shared too, since freed memory spoils only a sizing start.
+A sizing start (exclusive) waits for the shared holders and they for it; flock gives neither side precedence.
 """
 
 import fcntl
@@ -15,9 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
-# The GPUs whose lock this process holds: a second engine on one of them from this process would wait for
-# itself, so that is refused instead.
-_HELD: set[str] = set()
+# The GPUs whose lock this process holds, each with how many holds are shared (0: one exclusive hold): an exclusive
+# hold beside any other from this process would wait for itself, so that is refused instead.
+_HELD: dict[str, int] = {}
 
 
 def lock_dir() -> Path:
@@ -30,12 +36,14 @@ def lock_dir() -> Path:
 
 
 class GpuStartLock:
-    """Exclusive locks on ``gpus`` (CUDA_VISIBLE_DEVICES entries), taken in sorted order so that engines of
-    several GPUs each cannot deadlock; a wait longer than ``report_every_s`` says who holds the lock."""
+    """Locks on ``gpus`` (CUDA_VISIBLE_DEVICES entries), exclusive or ``shared``, taken in sorted order so that
+    engines of several GPUs each cannot deadlock; a wait longer than ``report_every_s`` says who holds the lock."""
 
-    def __init__(self, gpus: list[str], what: str = "engine start", report_every_s: float = 15.0):
+    def __init__(self, gpus: list[str], what: str = "engine start", report_every_s: float = 15.0,
+                 shared: bool = False):
         self.gpus = sorted(set(gpus))
         self.what = what
+        self.shared = shared
         self.report_every_s = report_every_s
         self._files: list = []
 
@@ -45,7 +53,7 @@ class GpuStartLock:
 
     def acquire(self, timeout_s: float | None = None) -> bool:
         """Take every GPU's lock; False (holding none) if ``timeout_s`` passed first."""
-        taken = [g for g in self.gpus if g in _HELD]
+        taken = [g for g in self.gpus if g in _HELD and not (self.shared and _HELD[g] > 0)]
         if taken:
             raise RuntimeError(f"this process already starts an engine on GPU {', '.join(taken)}: start engines "
                                f"that share a GPU one after another (wait_until_serving the first)")
@@ -55,7 +63,7 @@ class GpuStartLock:
             handle = open(lock_dir() / f"gpu_{gpu.replace('/', '_')}.lock", "a+")  # noqa: SIM115 (held until release)
             while True:
                 try:
-                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    fcntl.flock(handle, (fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
                     break
                 except BlockingIOError:
                     now = time.time()
@@ -70,21 +78,24 @@ class GpuStartLock:
                         print(f"{self.what} on GPU {gpu} waits ({now - start:.0f} s) for {holder}", flush=True)
                     time.sleep(0.2)
             handle.seek(0)
-            handle.truncate()
+            handle.truncate()  # shared holders: the last one to come is named
             handle.write(f"pid {os.getpid()} ({self.what})")
             handle.flush()
             self._files.append(handle)
-            _HELD.add(gpu)
+            _HELD[gpu] = _HELD.get(gpu, 0) + 1 if self.shared else 0
         return True
 
     def release(self) -> None:
-        for handle in self._files:
+        for gpu, handle in zip(self.gpus, self._files):
             fcntl.flock(handle, fcntl.LOCK_UN)
             handle.close()
-        _HELD.difference_update(self.gpus)
+            if _HELD.get(gpu, 0) > 1:
+                _HELD[gpu] -= 1
+            else:
+                _HELD.pop(gpu, None)
         self._files = []
 
 
 def holds(gpus: list[str]) -> bool:
     """Whether this process holds the lock of every GPU in ``gpus``."""
-    return set(gpus) <= _HELD
+    return set(gpus) <= _HELD.keys()

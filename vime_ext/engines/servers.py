@@ -158,10 +158,11 @@ class ServerProcess:
         died = not self.alive()
         if not died:
             self.remember_family()
-            # Its memory comes free while it exits: not inside another engine's profile run on the same GPU.
+            # Its memory comes free while it exits: not inside another engine's profile run on the same GPU
+            # (those hold the lock exclusively; engines with fixed caches starting meanwhile do not mind).
             lock = None
             if self.gpus and not holds(self.gpus):
-                lock = GpuStartLock(self.gpus, what=f"stopping {self.url}")
+                lock = GpuStartLock(self.gpus, what=f"stopping {self.url}", shared=True)
                 if not lock.acquire(timeout_s=600):
                     lock = None
             try:
@@ -356,7 +357,7 @@ def launch_engine(config: EngineConfig) -> ServerProcess:
     wait_until_serving releases once the engine serves or dies."""
     port = config.port or free_port()
     gpus = engine_gpus(config)
-    lock = GpuStartLock(gpus, what=f"engine start on port {port}") if gpus else None
+    lock = GpuStartLock(gpus, what=f"engine start on port {port}", shared=fixed_kv_cache(config)) if gpus else None
     if lock is not None:
         lock.acquire()
     try:
@@ -368,6 +369,12 @@ def launch_engine(config: EngineConfig) -> ServerProcess:
         raise
     server.gpus, server.start_lock = gpus, lock
     return server
+
+
+def fixed_kv_cache(config: EngineConfig) -> bool:
+    """Whether a vLLM engine is given its KV cache's size (``--kv-cache-memory-bytes``) instead of sizing it from
+    the GPU's free memory: its start may then share the GPU with others' (gpu_start_lock.py)."""
+    return config.backend == "vllm" and has_flag(config.extra_args, "--kv-cache-memory-bytes")
 
 
 def installed_program(name: str) -> str:
