@@ -30,9 +30,9 @@ from vime_ext.arguments import EvalConfig, rollout_problems
 from vime_ext.data.prompt_dataset import read_jsonl
 from vime_ext.engines.client import RolloutClient
 from vime_ext.engines.protocol import SamplingParams
-from vime_ext.engines.servers import (EngineConfig, ServerProcess, data_parallel_configs, engine_gpus,
-                                     fixed_kv_cache, launch_engine, launch_router, split_vllm_args,
-                                     visible_gpus, wait_until_serving)
+from vime_ext.engines.servers import (EngineConfig, ServerProcess, data_parallel_configs, launch_engine,
+                                     launch_router, split_vllm_args, start_together, visible_gpus,
+                                     wait_until_serving)
 from vime_ext.item_progress import ItemProgress
 from vime_ext.rollout.config import RolloutConfig, sampling_params
 from vime_ext.rollout.debug_data import sample_from_dict
@@ -69,7 +69,7 @@ def served_together(models: list[tuple[EngineConfig, int]], timeout_s: float = 1
             group = []
             groups.append(group)
             for copy in data_parallel_configs(config, engines, visible_gpus(config)):
-                if any(start_excludes(copy, server, other) for server, other in starting):
+                if not all(start_together(copy, other) for _, other in starting):
                     wait_until_serving([server for server, _ in starting], timeout_s=timeout_s)
                     starting = []
                 server = launch_engine(copy)
@@ -87,13 +87,6 @@ def served_together(models: list[tuple[EngineConfig, int]], timeout_s: float = 1
         for group in groups:
             for server in group:
                 server.stop()
-
-
-def start_excludes(config: EngineConfig, server: ServerProcess, server_config: EngineConfig) -> bool:
-    """Whether an engine of ``config`` may not start while ``server`` (of ``server_config``, launched from this
-    process) still starts: they share a GPU and either takes its start lock exclusively."""
-    return bool(set(server.gpus) & set(engine_gpus(config))) and not (fixed_kv_cache(config)
-                                                                      and fixed_kv_cache(server_config))
 
 
 def saved_rows(path: Path) -> tuple[dict[str, dict], list[str]]:

@@ -120,11 +120,25 @@ def test_engines_with_fixed_caches_start_side_by_side_and_a_sizing_start_waits_f
     waiting.release()
 
 
-def test_an_engine_with_a_fixed_cache_takes_the_lock_shared():
-    assert servers.fixed_kv_cache(EngineConfig("m", extra_args=["--kv-cache-memory-bytes", "8589934592"]))
+def test_an_engine_with_a_fixed_cache_takes_the_lock_shared_and_starts_beside_another(monkeypatch):
+    """fixed_kv_cache picks the lock's mode; start_together says whether one process may launch two engines
+    before either serves (the evaluation's model and reader, train.py's policy and reward model): on other GPUs,
+    or both with fixed caches."""
+    fixed = ["--kv-cache-memory-bytes", "8589934592"]
+    assert servers.fixed_kv_cache(EngineConfig("m", extra_args=fixed))
     assert servers.fixed_kv_cache(EngineConfig("m", extra_args=["--kv-cache-memory-bytes=1024"]))
     assert not servers.fixed_kv_cache(EngineConfig("m", extra_args=["--gpu-memory-utilization", "0.3"]))
-    assert not servers.fixed_kv_cache(EngineConfig("m", backend="hf", extra_args=["--kv-cache-memory-bytes", "1"]))
+    assert not servers.fixed_kv_cache(EngineConfig("m", backend="hf", extra_args=fixed))
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 2)
+
+    def on(gpu: str, extra: list[str]) -> EngineConfig:
+        return EngineConfig("m", extra_args=extra, env={"CUDA_VISIBLE_DEVICES": gpu})
+
+    assert servers.start_together(on("0", fixed), on("0", fixed))
+    assert not servers.start_together(on("0", fixed), on("0", []))
+    assert servers.start_together(on("0", []), on("1", []))
+    assert servers.start_together(EngineConfig("m", backend="hf"), EngineConfig("m", backend="hf"))
 
 
 def stand_in(tmp_path, gpus: list[str], command) -> ServerProcess:

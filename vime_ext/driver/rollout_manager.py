@@ -17,7 +17,7 @@ from vime_ext.engines.engine_watchdog import EngineWatchdog
 from vime_ext.engines.generation_gate import GenerationGate
 from vime_ext.engines.reward_engine import RewardModelEngine
 from vime_ext.engines.servers import (EngineConfig, ServerProcess, has_flag, in_memory_share, launch_engine,
-                                      launch_router, wait_until_serving)
+                                      launch_router, start_together, wait_until_serving)
 from vime_ext.engines.weight_sync import WeightSync, WeightTarget
 from vime_ext.gpu_sharing import EnginePlacement, GpuSharing
 from vime_ext.net import free_port
@@ -84,8 +84,8 @@ class RolloutManager:
                 self.watchdog = EngineWatchdog(lambda: self.engines, config.cluster.engine_hang_timeout)
 
     def _launch_engines(self, model: str, sharing: GpuSharing, log_dir: str | None) -> None:
-        """Start the engines' processes (and, with no GPU start lock to wait for, the reward model's beside
-        them); ``_await_engines`` waits until they serve."""
+        """Start the engines' processes (and the reward model's beside them where it need not wait for their
+        GPU start lock: on CPUs, or with fixed KV caches); ``_await_engines`` waits until they serve."""
         config, cl = self.config, self.config.cluster
         self.log_dir = log_dir
         on_gpu = any(self.placement.gpus)
@@ -105,12 +105,13 @@ class RolloutManager:
             self.engines.append(launch_engine(c))
         print(f"starting {len(self.engines)} {cl.engine_backend} engine(s); logs: "
               f"{', '.join(str(e.log_path) for e in self.engines)}", flush=True)
-        if self.rm_config is not None and not on_gpu:
+        if self.rm_config is not None and all(start_together(self.rm_config, c) for c in self.engine_configs):
             self.reward_model = RewardModelEngine(self.rm_config, wait=False)
 
     def _await_engines(self) -> None:
         """Until the engines serve, then the router over them, then the reward model's engine (on a GPU it
-        starts only now: it shares the first engine's GPU, whose start lock that engine held until it served)."""
+        starts only now, unless both have fixed KV caches: it shares the first engine's GPU, whose start lock
+        that engine held until it served)."""
         wait_until_serving(self.engines, timeout_s=900)
         self._launch_router()
         if self.rm_config is not None:

@@ -377,6 +377,12 @@ def fixed_kv_cache(config: EngineConfig) -> bool:
     return config.backend == "vllm" and has_flag(config.extra_args, "--kv-cache-memory-bytes")
 
 
+def start_together(a: EngineConfig, b: EngineConfig) -> bool:
+    """Whether this process may launch engines of ``a`` and ``b`` before either serves: they share no GPU, or both
+    take its start lock shared (fixed KV caches); else the second would wait for this process's own lock."""
+    return not set(engine_gpus(a)) & set(engine_gpus(b)) or (fixed_kv_cache(a) and fixed_kv_cache(b))
+
+
 def installed_program(name: str) -> str:
     """A console script of this environment: the one beside the running Python first (a venv's python run
     without activating the venv has no venv on PATH), then PATH."""
