@@ -455,12 +455,19 @@ def test_the_mem_update_smollm2_recipe_chains_sft_rl_and_both_evaluations(tiny_h
     assert all(last(a, "--reader-memory") == "0.15" and last(a, "--vllm-gpu-memory-utilization") == "0.25"
                and "--vllm-kv-cache-memory-bytes" not in a for a in evals)
 
-    # `all` with the base model's result copied from an earlier run (BASE_FROM): no base evaluation, its row in
-    # the table. The stand-in evaluations write no results: the 4 x H200 run's stand in for them.
+    # The stand-in evaluations write no results: the 4 x H200 run's stand in for them in the tables below.
     run = ROOT / "records/mem_update_smollm2_h200x4_run2/eval"
     (work / "eval").mkdir(exist_ok=True)
     for save_file in ("sft_s2", "rl_s2"):
         (work / "eval" / f"{save_file}.json").write_text((run / "rl_s0.json").read_text())
+    # `all` with fixed KV caches: the rows without training start beside the seed (one run, on the first GPU)
+    evals = evaluations_of_all("examples/mem_update/run-smollm2-gpu.sh", {**full, "SEEDS": "2", "KV_CACHE_GIB": "2"},
+                               tmp_path / "train_args.json.eval")
+    assert sorted(last(a, "--save-file") for a in evals) == ["base", "rl_s2", "sft_s2"]
+    assert all(last(a, "--vllm-kv-cache-memory-bytes") == kv for a in evals)
+    assert (work / "baselines.log").is_file()
+    # `all` with the base model's result copied from an earlier run (BASE_FROM): no base evaluation, its row in
+    # the table
     evals = evaluations_of_all("examples/mem_update/run-smollm2-gpu.sh", {**full, "SEEDS": "2", "BASE_FROM": str(run)},
                                tmp_path / "train_args.json.eval")
     assert sorted(last(a, "--save-file") for a in evals) == ["rl_s2", "sft_s2"]  # no base

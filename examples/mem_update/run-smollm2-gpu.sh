@@ -10,7 +10,8 @@
 #   bash examples/mem_update/run-smollm2-gpu.sh base          # the base model, no-op and oracle evaluated
 #   bash examples/mem_update/run-smollm2-gpu.sh table         # base / SFT / SFT + RL over the seeds: .md .json
 #   SEEDS="0 1" bash examples/mem_update/run-smollm2-gpu.sh all   # prepare, a seed per GPU at once, base, table
-#                                                                 # (BASE_FROM=DIR: base copied from a RESULTS)
+#                                                                 # (BASE_FROM=DIR: base copied from a RESULTS;
+#                                                                 # fixed KV caches: base beside the seeds)
 # Everything goes under VIME_EXT_OUT (default runs/mem_update_smollm2): data/, seed_S/{sft,rl}, eval/ (one
 # SAVE_FILE per model: base, sft_sS, rl_sS; resumable), table/. Extra arguments go to the GRPO run's train.py.
 # The training reward and the evaluation score QA with the same fixed reader: READER, default the packaged
@@ -111,12 +112,22 @@ case "${STAGE}" in
   table) table ;;
   all)
     prepare
+    first_gpu=$(cut -d, -f1 <<<"${CUDA_VISIBLE_DEVICES:-0}")
+    base_pid=""
+    if [ -z "${BASE_FROM:-}" ] && [ ${#KV_ARGS[@]} -gt 0 ]; then
+      # fixed KV caches: the rows without training start with the seeds, beside them on the first GPU (their
+      # engines spoil no other's start), instead of after them
+      echo "$(date +%T) the rows without training beside the seeds: ${WORK}/baselines.log"
+      CUDA_VISIBLE_DEVICES=${first_gpu} baselines >"${WORK}/baselines.log" 2>&1 & base_pid=$!
+    fi
     seeds_on_gpus "$0" "${WORK}" "$@" || true
     if [ -n "${BASE_FROM:-}" ]; then  # the rows without training from an earlier run's RESULTS, same files
       mkdir -p "${RESULTS}"
       for row in "${BASE_FROM}"/{base,noop,oracle}.*; do if [ -e "${row}" ]; then cp "${row}" "${RESULTS}/"; fi; done
+    elif [ -n "${base_pid}" ]; then
+      wait "${base_pid}" || echo "the rows without training failed: ${WORK}/baselines.log" >&2
     else
-      CUDA_VISIBLE_DEVICES=$(cut -d, -f1 <<<"${CUDA_VISIBLE_DEVICES:-0}") baselines
+      CUDA_VISIBLE_DEVICES=${first_gpu} baselines
     fi
     table ;;
   *) echo "usage: run-smollm2-gpu.sh prepare|seed|base|table|all" >&2; exit 2 ;;
