@@ -304,6 +304,7 @@ def evaluate_rows(hf_dir: str, prompt_data: str, reward_path: str = "vime_ext.ag
         if reward_model is not None:
             args.rm_url = urls[1]
         for number, (row, generate) in enumerate(zip(rows, generates)):
+            # fresh samples for each row: the generate plug-in fills them in
             items = [(f"{r.source}#{k}", Sample(prompt=r.prompt, label=r.label,
                                                 metadata={**r.metadata, "source": r.source},
                                                 group_index=g, index=g * n_samples + k))

@@ -196,32 +196,29 @@ def test_stopping_does_not_wait_for_engines_with_fixed_caches_starting(tmp_path)
 
 def test_a_reader_and_a_policy_with_fixed_caches_start_together(tmp_path, monkeypatch):
     """vime_ext.evaluate.served_together (an evaluation's model engine and its reward model's on one GPU): with
-    fixed KV caches both are launched before either is waited for; when one sizes its cache, the second is
-    launched only once the first serves (else this process would wait for its own lock)."""
+    fixed KV caches both are launched (launch_engine, real, taking the GPU's lock shared) before either is waited
+    for; when one sizes its cache, the second is launched only once the first serves (else this process would
+    wait for its own lock)."""
     from vime_ext import evaluate
 
     monkeypatch.setattr("torch.cuda.is_available", lambda: True)
     monkeypatch.setattr("torch.cuda.device_count", lambda: 1)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "6")
     folder = www(tmp_path)
-    events = []
+    events, models = [], {}
+    start_server = servers.start_server
 
-    def launch(config):  # launch_engine's lock, a stand-in server in place of vLLM
-        lock = GpuStartLock(engine_gpus(config), shared=servers.fixed_kv_cache(config))
-        lock.acquire()
-        port = free_port()
-        events.append(f"launch {config.model}")
-        server = servers.start_server("stand_in", [sys.executable, "-m", "http.server", str(port), "--bind",
-                                                   "127.0.0.1", "--directory", folder],
-                                      "127.0.0.1", port, {}, str(tmp_path / "logs"))
-        server.gpus, server.start_lock, server.model = engine_gpus(config), lock, config.model
-        return server
+    def stand_in_server(name, command, host, port, env, log_dir):  # launch_engine as it is, a stand-in process
+        models[port] = command[command.index("--model") + 1]
+        events.append(f"launch {models[port]}")
+        return start_server("stand_in", [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
+                                         "--directory", folder], "127.0.0.1", port, {}, str(tmp_path / "logs"))
 
     def wait(started, timeout_s):
-        events.append("wait " + " ".join(s.model for s in started))
+        events.append("wait " + " ".join(models[int(s.url.rsplit(":", 1)[1])] for s in started))
         wait_until_serving(started, timeout_s=timeout_s)
 
-    monkeypatch.setattr(evaluate, "launch_engine", launch)
+    monkeypatch.setattr(servers, "start_server", stand_in_server)
     monkeypatch.setattr(evaluate, "wait_until_serving", wait)
     fixed = ["--kv-cache-memory-bytes", str(2**30)]
     for extra, expected in ((fixed, ["launch policy", "launch reader", "wait policy reader"]),
