@@ -202,11 +202,13 @@ smollm2_recipe_defaults() {
 # reader's 300K), vLLM's --kv-cache-memory-bytes, which skips that sizing; its memory share (ENGINE_MEMORY,
 # RM_MEMORY, EVAL_ENGINE_MEMORY, READER_MEMORY, default 0.05) is then only the free memory vLLM checks for at
 # its start. KV_CACHE_GIB alone (one seed a GPU) fixes the caches too. Sets KV_ARGS (train.py's and the
-# evaluations' --vllm-* flags).
+# evaluations' --vllm-* flags). Several seeds a GPU also halve SFT's micro-batches (SFT_MAX_TOKENS 16384): at
+# 32768 tokens each SmolLM2 SFT run held 58.7 GiB of an H200, and two of them left the rows without training,
+# started beside them, too little to start (MemUpdate, 2026-11-30). The step's gradient is the same sum.
 shared_gpu_defaults() {
   SEEDS_PER_GPU=${SEEDS_PER_GPU:-1}
   KV_ARGS=()
-  if [ "${SEEDS_PER_GPU}" -gt 1 ]; then KV_CACHE_GIB=${KV_CACHE_GIB:-8}; fi
+  if [ "${SEEDS_PER_GPU}" -gt 1 ]; then KV_CACHE_GIB=${KV_CACHE_GIB:-8} SFT_MAX_TOKENS=${SFT_MAX_TOKENS:-16384}; fi
   if [ -n "${KV_CACHE_GIB:-}" ] && [ "${NUM_GPUS}" -gt 0 ]; then
     KV_ARGS=(--vllm-kv-cache-memory-bytes $(( KV_CACHE_GIB * 1024 * 1024 * 1024 )))
     ENGINE_MEMORY=${ENGINE_MEMORY:-0.05} RM_MEMORY=${RM_MEMORY:-0.05}

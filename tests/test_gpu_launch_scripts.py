@@ -249,7 +249,8 @@ def test_seeds_share_gpus_in_turn_with_fixed_kv_caches(tmp_path):
     script = tmp_path / "seed.sh"
     script.write_text(f'echo "$SEED $CUDA_VISIBLE_DEVICES" >>{tmp_path}/placed\n')
     path = f"{stand_ins(tmp_path, tmp_path / 'args.json')}{os.pathsep}{os.environ['PATH']}"
-    mine = ("CUDA_VISIBLE_DEVICES", "KV_CACHE_GIB", "SEEDS_PER_GPU", "ENGINE_MEMORY", "RM_MEMORY", "READER_MEMORY")
+    mine = ("CUDA_VISIBLE_DEVICES", "KV_CACHE_GIB", "SEEDS_PER_GPU", "ENGINE_MEMORY", "RM_MEMORY", "READER_MEMORY",
+            "SFT_MAX_TOKENS")
 
     def run(env: dict, body: str) -> subprocess.CompletedProcess:
         full = {k: v for k, v in os.environ.items() if k not in mine}
@@ -262,12 +263,13 @@ def test_seeds_share_gpus_in_turn_with_fixed_kv_caches(tmp_path):
     assert sorted((tmp_path / "placed").read_text().splitlines()) == ["0 0", "1 1", "2 0"]
     done = run({"STAND_IN_GPUS": "2", "SEEDS": "0 1 2"}, f"seeds_on_gpus {script} {tmp_path}/logs")
     assert done.returncode == 2 and "3 seeds (SEEDS) for 2 GPU(s) at SEEDS_PER_GPU=1: at most 2" in done.stderr
-    show = 'shared_gpu_defaults; echo "${KV_ARGS[*]}|${ENGINE_MEMORY:-}|${RM_MEMORY:-}|${READER_MEMORY:-}"'
+    show = ('shared_gpu_defaults; echo "${KV_ARGS[*]}|${ENGINE_MEMORY:-}|${RM_MEMORY:-}|${READER_MEMORY:-}'
+            '|${SFT_MAX_TOKENS:-}"')
     assert run({"STAND_IN_GPUS": "1", "SEEDS_PER_GPU": "3"}, show).stdout.split() == [
-        "--vllm-kv-cache-memory-bytes", f"{8 * 2**30}|0.05|0.05|0.05"]
+        "--vllm-kv-cache-memory-bytes", f"{8 * 2**30}|0.05|0.05|0.05|16384"]  # SFT's micro-batches halved
     assert run({"STAND_IN_GPUS": "1", "KV_CACHE_GIB": "3", "ENGINE_MEMORY": "0.2"}, show).stdout.split() == [
-        "--vllm-kv-cache-memory-bytes", f"{3 * 2**30}|0.2|0.05|0.05"]
-    assert run({"STAND_IN_GPUS": "1"}, show).stdout.strip() == "|||"
+        "--vllm-kv-cache-memory-bytes", f"{3 * 2**30}|0.2|0.05|0.05|"]
+    assert run({"STAND_IN_GPUS": "1"}, show).stdout.strip() == "||||"
 
 
 @pytest.mark.parametrize("grpo_fails", [False, True])

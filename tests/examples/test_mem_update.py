@@ -487,6 +487,34 @@ def test_locomo_loader_split_and_bad_records(tmp_path):
         load_locomo(path)
 
 
+def test_every_generated_question_has_one_answer_in_its_conversation():
+    """A speaker who takes up a hobby in two sessions is asked about each with its session's month; a second trip
+    goes to another city and a second pet is of another kind; an adversarial question about a pet that was
+    adopted is left out. The old generator gave 43% of its questions another answer under the same words."""
+    from examples.mem_update.locomo import _date_repeated
+
+    conversations = generate_locomo(num_conversations=40, seed=42)
+    dated = 0
+    for conversation in conversations:
+        answers: dict[str, set[str]] = {}
+        for item in conversation["qa"]:
+            answers.setdefault(item["question"], set()).add(str(item.get("answer", item.get("adversarial_answer"))))
+            assert "dated" not in item
+            dated += " in " in item["question"] and item["question"].split()[-1].rstrip("?").isdigit()
+        assert all(len(a) == 1 for a in answers.values()), conversation["sample_id"]
+        trips = [f for s in range(1, 5) for p in conversation["observation"][f"session_{s}_observation"].values()
+                 for f, _ in p if " travelled to " in f]
+        assert len(trips) == len(set(trips))  # one speaker never travels to one city twice
+    assert dated > 100  # the repeated kinds are asked by month, not dropped
+    month = "What hobby did Ann take up in May 2022?"
+    with pytest.raises(RuntimeError, match="two answers each"):  # two sessions in one month: no way to tell apart
+        _date_repeated([{"question": "What hobby did Ann take up?", "answer": "chess", "dated": month},
+                        {"question": "What hobby did Ann take up?", "answer": "golf", "dated": month}])
+    kept = _date_repeated([{"question": "What is the name of Bo's dog?", "answer": "Rex"},
+                           {"question": "What is the name of Bo's dog?", "adversarial_answer": "Luna"}])
+    assert kept == [{"question": "What is the name of Bo's dog?", "answer": "Rex"}]
+
+
 def test_the_evaluation_scores_with_a_fixed_reader_and_counts_each_tool(tmp_path):
     """eval_mem_update --reader-model: the QA scores come from a reader engine of their own (the same for every
     model evaluated), whatever scorer the settings name; the summary says which, and counts the calls per tool.

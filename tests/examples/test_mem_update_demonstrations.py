@@ -47,9 +47,12 @@ def test_the_file_covers_the_tools_and_only_training_conversations(locomo, tmp_p
 
 
 def test_the_chat_is_the_rollouts_and_masks_to_parseable_calls(locomo, tiny_hf_dirs):
-    conversation, item = next((c, q) for c in load_locomo(locomo)[0] for q in c.qa if q["category"] == 1)
-    demo = demonstration(conversation, item, SETTINGS)
-    STORE.drop(demo.namespace)
+    # the first multi-hop item whose search showed both of its evidence memories (else it is left as it was)
+    for conversation, item in ((c, q) for c in load_locomo(locomo)[0] for q in c.qa if q["category"] == 1):
+        demo = demonstration(conversation, item, SETTINGS)
+        STORE.drop(demo.namespace)
+        if "merge_memory" in demo.calls:
+            break
     slot = Sample(prompt=item["question"], metadata={"memories": conversation.memories})
     assert demo.messages[:2] == episode_messages(slot, SETTINGS, len(conversation.memories))
     assert demo.calls[:5] == ["search_memory", "manage_memory", "manage_memory", "merge_memory", "manage_memory"]
