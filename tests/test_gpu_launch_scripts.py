@@ -435,6 +435,8 @@ def test_the_mem_update_smollm2_recipe_chains_sft_rl_and_both_evaluations(tiny_h
     assert last(rl, "--num-rollout") == "7" and last(rl, "--lr") == "2e-5"  # the published seeds' steps
     # the training reward's reader is the evaluation's: the base model, served as the run's reward model
     assert last(rl, "--rm-hf-checkpoint") == str(model) and last(rl, "--rm-gpu-memory-utilization") == "0.05"
+    replies = str(work / "reader_replies.sqlite")  # its replies shared by every process of the run
+    assert last(rl, "--rm-replies-file") == replies
     kv = str(2 * 2**30)  # every engine's KV cache fixed; the shares only what vLLM checks is free at its start
     assert last(rl, "--vllm-kv-cache-memory-bytes") == kv and last(rl, "--vllm-gpu-memory-utilization") == "0.05"
     evals = sorted((json.loads(line) for line in (tmp_path / "train_args.json.eval").read_text().splitlines()),
@@ -444,7 +446,7 @@ def test_the_mem_update_smollm2_recipe_chains_sft_rl_and_both_evaluations(tiny_h
         assert last(a, "--vllm-kv-cache-memory-bytes") == kv and last(a, "--reader-memory") == "0.05"
         assert last(a, "--reader-model") == str(model) and last(a, "--test-data") == str(data / "test_eval.jsonl")
         assert last(a, "--model-path").startswith(str(work / "seed_2")) and last(a, "--save-dir") == str(work / "eval")
-        assert last(a, "--edit") == "agent"
+        assert last(a, "--edit") == "agent" and last(a, "--reader-replies-file") == replies
     # the rows without training, with a reader of another folder: the base model, no-op and oracle, each episode
     # scoring 3 unseen questions of its conversation beside the one it was shown
     reader = tiny_hf_dirs["llama"]

@@ -590,6 +590,9 @@ def rollout_problems(r: RolloutConfig) -> list[str]:
                         "only --async-training makes; add it, or drop --partial-rollout")
     if r.rm_hf_checkpoint and r.rm_url:
         problems.append("--rm-url names a reward model already served; --rm-hf-checkpoint serves one: give one of them")
+    if r.rm_replies_file and not r.rm_hf_checkpoint:
+        problems.append("--rm-replies-file keeps a fixed model's replies under its checkpoint: it needs "
+                        "--rm-hf-checkpoint")
     if not 0.0 < r.rm_gpu_memory_utilization < 1.0:
         problems.append(f"--rm-gpu-memory-utilization {r.rm_gpu_memory_utilization} is not in (0, 1)")
     if r.max_staleness is not None:

@@ -255,7 +255,7 @@ def evaluate_rows(hf_dir: str, prompt_data: str, reward_path: str = "vime_ext.ag
                   max_model_len: int | None = None, force: bool = False,
                   n_proc: int = 64, settings_override: dict | None = None,
                   reward_model: EngineConfig | None = None, top_p: float = 1.0, engines: int = 1, *,
-                  rows: list[EvalRow]) -> list[dict[str, float]]:
+                  rows: list[EvalRow], reward_replies_file: str | None = None) -> list[dict[str, float]]:
     """``n_samples`` answers to each prompt of ``prompt_data`` from the model at ``hf_dir``, each rewarded by
     ``reward_path``, once per row of ``rows``, in turn, on the same engines; each row's rollout metrics
     (``eval/...``). A row's ``results`` is kept across runs, one rewarded sample a line, so that a second run goes
@@ -263,7 +263,8 @@ def evaluate_rows(hf_dir: str, prompt_data: str, reward_path: str = "vime_ext.ag
     those of ``custom_config_path``. ``reward_model``: an engine served for the reward function, as train.py's
     ``--rm-hf-checkpoint`` (``args.rm_url``), started beside the model's (``served_together``). ``engines``:
     data-parallel engines behind vllm-router (``served``). Rows that share engines share one start, and a reward
-    that asks a fixed model through ``fixed_replies`` gets one reply per prompt across the rows."""
+    that asks a fixed model through ``fixed_replies`` gets one reply per prompt across the rows (and across
+    runs that share ``reward_replies_file``, train.py's ``--rm-replies-file``)."""
     import tempfile
     from dataclasses import fields
 
@@ -277,7 +278,8 @@ def evaluate_rows(hf_dir: str, prompt_data: str, reward_path: str = "vime_ext.ag
                             custom_rm_path=reward_path,
                             custom_generate_function_path=rows[0].generate_path,
                             custom_config_path=custom_config_path,
-                            rm_hf_checkpoint=reward_model.model if reward_model else None)
+                            rm_hf_checkpoint=reward_model.model if reward_model else None,
+                            rm_replies_file=reward_replies_file)
     problems = rollout_problems(rollout)
     if problems:
         raise ValueError("; ".join(problems))

@@ -1,8 +1,8 @@
 """QA on held-out conversations before and after the agent's edits.
 
     python -m examples.mem_update.eval_mem_update --model-path DIR --test-data test.jsonl --save-dir results \
-        [--save-file NAME ...] [--edit agent|noop|oracle ...] [--reader-model DIR] [--engine-backend vllm|hf]
-        [--engine-dtype float32] [--force] [--vllm-X ...]
+        [--save-file NAME ...] [--edit agent|noop|oracle ...] [--reader-model DIR [--reader-replies-file F]]
+        [--engine-backend vllm|hf] [--engine-dtype float32] [--force] [--vllm-X ...]
 
 Each test prompt is one episode of the served model on its conversation's initial memories (greedy by default;
 ``--edit noop|oracle``: the store left alone, or given each scored question's gold answer, in the model's place;
@@ -85,6 +85,10 @@ def main(argv=None) -> list[dict]:
                              "oracle (each scored question's gold answer added: the ceiling); baselines.py. Several: "
                              "one row each, in turn, on the same engines (one start; the reader's reply to a "
                              "prompt is the same in every row)")
+    parser.add_argument("--reader-replies-file", default=None,
+                        help="with --reader-model: a file the reader's greedy replies are kept in for every run that "
+                             "names it (train.py's --rm-replies-file), so that rows and seeds evaluated in separate "
+                             "runs score an unchanged store the same")
     parser.add_argument("--reader-memory", type=float, default=0.15,
                         help="the reader engine's share of GPU memory (vLLM on a GPU)")
     parser.add_argument("--num-engines", type=int, default=1,
@@ -105,7 +109,8 @@ def main(argv=None) -> list[dict]:
                           1, args.max_response_len, args.temperature, engine_args=vllm_args,
                           custom_config_path=args.custom_config_path, dtype=args.engine_dtype,
                           max_model_len=args.max_model_len, force=args.force,
-                          settings_override=override, reward_model=reader, engines=args.num_engines, rows=rows)
+                          settings_override=override, reward_model=reader, engines=args.num_engines, rows=rows,
+                          reward_replies_file=args.reader_replies_file if args.reader_model else None)
     summaries = []
     for edit, name, metrics in zip(args.edit, names, every):
         summary = {"model": args.model_path, "edit": edit, "test_data": args.test_data,

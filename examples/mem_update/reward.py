@@ -18,7 +18,9 @@ unseen), of one of two scorers, each reading the ``memup_top_k`` memories retrie
   model is the run's reward model when it has one (``args.rm_url``: train.py's ``--rm-hf-checkpoint``, the
   evaluation's ``--reader-model``), a fixed reader, asked each distinct prompt once per process
   (``vime_ext.engines.fixed_replies``: vLLM's batched greedy replies vary with the batch, and an unchanged store
-  must score the same before and after); else the policy itself, through the rollout's router.
+  must score the same before and after), and once for every process that shares ``args.rm_replies_file``
+  (``--rm-replies-file``; the evaluation's ``--reader-replies-file``); else the policy itself, through the
+  rollout's router.
 
 The before and after stores are the namespace's snapshot and its final state, both real; the namespace is
 dropped here. An unfinished episode (no final reply) is scored the same way, as published, unless
@@ -89,7 +91,7 @@ async def reader_score(args, settings: MemUpdateSettings, question: str, answer:
     ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     params = SamplingParams(temperature=0.0, max_new_tokens=settings.reader_max_tokens, log_probs=False)
     if fixed:  # one reply per distinct prompt: an unchanged store scores the same before and after
-        result = await FIXED_REPLIES.generate(fixed, ids, params)
+        result = await FIXED_REPLIES.ask(args, ids, params)
     else:
         result = await args.rollout_client.generate(ids, params)
     reply = tokenizer.decode(result.token_ids, skip_special_tokens=True)

@@ -16,10 +16,11 @@
 # SAVE_FILE per model: base, sft_sS, rl_sS; resumable), table/. Extra arguments go to the GRPO run's train.py.
 # The training reward and the evaluation score QA with the same fixed reader: READER, default the packaged
 # Qwen2.5-Coder-1.5B-Instruct (READER=base: the policy's base model, as the published three seeds; GRPO serves
-# it as the run's reward model, train.py --rm-hf-checkpoint, in RM_MEMORY (0.1) of the GPU). Each episode scores
-# the question it was shown and MEMUP_EXTRA_QUESTIONS (3) other questions of its conversation (unseen); the
-# reward is over MEMUP_REWARD_QUESTIONS (both). MEMUP_SCORER=proxy trains on the proxy scorer instead, which the
-# fourth run found to disagree with the reader (+0.2 against -0.016).
+# it as the run's reward model, train.py --rm-hf-checkpoint, in RM_MEMORY (0.1) of the GPU). Its greedy replies
+# are kept in READER_REPLIES (WORK/reader_replies.sqlite), one per prompt for every row and seed of the run.
+# Each episode scores the question it was shown and MEMUP_EXTRA_QUESTIONS (3) other questions of its
+# conversation (unseen); the reward is over MEMUP_REWARD_QUESTIONS (both). MEMUP_SCORER=proxy trains on the
+# proxy scorer instead, which the fourth run found to disagree with the reader (+0.2 against -0.016).
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 STAGE=${1:?usage: run-smollm2-gpu.sh prepare|seed|base|table|all [train.py flags for the GRPO run]}
@@ -45,6 +46,9 @@ case "${READER}" in
   *) READER=$(python -m vime_ext.models.packaged "${READER}" | tail -1) ;;
 esac
 need "${READER}/config.json" READER
+# the reader's greedy replies, kept for every process of the run (GRPO's rewards, every row's evaluation), so that
+# an unchanged store scores the same in every row and seed (vime_ext/engines/fixed_replies.py)
+READER_REPLIES=${READER_REPLIES:-${WORK}/reader_replies.sqlite}
 
 prepare() {
   echo "$(date +%T) prepare: start"  # the time line of a lease (the fifth run could not place 4 minutes)
@@ -71,7 +75,8 @@ evaluate() {
   # shellcheck disable=SC2086  # EDIT is a list of words
   CONVERT=${convert} SAVE_PATH=${2:-} MODEL_PATH=${HF_CKPT} SAVE_FILE=${names[0]} \
     TEST_DATA=${DATA_ROOT}/test_eval.jsonl RESULTS=${RESULTS} bash "${MEM_UPDATE_DIR}/run-eval.sh" \
-    --reader-model "${READER}" --edit ${EDIT:-agent} --save-file "${names[@]}" \
+    --reader-model "${READER}" --reader-replies-file "${READER_REPLIES}" --edit ${EDIT:-agent} \
+    --save-file "${names[@]}" \
     --max-response-len "${TURN_TOKENS}" --max-model-len "${MAX_MODEL_LEN}" \
     --vllm-gpu-memory-utilization "${EVAL_ENGINE_MEMORY:-0.25}" --reader-memory "${READER_MEMORY:-0.15}" \
     "${KV_ARGS[@]}"
@@ -83,7 +88,8 @@ one_seed() {
   local seed=$1 reader=()
   shift
   if [ "${MEMUP_SCORER}" = "reader" ]; then
-    reader=(--rm-hf-checkpoint "${READER}" --rm-gpu-memory-utilization "${RM_MEMORY:-0.1}")
+    reader=(--rm-hf-checkpoint "${READER}" --rm-gpu-memory-utilization "${RM_MEMORY:-0.1}"
+            --rm-replies-file "${READER_REPLIES}")
   fi
   sft_warm_start "${HF_CKPT}" "${DATA_ROOT}/sft.jsonl" "${WORK}/seed_${seed}/sft" "${seed}" "${SFT_LR}" \
     "${SFT_EPOCHS}" --sft-max-len "${MAX_MODEL_LEN}" --sft-overlong skip

@@ -3,12 +3,13 @@ engine that answers the same prompt differently each time it is asked, as vLLM's
 
 import asyncio
 import json
+import sys
 
 import pytest
 from aiohttp import web
 
-from vime_ext.engines.fixed_replies import FixedModelReplies
-from vime_ext.engines.protocol import GENERATE_ROUTE, InvalidRequest, SamplingParams
+from vime_ext.engines.fixed_replies import FixedModelReplies, ReplyFile, reply_file
+from vime_ext.engines.protocol import GENERATE_ROUTE, GenerateResult, InvalidRequest, SamplingParams
 from vime_ext.net import free_port
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=4, log_probs=False)
@@ -117,3 +118,56 @@ def test_an_unchanged_store_scores_the_same_before_and_after_with_a_fixed_reader
     first, second = asyncio.run(run())
     assert first["qa_before"] == first["qa_after"] == 1.0 and first["performance_delta"] == 0.0
     assert second == first and len(engine.requests) == 1 and FIXED_REPLIES.asked == asked + 1
+
+
+ASK_IN_ANOTHER_PROCESS = """
+import asyncio, sys
+from types import SimpleNamespace
+from vime_ext.engines.fixed_replies import FixedModelReplies
+from vime_ext.engines.protocol import SamplingParams
+args = SimpleNamespace(rm_url=sys.argv[1], rm_hf_checkpoint=sys.argv[2], rm_replies_file=sys.argv[3])
+replies = FixedModelReplies()
+result = asyncio.run(replies.ask(args, [1, 2, 3], SamplingParams(temperature=0.0, max_new_tokens=4, log_probs=False)))
+print(result.token_ids, replies.asked)
+"""
+
+
+def test_processes_that_share_a_reply_file_get_the_first_reply(tmp_path):
+    """Two processes (this one and a child) with one reply file: the child gets the reply this process stored and
+    asks the engine nothing; another checkpoint under the same file is another model, asked afresh."""
+    from types import SimpleNamespace
+
+    engine = VaryingEngine([[11], [22], [33]])
+    file = tmp_path / "replies.sqlite"
+
+    async def run():
+        async with engine as url:
+            args = SimpleNamespace(rm_url=url, rm_hf_checkpoint=str(tmp_path / "reader"), rm_replies_file=str(file))
+            mine = await FixedModelReplies().ask(args, [1, 2, 3], GREEDY)
+            child = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", ASK_IN_ANOTHER_PROCESS, url, args.rm_hf_checkpoint, str(file),
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            out, err = await child.communicate()
+            assert child.returncode == 0, err.decode()[-2000:]
+            args.rm_hf_checkpoint = str(tmp_path / "another_reader")
+            other = await FixedModelReplies().ask(args, [1, 2, 3], GREEDY)
+            return mine.token_ids, out.decode().split("\n")[0], other.token_ids
+
+    mine, theirs, other = asyncio.run(run())
+    assert mine == [11] and theirs == "[11] 0" and other == [22]
+    assert len(engine.requests) == 2 and len(reply_file(file)) == 2
+
+
+def test_the_first_reply_stored_stays_and_a_bad_file_is_named(tmp_path):
+    """Two processes that asked at once both store: the second gets the first's reply back. A file that is not
+    SQLite is refused with its name."""
+    replies = ReplyFile(tmp_path / "r.sqlite")
+    key = ReplyFile.key(str(tmp_path / "reader"), "abc", GREEDY)
+    first = GenerateResult(token_ids=[1], log_probs=[float("nan")], finish_reason="stop")
+    assert replies.put(key, first).token_ids == [1]
+    assert replies.put(key, GenerateResult(token_ids=[2], log_probs=[0.0], finish_reason="stop")).token_ids == [1]
+    assert replies.get(key).token_ids == [1] and replies.get(key + "x") is None
+    bad = tmp_path / "bad.sqlite"
+    bad.write_text("not a database, " * 100)
+    with pytest.raises(ValueError, match="bad.sqlite: not a reply file"):
+        ReplyFile(bad)

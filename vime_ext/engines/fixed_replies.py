@@ -11,14 +11,23 @@ batch it lands in, and the repeats cost nothing (a GRPO group's samples share th
 Only greedy requests (temperature 0) are kept; sampled ones go to the engine every time. Concurrent requests for
 one prompt share one request. A request that fails is not kept, so the next one asks again. Replies are kept per
 engine URL (an engine restarted at its address serves the same weights) up to ``max_entries``, oldest dropped
-first. Two processes do not share replies: rows evaluated in separate runs can still differ by this noise in
-their "before" scores, never in a delta within one run.
+first.
+
+Processes share replies through a file (``--rm-replies-file``, ``ReplyFile``: SQLite, keyed by the model's
+checkpoint, the prompt and the sampling settings): the first reply any of them stored is the one every process
+uses, so rows and seeds evaluated in separate runs score an unchanged store the same (without it, two H200 runs
+of MemUpdate's rows differed by 0.002 in their "before" QA). ``FIXED_REPLIES.ask(args, ...)`` reads the reward
+model's address, checkpoint and file from a plug-in's ``args``.
 """
 
 import asyncio
 import hashlib
+import json
+import sqlite3
+import threading
 from collections import OrderedDict
-from dataclasses import replace
+from dataclasses import asdict, replace
+from pathlib import Path
 
 import numpy as np
 
@@ -34,11 +43,25 @@ class FixedModelReplies:
         self.asked = 0  # requests sent to an engine
         self.reused = 0  # requests answered from a kept or in-flight reply
 
-    async def generate(self, url: str, token_ids: list[int], params: SamplingParams) -> GenerateResult:
+    async def ask(self, args, token_ids: list[int], params: SamplingParams) -> GenerateResult:
+        """``generate`` on a plug-in's reward model: ``args.rm_url``, its checkpoint ``args.rm_hf_checkpoint`` and,
+        where set, the file the processes share, ``args.rm_replies_file``."""
+        checkpoint = getattr(args, "rm_hf_checkpoint", None)
+        file = getattr(args, "rm_replies_file", None)
+        return await self.generate(args.rm_url, token_ids, params,
+                                   shared=(reply_file(file), checkpoint) if file and checkpoint else None)
+
+    async def generate(self, url: str, token_ids: list[int], params: SamplingParams,
+                       shared: "tuple[ReplyFile, str] | None" = None) -> GenerateResult:
+        """The model's reply at ``url``; greedy ones once per prompt, and with ``shared`` (a file and the model's
+        checkpoint) once for every process that uses that file."""
         if params.temperature != 0.0:
             self.asked += 1
             return await _ask(url, token_ids, params)
-        key = (url.rstrip("/"), hashlib.sha256(np.asarray(token_ids, dtype=np.int64).tobytes()).hexdigest(), params)
+        digest = hashlib.sha256(np.asarray(token_ids, dtype=np.int64).tobytes()).hexdigest()
+        if shared is not None:
+            return await self._shared(shared[0], shared[0].key(shared[1], digest, params), url, token_ids, params)
+        key = (url.rstrip("/"), digest, params)
         if key in self._replies:
             self._replies.move_to_end(key)
             self.reused += 1
@@ -56,6 +79,17 @@ class FixedModelReplies:
         # shielded: a caller that is cancelled leaves the request running for the others that wait on it
         return _copy(await asyncio.shield(task))
 
+    async def _shared(self, file: "ReplyFile", key: str, url: str, token_ids: list[int],
+                      params: SamplingParams) -> GenerateResult:
+        """The reply kept under ``key`` in ``file``, else the engine's, stored there unless another process stored
+        one first (then that one: every process uses the first)."""
+        kept = file.get(key)
+        if kept is None:
+            kept = file.put(key, await self.generate(url, token_ids, params))
+        else:
+            self.reused += 1
+        return _copy(kept)
+
     def _settle(self, key: tuple, task: asyncio.Task) -> None:
         if self._in_flight.get(key, (None, None))[1] is task:
             del self._in_flight[key]
@@ -68,6 +102,54 @@ class FixedModelReplies:
 
     def __len__(self) -> int:
         return len(self._replies)
+
+
+class ReplyFile:
+    """Replies kept in a SQLite file that several processes share (WAL journal: readers do not wait on a
+    writer). The first reply stored under a key stays: ``put`` returns whichever is kept."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        try:
+            self._db = sqlite3.connect(self.path, timeout=60, check_same_thread=False, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("CREATE TABLE IF NOT EXISTS replies (key TEXT PRIMARY KEY, reply TEXT NOT NULL)")
+        except sqlite3.DatabaseError as err:
+            raise ValueError(f"{self.path}: not a reply file of vime_ext.engines.fixed_replies ({err})") from err
+
+    @staticmethod
+    def key(checkpoint: str, prompt_digest: str, params: SamplingParams) -> str:
+        """The model (its checkpoint's absolute path), the prompt's digest and every sampling setting."""
+        return json.dumps([str(Path(checkpoint).resolve()), prompt_digest, asdict(params)], sort_keys=True)
+
+    def get(self, key: str) -> GenerateResult | None:
+        with self._lock:
+            row = self._db.execute("SELECT reply FROM replies WHERE key = ?", (key,)).fetchone()
+        return None if row is None else GenerateResult(**json.loads(row[0]))
+
+    def put(self, key: str, result: GenerateResult) -> GenerateResult:
+        with self._lock:
+            self._db.execute("INSERT OR IGNORE INTO replies (key, reply) VALUES (?, ?)",
+                             (key, json.dumps(asdict(result))))
+            row = self._db.execute("SELECT reply FROM replies WHERE key = ?", (key,)).fetchone()
+        return GenerateResult(**json.loads(row[0]))
+
+    def __len__(self) -> int:
+        with self._lock:
+            return self._db.execute("SELECT COUNT(*) FROM replies").fetchone()[0]
+
+
+_FILES: dict[str, ReplyFile] = {}
+
+
+def reply_file(path: str | Path) -> ReplyFile:
+    """The process's one connection to the file at ``path``."""
+    name = str(Path(path).resolve())
+    if name not in _FILES:
+        _FILES[name] = ReplyFile(name)
+    return _FILES[name]
 
 
 async def _ask(url: str, token_ids: list[int], params: SamplingParams) -> GenerateResult:

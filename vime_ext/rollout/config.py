@@ -35,6 +35,10 @@ class RolloutConfig:
         "to sleep, restarted if it dies; its URL reaches plug-ins as args.rm_url")
     rm_url: str | None = _help("the address of a reward model the reward function asks (args.rm_url, as in slime); "
                                "with --rm-hf-checkpoint the run sets it")
+    rm_replies_file: str | None = _help(
+        "with --rm-hf-checkpoint: a SQLite file in which the reward model's greedy replies are kept (by checkpoint, "
+        "prompt and sampling settings) for every process that names it, so that seeds and evaluations get one "
+        "reply per prompt (plug-ins that ask through vime_ext.engines.fixed_replies.FIXED_REPLIES.ask)")
     rm_gpu_memory_utilization: float = _help(
         "with --rm-hf-checkpoint, vLLM on GPUs: the reward model engine's share of the first engine GPU's memory", 0.1)
     rollout_function_path: str = _help("rollout_function(args, rollout_id, data_source, evaluation=False)",
