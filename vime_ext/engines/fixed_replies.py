@@ -115,6 +115,9 @@ class ReplyFile:
         try:
             self._db = sqlite3.connect(self.path, timeout=60, check_same_thread=False, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
+            # a commit per reply (thousands a GRPO step) without an fsync each: a cache lost to a power cut is
+            # asked again
+            self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute("CREATE TABLE IF NOT EXISTS replies (key TEXT PRIMARY KEY, reply TEXT NOT NULL)")
         except sqlite3.DatabaseError as err:
             raise ValueError(f"{self.path}: not a reply file of vime_ext.engines.fixed_replies ({err})") from err
