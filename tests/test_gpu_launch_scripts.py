@@ -435,8 +435,9 @@ def test_the_mem_update_smollm2_recipe_chains_sft_rl_and_both_evaluations(tiny_h
     assert last(rl, "--num-rollout") == "7" and last(rl, "--lr") == "2e-5"  # the published seeds' steps
     # the training reward's reader is the evaluation's: the base model, served as the run's reward model
     assert last(rl, "--rm-hf-checkpoint") == str(model) and last(rl, "--rm-gpu-memory-utilization") == "0.05"
-    replies = str(work / "reader_replies.sqlite")  # its replies shared by every process of the run
-    assert last(rl, "--rm-replies-file") == replies
+    # its replies kept for every process: GRPO's rewards in the run's folder, the evaluations' beside their results
+    assert last(rl, "--rm-replies-file") == str(work / "reward_replies.sqlite")
+    replies = str(work / "eval/reader_replies.sqlite")
     kv = str(2 * 2**30)  # every engine's KV cache fixed; the shares only what vLLM checks is free at its start
     assert last(rl, "--vllm-kv-cache-memory-bytes") == kv and last(rl, "--vllm-gpu-memory-utilization") == "0.05"
     evals = sorted((json.loads(line) for line in (tmp_path / "train_args.json.eval").read_text().splitlines()),
@@ -495,8 +496,10 @@ def test_the_learning_runs_results_pack_leaves_weights_and_data_out(tmp_path):
               "mem_agent/eval/ruler_hqa_170/rl_s0.summary.json", "mem_agent/table/mem_agent_smollm2.md",
               "mem_agent/table/mem_agent_smollm2.png", "mem_agent/seed_0/rl/tensorboard/metrics.jsonl",
               "mem_agent/seed_0/rl/tensorboard/events.out.tfevents.1.vm",
-              "mem_agent/seed_0/rl/latest_checkpointed_iteration.txt", "mem_update/seed_0.log"]
+              "mem_agent/seed_0/rl/latest_checkpointed_iteration.txt", "mem_update/seed_0.log",
+              "mem_update/eval/reader_replies.sqlite"]  # the evaluations' reader replies, for a later run
     left_out = ["mem_agent/data/train.jsonl", "mem_agent/data/ruler_hqa/eval_170.json",
+                "mem_update/reward_replies.sqlite",  # GRPO's: thousands of training prompts
                 "mem_agent/seed_0/rl/iter_0000016/common.pt", "mem_agent/seed_0/rl/iter_0000016/metadata.json",
                 "mem_agent/seed_0/rl/hf/iter_0000016/config.json",
                 "mem_agent/seed_0/rl/hf/iter_0000016/tokenizer.json"]

@@ -11,7 +11,8 @@
 #   bash tools/gpu_learning.sh run         # both at once; start/end lines in VIME_EXT_OUT/learning.log
 #   bash tools/gpu_learning.sh sweep       # MemAgent's knobs side by side, a variant a GPU (below)
 #   bash tools/gpu_learning.sh pack FILE   # what a person reads, no weights and no generated data: eval JSONL
-#                                          # and summaries, tables, training metrics, logs; FILE.tar.gz
+#                                          # and summaries, tables, training metrics, logs, and the evaluations'
+#                                          # reader replies (a later run reuses them); FILE.tar.gz
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT_DIR=${VIME_EXT_OUT:-runs/learning}
@@ -111,7 +112,8 @@ pack() {
   local file=${1:?usage: gpu_learning.sh pack FILE}
   (cd "${OUT_DIR}" && find . \( -path '*/data' -o -name 'iter_*' -o -name 'hf' \) -prune -o \
     -type f \( -name '*.jsonl' -o -name '*.json' -o -name '*.md' -o -name '*.png' -o -name '*.log' \
-    -o -name 'events.out.tfevents.*' -o -name 'latest_checkpointed_iteration.txt' \) -print0 |
+    -o -name 'events.out.tfevents.*' -o -name 'latest_checkpointed_iteration.txt' -o -name 'reader_replies.sqlite' \) \
+    -print0 |
     tar --null -czf - -T -) >"${file}.tar.gz"
   echo "${file}.tar.gz: $(du -h "${file}.tar.gz" | cut -f1)"
 }

@@ -17,7 +17,8 @@
 # The training reward and the evaluation score QA with the same fixed reader: READER, default the packaged
 # Qwen2.5-Coder-1.5B-Instruct (READER=base: the policy's base model, as the published three seeds; GRPO serves
 # it as the run's reward model, train.py --rm-hf-checkpoint, in RM_MEMORY (0.1) of the GPU). Its greedy replies
-# are kept in READER_REPLIES (WORK/reader_replies.sqlite), one per prompt for every row and seed of the run.
+# are kept, one per prompt, for every process: the evaluations' in READER_REPLIES (RESULTS/reader_replies.sqlite,
+# beside the results it scored), GRPO's rewards in WORK/reward_replies.sqlite.
 # Each episode scores the question it was shown and MEMUP_EXTRA_QUESTIONS (3) other questions of its
 # conversation (unseen); the reward is over MEMUP_REWARD_QUESTIONS (both). MEMUP_SCORER=proxy trains on the
 # proxy scorer instead, which the fourth run found to disagree with the reader (+0.2 against -0.016).
@@ -46,9 +47,9 @@ case "${READER}" in
   *) READER=$(python -m vime_ext.models.packaged "${READER}" | tail -1) ;;
 esac
 need "${READER}/config.json" READER
-# the reader's greedy replies, kept for every process of the run (GRPO's rewards, every row's evaluation), so that
-# an unchanged store scores the same in every row and seed (vime_ext/engines/fixed_replies.py)
-READER_REPLIES=${READER_REPLIES:-${WORK}/reader_replies.sqlite}
+# the reader's greedy replies, kept for every process, so that an unchanged store scores the same in every row
+# and seed (vime_ext/engines/fixed_replies.py)
+READER_REPLIES=${READER_REPLIES:-${RESULTS}/reader_replies.sqlite}
 
 prepare() {
   echo "$(date +%T) prepare: start"  # the time line of a lease (the fifth run could not place 4 minutes)
@@ -89,7 +90,7 @@ one_seed() {
   shift
   if [ "${MEMUP_SCORER}" = "reader" ]; then
     reader=(--rm-hf-checkpoint "${READER}" --rm-gpu-memory-utilization "${RM_MEMORY:-0.1}"
-            --rm-replies-file "${READER_REPLIES}")
+            --rm-replies-file "${WORK}/reward_replies.sqlite")
   fi
   sft_warm_start "${HF_CKPT}" "${DATA_ROOT}/sft.jsonl" "${WORK}/seed_${seed}/sft" "${seed}" "${SFT_LR}" \
     "${SFT_EPOCHS}" --sft-max-len "${MAX_MODEL_LEN}" --sft-overlong skip
