@@ -533,7 +533,7 @@ def test_the_evaluation_scores_with_a_fixed_reader_and_counts_each_tool(tmp_path
     (summary,) = main(["--model-path", model, "--test-data", str(test), "--save-dir", str(tmp_path / "out"),
                        "--engine-backend", "hf", "--engine-dtype", "float32", "--max-response-len", "16",
                        "--custom-config-path", str(tmp_path / "settings.json"), "--reader-model", model,
-                       "--num-engines", "2"])
+                       "--reader-replies-file", str(tmp_path / "replies.sqlite"), "--num-engines", "2"])
     assert summary["scorer"] == f"reader {model}" and summary["episodes"] == 2 and summary["failed"] == 0
     assert sorted(summary["calls_per_tool"]) == sorted(TOOL_NAMES)
     assert summary["valid_tool_calls"] == pytest.approx(summary["tool_calls"] - summary["tool_errors"])
@@ -542,6 +542,9 @@ def test_the_evaluation_scores_with_a_fixed_reader_and_counts_each_tool(tmp_path
     # The reader's token F1, not the proxy's clipped word share (which is never below 0.1): a random model's
     # answers share no word with the gold ones.
     assert summary["qa_before"] < 0.1 and summary["qa_after"] < 0.1
+    # the reader's replies kept for a later run: one per distinct prompt (2 episodes, before and after each)
+    from vime_ext.engines.fixed_replies import reply_file
+    assert 1 <= len(reply_file(tmp_path / "replies.sqlite")) <= 4
 
 
 def test_the_baseline_rows_run_through_the_evaluation_as_a_user_runs_them(tiny_hf_dirs, tmp_path, monkeypatch):
