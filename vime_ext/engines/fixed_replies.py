@@ -23,6 +23,7 @@ model's address, checkpoint and file from a plug-in's ``args``.
 import asyncio
 import hashlib
 import json
+import os
 import sqlite3
 import threading
 from collections import OrderedDict
@@ -83,12 +84,13 @@ class FixedModelReplies:
                       params: SamplingParams) -> GenerateResult:
         """The reply kept under ``key`` in ``file``, else the engine's, stored there unless another process stored
         one first (then that one: every process uses the first)."""
-        kept = file.get(key)
+        # in a thread: another process's write holds the file for a moment, and this loop has other episodes
+        kept = await asyncio.to_thread(file.get, key)
         if kept is None:
-            kept = file.put(key, await self.generate(url, token_ids, params))
+            kept = await asyncio.to_thread(file.put, key, await self.generate(url, token_ids, params))
         else:
             self.reused += 1
-        return _copy(kept)
+        return kept
 
     def _settle(self, key: tuple, task: asyncio.Task) -> None:
         if self._in_flight.get(key, (None, None))[1] is task:
@@ -144,15 +146,16 @@ class ReplyFile:
             return self._db.execute("SELECT COUNT(*) FROM replies").fetchone()[0]
 
 
-_FILES: dict[str, ReplyFile] = {}
+_FILES: dict[tuple[int, str], ReplyFile] = {}
 
 
 def reply_file(path: str | Path) -> ReplyFile:
-    """The process's one connection to the file at ``path``."""
-    name = str(Path(path).resolve())
-    if name not in _FILES:
-        _FILES[name] = ReplyFile(name)
-    return _FILES[name]
+    """The process's one connection to the file at ``path`` (by process id: a forked child opens its own, as
+    SQLite asks)."""
+    key = (os.getpid(), str(Path(path).resolve()))
+    if key not in _FILES:
+        _FILES[key] = ReplyFile(key[1])
+    return _FILES[key]
 
 
 async def _ask(url: str, token_ids: list[int], params: SamplingParams) -> GenerateResult:
