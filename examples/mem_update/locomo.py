@@ -260,8 +260,11 @@ def generate_locomo(num_conversations: int = 10, sessions: int = 4, filler: int 
         observation, summaries, events, qa = {}, {}, {}, []
         used: dict[str, dict[str, set[str]]] = {a: {}, b: {}}  # each speaker's values so far, by kind
         for s in range(1, sessions + 1):
+            # a session a month, in order across the new year (a conversation that has its second session in
+            # December has its third in January of the next year, so that "new" means later)
+            month = c % 12 + s
             date = f"{rng.randint(1, 11)}:{rng.choice(['00', '15', '30', '45'])} pm on {rng.randint(1, 28)} " \
-                   f"{_MONTHS[(c + s) % 12]}, {2022 + (s > 2)}"
+                   f"{_MONTHS[month % 12]}, {2022 + month // 12}"
             conversation[f"session_{s}_date_time"] = date
             turns, per_speaker = [], {a: [], b: []}
             for speaker, other in ((a, b), (b, a)):

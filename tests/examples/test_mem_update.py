@@ -491,6 +491,8 @@ def test_every_generated_question_has_one_answer_in_its_conversation():
     """A speaker who takes up a hobby in two sessions is asked about each with its session's month; a second trip
     goes to another city and a second pet is of another kind; an adversarial question about a pet that was
     adopted is left out. The old generator gave 43% of its questions another answer under the same words."""
+    from datetime import datetime
+
     from examples.mem_update.locomo import _date_repeated
 
     conversations = generate_locomo(num_conversations=40, seed=42)
@@ -505,6 +507,9 @@ def test_every_generated_question_has_one_answer_in_its_conversation():
         trips = [f for s in range(1, 5) for p in conversation["observation"][f"session_{s}_observation"].values()
                  for f, _ in p if " travelled to " in f]
         assert len(trips) == len(set(trips))  # one speaker never travels to one city twice
+        days = [datetime.strptime(conversation["conversation"][f"session_{s}_date_time"].split(" on ")[1],
+                                  "%d %B, %Y") for s in range(1, 5)]
+        assert days == sorted(days)  # sessions in order, across a new year too: a "new job" is the later one
     assert dated > 100  # the repeated kinds are asked by month, not dropped
     month = "What hobby did Ann take up in May 2022?"
     with pytest.raises(RuntimeError, match="two answers each"):  # two sessions in one month: no way to tell apart
