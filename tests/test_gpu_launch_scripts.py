@@ -485,6 +485,22 @@ def test_the_mem_update_smollm2_recipe_chains_sft_rl_and_both_evaluations(tiny_h
     assert done.returncode == 0 and "no results for SFT + RL yet" in done.stderr, done.stderr[-2000:]
     table = (work / "table/mem_update_smollm2.md").read_text()
     assert "| SFT |" in table and "SFT + RL" not in table
+    # With every row's samples (the ninth lease's seed 0 as seed 2 here): the seed-level test beside the table,
+    # SFT + RL against the best other row on the unseen questions and on all
+    import gzip
+    lease = ROOT / "records/mem_update_smollm2_h200x2_run9/eval"
+    for name, source in (("rl_s2", "rl_s0"), ("sft_s2", "sft_s0"), ("noop", "noop")):
+        (work / "eval" / f"{name}.samples.jsonl").write_bytes(gzip.decompress((lease / f"{source}.samples.jsonl.gz")
+                                                                              .read_bytes()))
+        (work / "eval" / f"{name}.json").write_text((lease / f"{source}.json").read_text())
+    done = subprocess.run(["bash", str(ROOT / "examples/mem_update/run-smollm2-gpu.sh"), "table"], env=full,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "seed-level test" not in done.stderr, done.stderr[-2000:]
+    unseen = json.loads((work / "table/seed_stats_unseen.json").read_text())
+    assert "SFT + RL minus" in (work / "table/seed_stats_unseen.md").read_text()
+    assert (work / "table/seed_stats_all.json").is_file()
+    summary = json.loads((lease / "rl_s0.json").read_text())  # the evaluation's own mean over the 64 questions
+    assert unseen["models"]["SFT + RL"]["mean"] == pytest.approx(summary["qa_delta_unseen"])
 
 
 def test_the_learning_runs_results_pack_leaves_weights_and_data_out(tmp_path):
