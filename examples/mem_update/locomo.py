@@ -15,6 +15,7 @@ evidence ids and session date in its metadata. Each QA item becomes one training
 import json
 import random
 import re
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -215,9 +216,7 @@ def _date_repeated(qa: list[dict]) -> list[dict]:
     (``dated``) in every item that shares them, and an adversarial question that names a fact someone did state
     (both speakers adopted a dog) is left out. Without this, 43% of the generated questions shared their words
     with another answer's (records/mem_update_log.md, ninth lease): no store could answer both."""
-    count: dict[str, int] = {}
-    for item in qa:
-        count[item["question"]] = count.get(item["question"], 0) + 1
+    count = Counter(item["question"] for item in qa)
     out = []
     for item in qa:
         item = dict(item)

@@ -108,23 +108,21 @@ baselines() {
 # (tools/seed_stats.py): SFT + RL against the best other row without RL at the level of seeds and question by
 # question, with the top 5% share, on the unseen questions and on all (table/seed_stats_{unseen,all}.{md,json})
 table() {
-  local name key specs=() i
+  local name key
   models_with_results "${RESULTS}/%s.json" "no-op (store untouched)=noop" base=base "SFT=sft_s*" \
     "SFT + RL=rl_s*" "oracle (gold answers added)=oracle"
   python -m examples.mem_update.results_table --results "${RESULTS}" "${MODEL_ARGS[@]}" \
     --out "${WORK}/table/mem_update_smollm2"
-  models_with_results "${RESULTS}/%s.samples.jsonl" "SFT + RL=rl_s*" "SFT=sft_s*" no-op=noop base=base
-  if [ "${MODEL_ARGS[1]:-}" != "SFT + RL=rl_s*" ] || [ ${#MODEL_ARGS[@]} -lt 4 ]; then
+  models_with_results "%s" "SFT + RL=${RESULTS}/rl_s*.samples.jsonl" "SFT=${RESULTS}/sft_s*.samples.jsonl" \
+    "no-op=${RESULTS}/noop.samples.jsonl" "base=${RESULTS}/base.samples.jsonl"
+  if [[ "${MODEL_ARGS[1]:-}" != "SFT + RL="* ]] || [ ${#MODEL_ARGS[@]} -lt 4 ]; then
     echo "table: no SFT + RL results, or nothing to compare them with: no seed-level test" >&2
     return 0
   fi
-  for (( i = 1; i < ${#MODEL_ARGS[@]}; i += 2 )); do  # NAME=GLOB -> NAME=RESULTS/GLOB.samples.jsonl
-    specs+=(--model "${MODEL_ARGS[i]%%=*}=${RESULTS}/${MODEL_ARGS[i]#*=}.samples.jsonl")
-  done
   for name in unseen all; do
     key=qa_after-qa_before
     if [ "${name}" = unseen ]; then key=qa_after_unseen-qa_before_unseen; fi
-    python tools/seed_stats.py --key "${key}" "${specs[@]}" --out "${WORK}/table/seed_stats_${name}.json" \
+    python tools/seed_stats.py --key "${key}" "${MODEL_ARGS[@]}" --out "${WORK}/table/seed_stats_${name}.json" \
       >"${WORK}/table/seed_stats_${name}.md" ||
       echo "table: the seed-level test on ${name} questions failed (${WORK}/table/seed_stats_${name}.md)" >&2
   done

@@ -60,9 +60,22 @@ class FixedModelReplies:
             self.asked += 1
             return await _ask(url, token_ids, params)
         digest = hashlib.sha256(np.asarray(token_ids, dtype=np.int64).tobytes()).hexdigest()
-        if shared is not None:
-            return await self._shared(shared[0], shared[0].key(shared[1], digest, params), url, token_ids, params)
         key = (url.rstrip("/"), digest, params)
+        if shared is None:
+            return await self._kept(key, url, token_ids, params)
+        # The file's reply, else this process's, stored unless another process stored one first (then that one:
+        # every process uses the first). In a thread: another process's write holds the file for a moment, and
+        # this loop has other episodes.
+        file, file_key = shared[0], shared[0].key(shared[1], digest, params)
+        kept = await asyncio.to_thread(file.get, file_key)
+        if kept is not None:
+            self.reused += 1
+            return kept
+        return await asyncio.to_thread(file.put, file_key, await self._kept(key, url, token_ids, params))
+
+    async def _kept(self, key: tuple, url: str, token_ids: list[int], params: SamplingParams) -> GenerateResult:
+        """This process's reply under ``key`` (the engine, the prompt's digest, the settings): kept, in flight, or
+        asked now."""
         if key in self._replies:
             self._replies.move_to_end(key)
             self.reused += 1
@@ -79,18 +92,6 @@ class FixedModelReplies:
             task.add_done_callback(lambda done: self._settle(key, done))
         # shielded: a caller that is cancelled leaves the request running for the others that wait on it
         return _copy(await asyncio.shield(task))
-
-    async def _shared(self, file: "ReplyFile", key: str, url: str, token_ids: list[int],
-                      params: SamplingParams) -> GenerateResult:
-        """The reply kept under ``key`` in ``file``, else the engine's, stored there unless another process stored
-        one first (then that one: every process uses the first)."""
-        # in a thread: another process's write holds the file for a moment, and this loop has other episodes
-        kept = await asyncio.to_thread(file.get, key)
-        if kept is None:
-            kept = await asyncio.to_thread(file.put, key, await self.generate(url, token_ids, params))
-        else:
-            self.reused += 1
-        return kept
 
     def _settle(self, key: tuple, task: asyncio.Task) -> None:
         if self._in_flight.get(key, (None, None))[1] is task:
