@@ -54,6 +54,10 @@ if "--tensorboard-dir" in args:
 fi
 if [ "$1" = tools/convert_hf_to_torch_dist.py ]; then exit 3; fi  # the stand-in checkpoint has no weights
 if [ "$1" = -m ] && [[ "$2" == examples.*.eval_* ]]; then
+  # STAND_IN_BASE_FAILS=FILE: the base model's first evaluation fails (as one that finds too little memory)
+  if [ -n "${{STAND_IN_BASE_FAILS:-}}" ] && [[ " $* " == *" --save-file base "* ]] && [ ! -e "$STAND_IN_BASE_FAILS" ]; then
+    touch "$STAND_IN_BASE_FAILS"; exit 1
+  fi
   exec {python} -c 'import json, sys; open(sys.argv[1] + ".eval", "a").write(json.dumps(sys.argv[2:]) + "\\n")' \
     {record} "${{@:3}}"
 fi
@@ -465,10 +469,13 @@ def test_the_mem_update_smollm2_recipe_chains_sft_rl_and_both_evaluations(tiny_h
     (work / "eval").mkdir(exist_ok=True)
     for save_file in ("sft_s2", "rl_s2"):
         (work / "eval" / f"{save_file}.json").write_text((run / "rl_s0.json").read_text())
-    # `all` with fixed KV caches: the rows without training start beside the seed (one run, on the first GPU)
-    evals = evaluations_of_all("examples/mem_update/run-smollm2-gpu.sh", {**full, "SEEDS": "2", "KV_CACHE_GIB": "2"},
+    # `all` with fixed KV caches: the rows without training start beside the seed (one run, on the first GPU);
+    # when that run fails (too little memory beside the seeds), once more after them
+    failed = tmp_path / "base_failed"
+    evals = evaluations_of_all("examples/mem_update/run-smollm2-gpu.sh",
+                               {**full, "SEEDS": "2", "KV_CACHE_GIB": "2", "STAND_IN_BASE_FAILS": str(failed)},
                                tmp_path / "train_args.json.eval")
-    assert sorted(last(a, "--save-file") for a in evals) == ["base", "rl_s2", "sft_s2"]
+    assert failed.is_file() and sorted(last(a, "--save-file") for a in evals) == ["base", "rl_s2", "sft_s2"]
     assert all(last(a, "--vllm-kv-cache-memory-bytes") == kv for a in evals)
     assert (work / "baselines.log").is_file()
     # `all` with the base model's result copied from an earlier run (BASE_FROM): no base evaluation, its row in

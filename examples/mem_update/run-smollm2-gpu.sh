@@ -149,7 +149,9 @@ case "${STAGE}" in
       mkdir -p "${RESULTS}"
       for row in "${BASE_FROM}"/{base,noop,oracle}.*; do if [ -e "${row}" ]; then cp "${row}" "${RESULTS}/"; fi; done
     elif [ -n "${base_pid}" ]; then
-      wait "${base_pid}" || echo "the rows without training failed: ${WORK}/baselines.log" >&2
+      # beside the seeds their engines can find too little memory: then once more after them (resumable)
+      wait "${base_pid}" || { echo "the rows without training failed beside the seeds (${WORK}/baselines.log):" \
+        "again after them" >&2; CUDA_VISIBLE_DEVICES=${first_gpu} baselines; }
     else
       CUDA_VISIBLE_DEVICES=${first_gpu} baselines
     fi
