@@ -205,9 +205,17 @@ smollm2_recipe_defaults() {
 # evaluations' --vllm-* flags). Several seeds a GPU also halve SFT's micro-batches (SFT_MAX_TOKENS 16384): at
 # 32768 tokens each SmolLM2 SFT run held 58.7 GiB of an H200, and two of them left the rows without training,
 # started beside them, too little to start (MemUpdate, 2026-11-30). The step's gradient is the same sum.
+# Three or more seeds a GPU shrink every part further (not yet run on a GPU): caches of 4 GiB, and SFT's and
+# GRPO's micro-batches of 8192 tokens (SFT_MAX_TOKENS, RL_MAX_TOKENS; no lower than an episode's bound,
+# MAX_MODEL_LEN). At two seeds an H200 peaked at 127 GiB, GRPO's trainer holding 27.5 GiB at 32768 tokens (the
+# 135M model's logits) and each seed four engines with caches of 8 GiB (policy and reader, GRPO's and the SFT
+# evaluation's; MemUpdate, 2026-11-30).
 shared_gpu_defaults() {
   SEEDS_PER_GPU=${SEEDS_PER_GPU:-1}
   KV_ARGS=()
+  if [ "${SEEDS_PER_GPU}" -gt 2 ]; then
+    KV_CACHE_GIB=${KV_CACHE_GIB:-4} SFT_MAX_TOKENS=${SFT_MAX_TOKENS:-8192} RL_MAX_TOKENS=${RL_MAX_TOKENS:-8192}
+  fi
   if [ "${SEEDS_PER_GPU}" -gt 1 ]; then KV_CACHE_GIB=${KV_CACHE_GIB:-8} SFT_MAX_TOKENS=${SFT_MAX_TOKENS:-16384}; fi
   if [ -n "${KV_CACHE_GIB:-}" ] && [ "${NUM_GPUS}" -gt 0 ]; then
     KV_ARGS=(--vllm-kv-cache-memory-bytes $(( KV_CACHE_GIB * 1024 * 1024 * 1024 )))
@@ -222,13 +230,18 @@ shared_gpu_defaults() {
 # one optimizer step each, lr RL_LR, contexts of MAX_MODEL_LEN, a Ray head on RAY_PORT_BASE + SEED (seeds run at
 # once on one machine), sampling at RL_TEMPERATURE (1.0). RL_MINUTES (unset: no limit) bounds the run's time
 # (--exit-duration-in-mins): it stops after the first rollout that ends past it and saves that one, so that what
-# follows (the evaluation) still fits a machine's time slot. Two knobs for a warm start too peaked for GRPO's
+# follows (the evaluation) still fits a machine's time slot. The trainer's micro-batches hold at most RL_MAX_TOKENS
+# (32768) tokens. Two knobs for a warm start too peaked for GRPO's
 # groups to differ (unset: off): RL_ENTROPY_COEF, an entropy bonus (--entropy-coef); RL_OVERSAMPLE=K, DAPO's
 # dynamic sampling (only groups whose rewards differ train; K x ROLLOUT_BATCH_SIZE prompts drawn a round). The
 # caller sets TRAIN_DATA.
 grpo_from_sft() {
   local script=$1 work=$2 seed=$3 knobs=()
   shift 3
+  if (( ${RL_MAX_TOKENS:-32768} < MAX_MODEL_LEN )); then
+    echo "RL_MAX_TOKENS=${RL_MAX_TOKENS}: a micro-batch must hold an episode of MAX_MODEL_LEN=${MAX_MODEL_LEN} tokens" >&2
+    return 2
+  fi
   if [ -n "${RL_MINUTES:-}" ]; then knobs=(--exit-duration-in-mins "${RL_MINUTES}"); fi
   if [ -n "${RL_ENTROPY_COEF:-}" ]; then knobs+=(--entropy-coef "${RL_ENTROPY_COEF}"); fi
   if [ -n "${RL_OVERSAMPLE:-}" ]; then
@@ -241,7 +254,7 @@ grpo_from_sft() {
     SAVE_INTERVAL=${RL_ROLLOUTS} SAVE_OPTIM=0 ENGINE_MEMORY=${ENGINE_MEMORY:-0.3} RAY_PORT=$(( ${RAY_PORT_BASE:-6380} + seed )) \
     bash "${script}" --lr "${RL_LR}" --seed "${seed}" --engine-max-model-len "${MAX_MODEL_LEN}" \
     --rollout-temperature "${RL_TEMPERATURE:-1.0}" \
-    --max-tokens-per-gpu 32768 --recompute-granularity selective "${knobs[@]}" "${KV_ARGS[@]}" "$@"
+    --max-tokens-per-gpu "${RL_MAX_TOKENS:-32768}" --recompute-granularity selective "${knobs[@]}" "${KV_ARGS[@]}" "$@"
 }
 
 # grpo_beside_sft_eval EVALUATE WORK SEED LAUNCH_SCRIPT [train.py flags]: GRPO from the SFT save (grpo_from_sft) and,
@@ -307,14 +320,27 @@ models_with_results() {
   done
 }
 
+# recipe_gpus: the GPUs a learning recipe's seeds go to, CUDA_VISIBLE_DEVICES (else the machine's), a word each
+recipe_gpus() {
+  local gpus=(${CUDA_VISIBLE_DEVICES:-$(seq -s ' ' 0 $(( NUM_GPUS > 0 ? NUM_GPUS - 1 : 0 )))})
+  echo "${gpus[@]//,/ }"
+}
+
+# lightest_gpu: the GPU that seeds_on_gpus gives the fewest of SEEDS (the first where they divide evenly), where
+# the rows without training run beside the seeds
+lightest_gpu() {
+  local gpus seeds=(${SEEDS})
+  read -r -a gpus <<<"$(recipe_gpus)"
+  echo "${gpus[${#seeds[@]} % ${#gpus[@]}]}"
+}
+
 # seeds_on_gpus SCRIPT LOG_DIR [ARGS]: `SEED=s bash SCRIPT seed ARGS` for every s of SEEDS at once, on the GPUs of
 # CUDA_VISIBLE_DEVICES (else the machine's) in turn, at most SEEDS_PER_GPU (1) a GPU (shared_gpu_defaults),
 # logged to LOG_DIR/seed_s.log; fails if any seed failed
 seeds_on_gpus() {
   local script=$1 logs=$2 seeds=(${SEEDS}) gpus pids=() i status=0 per_gpu=${SEEDS_PER_GPU:-1}
   shift 2
-  gpus=(${CUDA_VISIBLE_DEVICES:-$(seq -s ' ' 0 $(( NUM_GPUS > 0 ? NUM_GPUS - 1 : 0 )))})
-  gpus=(${gpus[@]//,/ })
+  read -r -a gpus <<<"$(recipe_gpus)"
   if (( ${#seeds[@]} > ${#gpus[@]} * per_gpu )); then
     echo "$(basename "${script}"): ${#seeds[@]} seeds (SEEDS) for ${#gpus[@]} GPU(s) at SEEDS_PER_GPU=${per_gpu}:" \
       "at most $(( ${#gpus[@]} * per_gpu ))" >&2

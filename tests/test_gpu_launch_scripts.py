@@ -249,12 +249,13 @@ def evaluations_of_all(script: str, env: dict, record: Path, stage: str = "all")
 def test_seeds_share_gpus_in_turn_with_fixed_kv_caches(tmp_path):
     """seeds_on_gpus and shared_gpu_defaults (_common.sh, real) with a stand-in seed script: SEEDS_PER_GPU seeds
     a GPU, placed in turn; more seeds than that is refused with the count; several seeds a GPU give every engine a
-    fixed KV cache (vLLM's --kv-cache-memory-bytes) and small memory shares, one seed a GPU neither."""
+    fixed KV cache (vLLM's --kv-cache-memory-bytes) and small memory shares, one seed a GPU neither, three or more
+    smaller caches and micro-batches; the rows without training go to the GPU given the fewest seeds."""
     script = tmp_path / "seed.sh"
     script.write_text(f'echo "$SEED $CUDA_VISIBLE_DEVICES" >>{tmp_path}/placed\n')
     path = f"{stand_ins(tmp_path, tmp_path / 'args.json')}{os.pathsep}{os.environ['PATH']}"
     mine = ("CUDA_VISIBLE_DEVICES", "KV_CACHE_GIB", "SEEDS_PER_GPU", "ENGINE_MEMORY", "RM_MEMORY", "READER_MEMORY",
-            "SFT_MAX_TOKENS")
+            "SFT_MAX_TOKENS", "RL_MAX_TOKENS", "NUM_GPUS")
 
     def run(env: dict, body: str) -> subprocess.CompletedProcess:
         full = {k: v for k, v in os.environ.items() if k not in mine}
@@ -267,13 +268,23 @@ def test_seeds_share_gpus_in_turn_with_fixed_kv_caches(tmp_path):
     assert sorted((tmp_path / "placed").read_text().splitlines()) == ["0 0", "1 1", "2 0"]
     done = run({"STAND_IN_GPUS": "2", "SEEDS": "0 1 2"}, f"seeds_on_gpus {script} {tmp_path}/logs")
     assert done.returncode == 2 and "3 seeds (SEEDS) for 2 GPU(s) at SEEDS_PER_GPU=1: at most 2" in done.stderr
+    # the GPU given the fewest seeds: the one after the last seed's in turn, the first where they divide evenly
+    lightest = {("0 1 2 3", "2"): "0", ("0 1 2 3 4", "2"): "1", ("0 1 2", "4"): "3", ("0", "1"): "0"}
+    for (seeds, gpus), gpu in lightest.items():
+        assert run({"STAND_IN_GPUS": gpus, "SEEDS": seeds}, "lightest_gpu").stdout.strip() == gpu
+    assert run({"CUDA_VISIBLE_DEVICES": "4,6", "SEEDS": "0 1 2"}, "lightest_gpu").stdout.strip() == "6"
     show = ('shared_gpu_defaults; echo "${KV_ARGS[*]}|${ENGINE_MEMORY:-}|${RM_MEMORY:-}|${READER_MEMORY:-}'
-            '|${SFT_MAX_TOKENS:-}"')
+            '|${SFT_MAX_TOKENS:-}|${RL_MAX_TOKENS:-}"')
+    assert run({"STAND_IN_GPUS": "1", "SEEDS_PER_GPU": "2"}, show).stdout.split() == [
+        "--vllm-kv-cache-memory-bytes", f"{8 * 2**30}|0.05|0.05|0.05|16384|"]  # SFT's micro-batches halved
     assert run({"STAND_IN_GPUS": "1", "SEEDS_PER_GPU": "3"}, show).stdout.split() == [
-        "--vllm-kv-cache-memory-bytes", f"{8 * 2**30}|0.05|0.05|0.05|16384"]  # SFT's micro-batches halved
+        "--vllm-kv-cache-memory-bytes", f"{4 * 2**30}|0.05|0.05|0.05|8192|8192"]  # everything smaller
     assert run({"STAND_IN_GPUS": "1", "KV_CACHE_GIB": "3", "ENGINE_MEMORY": "0.2"}, show).stdout.split() == [
-        "--vllm-kv-cache-memory-bytes", f"{3 * 2**30}|0.2|0.05|0.05|"]
-    assert run({"STAND_IN_GPUS": "1"}, show).stdout.strip() == "||||"
+        "--vllm-kv-cache-memory-bytes", f"{3 * 2**30}|0.2|0.05|0.05||"]
+    assert run({"STAND_IN_GPUS": "1"}, show).stdout.strip() == "|||||"
+    # GRPO's micro-batches must hold an episode: refused with both values, before anything starts
+    done = run({"RL_MAX_TOKENS": "4096", "MAX_MODEL_LEN": "8192"}, "grpo_from_sft launch.sh work 0")
+    assert done.returncode == 2 and "RL_MAX_TOKENS=4096" in done.stderr and "MAX_MODEL_LEN=8192" in done.stderr
 
 
 @pytest.mark.parametrize("grpo_fails", [False, True])

@@ -130,8 +130,8 @@ copy_base() {
   done
 }
 
-# all ARGS...: prepare, then one seed per GPU at once (logs in WORK/seed_S.log) and, beside the first seed, the
-# base model's evaluation in a smaller share of its GPU (its longest length sets the time: it starts first), then
+# all ARGS...: prepare, then one seed per GPU at once (logs in WORK/seed_S.log) and, on the GPU with the fewest
+# seeds (the first where they divide evenly), the base model's evaluation in a smaller share of its GPU (its longest length sets the time: it starts first), then
 # the table
 everything() {
   local base_pid="" ceiling_pid
@@ -139,7 +139,7 @@ everything() {
   if [ -n "${BASE_FROM:-}" ]; then  # the base model's rows from an earlier run's SAVE_DIR, on the same files
     copy_base "${BASE_FROM}"
   else
-    CUDA_VISIBLE_DEVICES=$(cut -d, -f1 <<<"${CUDA_VISIBLE_DEVICES:-0}") EVAL_ENGINE_MEMORY=0.25 evaluate base \
+    CUDA_VISIBLE_DEVICES=$(lightest_gpu) EVAL_ENGINE_MEMORY=0.25 evaluate base \
       >"${WORK}/base.log" 2>&1 &
     base_pid=$!
   fi

@@ -136,13 +136,13 @@ case "${STAGE}" in
   table) table ;;
   all)
     prepare
-    first_gpu=$(cut -d, -f1 <<<"${CUDA_VISIBLE_DEVICES:-0}")
+    base_gpu=$(lightest_gpu)
     base_pid=""
     if [ -z "${BASE_FROM:-}" ] && [ ${#KV_ARGS[@]} -gt 0 ]; then
-      # fixed KV caches: the rows without training start with the seeds, beside them on the first GPU (their
-      # engines spoil no other's start), instead of after them
+      # fixed KV caches: the rows without training start with the seeds, beside them on the GPU with the fewest
+      # seeds (their engines spoil no other's start), instead of after them
       echo "$(date +%T) the rows without training beside the seeds: ${WORK}/baselines.log"
-      CUDA_VISIBLE_DEVICES=${first_gpu} baselines >"${WORK}/baselines.log" 2>&1 & base_pid=$!
+      CUDA_VISIBLE_DEVICES=${base_gpu} baselines >"${WORK}/baselines.log" 2>&1 & base_pid=$!
     fi
     seeds_on_gpus "$0" "${WORK}" "$@" || true
     if [ -n "${BASE_FROM:-}" ]; then  # the rows without training from an earlier run's RESULTS, same files
@@ -151,9 +151,9 @@ case "${STAGE}" in
     elif [ -n "${base_pid}" ]; then
       # beside the seeds their engines can find too little memory: then once more after them (resumable)
       wait "${base_pid}" || { echo "the rows without training failed beside the seeds (${WORK}/baselines.log):" \
-        "again after them" >&2; CUDA_VISIBLE_DEVICES=${first_gpu} baselines; }
+        "again after them" >&2; CUDA_VISIBLE_DEVICES=${base_gpu} baselines; }
     else
-      CUDA_VISIBLE_DEVICES=${first_gpu} baselines
+      CUDA_VISIBLE_DEVICES=${base_gpu} baselines
     fi
     table ;;
   *) echo "usage: run-smollm2-gpu.sh prepare|seed|base|table|all" >&2; exit 2 ;;
