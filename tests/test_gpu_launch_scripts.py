@@ -424,8 +424,8 @@ def test_the_mem_update_smollm2_recipe_chains_sft_rl_and_both_evaluations(tiny_h
     SFT save, and both saves converted and evaluated with the base model as the reader (READER=base: the
     default reader is the packaged 1.5B model, which CI does not install); the baselines with another reader."""
     model, work = tiny_hf_dirs["qwen3"], tmp_path / "work"
-    env = {"VIME_EXT_OUT": str(work), "HF_CKPT": str(model), "STAND_IN_GPUS": "1", "CONVERSATIONS": "5",
-           "N_TEST": "2", "EVAL_NUM": "7", "MEMUP_RETRIEVER": "bm25", "SEED": "2", "READER": "base"}
+    env = {"VIME_EXT_OUT": str(work), "HF_CKPT": str(model), "STAND_IN_GPUS": "1", "CONVERSATIONS": "6",
+           "N_TEST": "2", "N_VAL": "1", "EVAL_NUM": "7", "MEMUP_RETRIEVER": "bm25", "SEED": "2", "READER": "base"}
     record = tmp_path / "train_args.json"
     full = {**os.environ, **env, "PATH": f"{stand_ins(tmp_path, record)}{os.pathsep}{os.environ['PATH']}"}
     full.pop("CUDA_VISIBLE_DEVICES", None)
@@ -437,8 +437,11 @@ def test_the_mem_update_smollm2_recipe_chains_sft_rl_and_both_evaluations(tiny_h
     test, chosen = (data / "test.jsonl").read_text().splitlines(), (data / "test_eval.jsonl").read_text().splitlines()
     assert len(chosen) == 7 and set(chosen) <= set(test) and chosen == sorted(chosen, key=test.index)
     test_conversations = {json.loads(line)["metadata"]["sample_id"] for line in test}
+    val = (data / "val.jsonl").read_text().splitlines()  # the validation part, its questions drawn the same way
+    val_conversations = {json.loads(line)["metadata"]["sample_id"] for line in val}
+    assert set((data / "val_eval.jsonl").read_text().splitlines()) <= set(val) and val_conversations
     sft_chats = [json.loads(line) for line in (data / "sft.jsonl").read_text().splitlines()]
-    assert sft_chats and not {c["metadata"]["sample_id"] for c in sft_chats} & test_conversations
+    assert sft_chats and not {c["metadata"]["sample_id"] for c in sft_chats} & (test_conversations | val_conversations)
 
     sft, rl = [json.loads(line) for line in (tmp_path / "train_args.json.all").read_text().splitlines()]
     assert last(sft, "--loss-type") == "sft_loss" and last(sft, "--save") == str(work / "seed_2/sft")
@@ -474,6 +477,11 @@ def test_the_mem_update_smollm2_recipe_chains_sft_rl_and_both_evaluations(tiny_h
     # one seed a GPU, no KV_CACHE_GIB: vLLM sizes the caches from the shares
     assert all(last(a, "--reader-memory") == "0.15" and last(a, "--vllm-gpu-memory-utilization") == "0.25"
                and "--vllm-kv-cache-memory-bytes" not in a for a in evals)
+    # EVAL_SPLIT=val: the same rows on the validation questions, into results of their own
+    (a,) = evaluations_of_all("examples/mem_update/run-smollm2-gpu.sh", {**full, "EVAL_SPLIT": "val"},
+                              tmp_path / "train_args.json.eval", stage="base")
+    assert last(a, "--test-data") == str(data / "val_eval.jsonl") and last(a, "--save-dir") == str(work / "eval_val")
+    assert last(a, "--reader-replies-file") == str(work / "eval_val/reader_replies.sqlite")
 
     # The stand-in evaluations write no results: the 4 x H200 run's stand in for them in the tables below.
     run = ROOT / "records/mem_update_smollm2_h200x4_run2/eval"

@@ -123,10 +123,11 @@ def demonstration(conversation: Conversation, item: dict, settings: MemUpdateSet
 
 
 def write_demonstrations(locomo: str | Path, out: str | Path, settings: MemUpdateSettings, n_test: int = 3,
-                         seed: int = 42) -> tuple[Path, dict[str, int]]:
-    """Demonstrations for every QA item of the training split; returns the path and the calls per tool."""
+                         seed: int = 42, n_val: int = 0) -> tuple[Path, dict[str, int]]:
+    """Demonstrations for every QA item of the training split (prepare_data.py's, from the same ``n_test``,
+    ``seed`` and ``n_val``); returns the path and the calls per tool."""
     conversations, _ = load_locomo(locomo)
-    train, _ = split(conversations, n_test, seed)
+    train = split(conversations, n_test, seed, n_val).train
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     counts: dict[str, int] = {}
@@ -149,10 +150,11 @@ def main(argv=None) -> None:
     parser.add_argument("--retriever", choices=["embedding", "bm25"], default="embedding",
                         help="as memup_retriever in the RL run: the search results the chats show")
     parser.add_argument("--n-test", type=int, default=3, help="held-out conversations (as prepare_data.py)")
+    parser.add_argument("--n-val", type=int, default=0, help="validation conversations (as prepare_data.py)")
     parser.add_argument("--seed", type=int, default=42, help="the split's seed (as prepare_data.py)")
     args = parser.parse_args(argv)
     path, counts = write_demonstrations(args.locomo, args.out, MemUpdateSettings(retriever=args.retriever),
-                                        args.n_test, args.seed)
+                                        args.n_test, args.seed, args.n_val)
     print(f"{path}: calls per tool {json.dumps(counts)}")
 
 

@@ -120,13 +120,25 @@ def load_locomo(path: str | Path, include_adversarial: bool = False) -> tuple[li
     return conversations, problems
 
 
-def split(conversations: list[Conversation], n_test: int = 3, seed: int = 42) -> tuple[list, list]:
-    """By conversation, reproducibly: sorted by sample_id, shuffled with ``seed``, the last ``n_test`` for test."""
-    if not 0 < n_test < len(conversations):
-        raise LocomoError(f"cannot hold out {n_test} of {len(conversations)} conversations")
+@dataclass(frozen=True)
+class Split:
+    """Conversations for training, for choosing settings (validation) and for the one final report (test)."""
+    train: list[Conversation]
+    val: list[Conversation]
+    test: list[Conversation]
+
+
+def split(conversations: list[Conversation], n_test: int = 3, seed: int = 42, n_val: int = 0) -> Split:
+    """By conversation, reproducibly: sorted by sample_id, shuffled with ``seed``, the last ``n_test`` for test and
+    the ``n_val`` before them for validation. The test conversations do not depend on ``n_val``: a validation split
+    is taken from the training side only."""
+    if not 0 < n_test < len(conversations) - n_val or n_val < 0:
+        raise LocomoError(f"cannot hold out {n_test} test and {n_val} validation conversations of "
+                          f"{len(conversations)}: at least one must be left for training")
     order = sorted(conversations, key=lambda c: c.sample_id)
     random.Random(seed).shuffle(order)
-    return order[:-n_test], order[-n_test:]
+    held = n_test + n_val
+    return Split(order[:-held], order[-held:-n_test], order[-n_test:])
 
 
 def prompt_records(conversations: list[Conversation], extra_questions: int = 3, seed: int = 42) -> list[dict]:

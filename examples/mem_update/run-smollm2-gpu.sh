@@ -14,6 +14,10 @@
 #                                                                 # fixed KV caches: base beside the seeds)
 # Everything goes under VIME_EXT_OUT (default runs/mem_update_smollm2): data/, seed_S/{sft,rl}, eval/ (one
 # SAVE_FILE per model: base, sft_sS, rl_sS; resumable), table/. Extra arguments go to the GRPO run's train.py.
+# The conversations (CONVERSATIONS, 45) are split three ways: N_TEST (10) for the one final report, N_VAL (5) to
+# choose settings on, the rest (30) to train on; EVAL_NUM (64) questions are drawn from each held-out part.
+# EVAL_SPLIT=val evaluates every row on the validation questions instead (into eval_val/ and table_val/): a
+# setting is chosen there, and the test rows are run once, with it.
 # The training reward and the evaluation score QA with the same fixed reader: READER, default the packaged
 # Qwen2.5-Coder-1.5B-Instruct (READER=base: the policy's base model, as the published three seeds; GRPO serves
 # it as the run's reward model, train.py --rm-hf-checkpoint, in RM_MEMORY (0.1) of the GPU). Its greedy replies
@@ -29,8 +33,14 @@ shift
 
 WORK=${VIME_EXT_OUT:-runs/mem_update_smollm2}
 DATA_ROOT=${DATA_ROOT:-${WORK}/data}
-RESULTS=${RESULTS:-${WORK}/eval}
-CONVERSATIONS=${CONVERSATIONS:-40} N_TEST=${N_TEST:-10} EVAL_NUM=${EVAL_NUM:-64}
+EVAL_SPLIT=${EVAL_SPLIT:-test}
+case "${EVAL_SPLIT}" in
+  test) SPLIT_SUFFIX="" ;;
+  val) SPLIT_SUFFIX=_val ;;
+  *) echo "EVAL_SPLIT=${EVAL_SPLIT}: test or val" >&2; exit 2 ;;
+esac
+RESULTS=${RESULTS:-${WORK}/eval${SPLIT_SUFFIX}} TABLE_DIR=${WORK}/table${SPLIT_SUFFIX}
+CONVERSATIONS=${CONVERSATIONS:-45} N_TEST=${N_TEST:-10} N_VAL=${N_VAL:-5} EVAL_NUM=${EVAL_NUM:-64}
 # Six epochs at 1e-4: two at 2e-5 (25 steps) ended with the loss still falling (1.16 -> 0.33 per token) and the
 # model's tool calls mostly malformed (8.1 of 14.5 per held-out episode after GRPO; 4 x H200 run of 2026-11-26).
 SFT_EPOCHS=${SFT_EPOCHS:-6} SFT_LR=${SFT_LR:-1e-4}
@@ -53,14 +63,19 @@ READER_REPLIES=${READER_REPLIES:-${RESULTS}/reader_replies.sqlite}
 
 prepare() {
   echo "$(date +%T) prepare: start"  # the time line of a lease (the fifth run could not place 4 minutes)
+  local split
   python -m examples.mem_update.prepare_data --generate --num-conversations "${CONVERSATIONS}" --n-test "${N_TEST}" \
-    --seed 42 --out-dir "${DATA_ROOT}"
-  # EVAL_NUM held-out questions drawn across the test conversations, the same for every model
-  python -c 'import random, sys; lines = open(sys.argv[1]).readlines(); n = min(int(sys.argv[3]), len(lines))
+    --n-val "${N_VAL}" --seed 42 --out-dir "${DATA_ROOT}"
+  # EVAL_NUM questions drawn across each held-out part's conversations, the same for every model
+  for split in test val; do
+    if [ ! -s "${DATA_ROOT}/${split}.jsonl" ]; then continue; fi  # N_VAL=0: no validation part
+    python -c 'import random, sys; lines = open(sys.argv[1]).readlines(); n = min(int(sys.argv[3]), len(lines))
 open(sys.argv[2], "w").writelines(sorted(random.Random(0).sample(lines, n), key=lines.index))' \
-    "${DATA_ROOT}/test.jsonl" "${DATA_ROOT}/test_eval.jsonl" "${EVAL_NUM}"
+      "${DATA_ROOT}/${split}.jsonl" "${DATA_ROOT}/${split}_eval.jsonl" "${EVAL_NUM}"
+  done
   python -m examples.mem_update.demonstrations --locomo "${DATA_ROOT}/locomo_generated.json" \
-    --out "${DATA_ROOT}/sft.jsonl" --retriever "${MEMUP_RETRIEVER:-embedding}" --n-test "${N_TEST}" --seed 42
+    --out "${DATA_ROOT}/sft.jsonl" --retriever "${MEMUP_RETRIEVER:-embedding}" --n-test "${N_TEST}" \
+    --n-val "${N_VAL}" --seed 42
   echo "$(date +%T) prepare: done"
 }
 
@@ -75,7 +90,7 @@ evaluate() {
   if [ -n "${2:-}" ]; then convert=1; fi
   # shellcheck disable=SC2086  # EDIT is a list of words
   CONVERT=${convert} SAVE_PATH=${2:-} MODEL_PATH=${HF_CKPT} SAVE_FILE=${names[0]} \
-    TEST_DATA=${DATA_ROOT}/test_eval.jsonl RESULTS=${RESULTS} bash "${MEM_UPDATE_DIR}/run-eval.sh" \
+    TEST_DATA=${DATA_ROOT}/${EVAL_SPLIT}_eval.jsonl RESULTS=${RESULTS} bash "${MEM_UPDATE_DIR}/run-eval.sh" \
     --reader-model "${READER}" --reader-replies-file "${READER_REPLIES}" --edit ${EDIT:-agent} \
     --save-file "${names[@]}" \
     --max-response-len "${TURN_TOKENS}" --max-model-len "${MAX_MODEL_LEN}" \
@@ -106,13 +121,13 @@ baselines() {
 
 # table: the rows over the seeds (results_table.py), then, with SFT + RL results, their seed-level test
 # (tools/seed_stats.py): SFT + RL against the best other row without RL at the level of seeds and question by
-# question, with the top 5% share, on the unseen questions and on all (table/seed_stats_{unseen,all}.{md,json})
+# question, with the top 5% share, on the unseen questions and on all (TABLE_DIR/seed_stats_{unseen,all}.{md,json})
 table() {
   local name key
   models_with_results "${RESULTS}/%s.json" "no-op (store untouched)=noop" base=base "SFT=sft_s*" \
     "SFT + RL=rl_s*" "oracle (gold answers added)=oracle"
   python -m examples.mem_update.results_table --results "${RESULTS}" "${MODEL_ARGS[@]}" \
-    --out "${WORK}/table/mem_update_smollm2"
+    --out "${TABLE_DIR}/mem_update_smollm2"
   models_with_results "%s" "SFT + RL=${RESULTS}/rl_s*.samples.jsonl" "SFT=${RESULTS}/sft_s*.samples.jsonl" \
     "no-op=${RESULTS}/noop.samples.jsonl" "base=${RESULTS}/base.samples.jsonl"
   if [[ "${MODEL_ARGS[1]:-}" != "SFT + RL="* ]] || [ ${#MODEL_ARGS[@]} -lt 4 ]; then
@@ -122,9 +137,9 @@ table() {
   for name in unseen all; do
     key=qa_after-qa_before
     if [ "${name}" = unseen ]; then key=qa_after_unseen-qa_before_unseen; fi
-    python tools/seed_stats.py --key "${key}" "${MODEL_ARGS[@]}" --out "${WORK}/table/seed_stats_${name}.json" \
-      >"${WORK}/table/seed_stats_${name}.md" ||
-      echo "table: the seed-level test on ${name} questions failed (${WORK}/table/seed_stats_${name}.md)" >&2
+    python tools/seed_stats.py --key "${key}" "${MODEL_ARGS[@]}" --out "${TABLE_DIR}/seed_stats_${name}.json" \
+      >"${TABLE_DIR}/seed_stats_${name}.md" ||
+      echo "table: the seed-level test on ${name} questions failed (${TABLE_DIR}/seed_stats_${name}.md)" >&2
   done
 }
 

@@ -476,8 +476,14 @@ def test_locomo_loader_split_and_bad_records(tmp_path):
     adversarial, _ = load_locomo(path, include_adversarial=True)
     assert any(q["category"] == 5 and q["answer"] == "Not mentioned in the conversation"
                for c in adversarial for q in c.qa)
-    train, test = split(conversations, n_test=1, seed=42)
-    assert (len(train), len(test)) == (3, 1) and split(conversations, 1, 42) == (train, test)
+    held_out = split(conversations, n_test=1, seed=42)
+    train, test = held_out.train, held_out.test
+    assert (len(train), len(held_out.val), len(test)) == (3, 0, 1) and split(conversations, 1, 42) == held_out
+    # a validation split comes from the training side: the test conversation stays the same
+    with_val = split(conversations, n_test=1, seed=42, n_val=1)
+    assert with_val.test == test and len(with_val.val) == 1 and with_val.train + with_val.val == train
+    with pytest.raises(ValueError, match="cannot hold out 1 test and 3 validation conversations of 4"):
+        split(conversations, 1, 42, n_val=3)
     records = prompt_records(test, extra_questions=2)
     assert len(records) == len(test[0].qa) and records[0]["metadata"]["memories"] == test[0].memories
     assert len(records[0]["metadata"]["extra_qa"]) == 2
@@ -485,6 +491,24 @@ def test_locomo_loader_split_and_bad_records(tmp_path):
     path.write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):
         load_locomo(path)
+
+
+def test_prepare_data_holds_out_validation_conversations_from_training_only(tmp_path):
+    """prepare_data --n-val: val.jsonl from conversations of neither other file; test.jsonl the same as without."""
+    from examples.mem_update.prepare_data import main as prepare
+
+    def conversations(folder, name):
+        return {json.loads(line)["metadata"]["sample_id"] for line in (folder / name).read_text().splitlines()}
+
+    base = ["--generate", "--num-conversations", "6", "--n-test", "2", "--seed", "0"]
+    summary = prepare(base + ["--n-val", "1", "--out-dir", str(tmp_path / "val")])
+    prepare(base + ["--out-dir", str(tmp_path / "none")])
+    val, none = tmp_path / "val", tmp_path / "none"
+    assert (val / "test.jsonl").read_text() == (none / "test.jsonl").read_text()
+    assert len(summary["val"]["conversations"]) == 1 and len(summary["train"]["conversations"]) == 3
+    assert conversations(val, "val.jsonl") | conversations(val, "train.jsonl") == conversations(none, "train.jsonl")
+    assert not conversations(val, "val.jsonl") & conversations(val, "train.jsonl")
+    assert not (none / "val.jsonl").exists()
 
 
 def test_every_generated_question_has_one_answer_in_its_conversation():

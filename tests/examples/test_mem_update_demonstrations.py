@@ -34,9 +34,10 @@ def locomo(tmp_path_factory):
 
 
 def test_the_file_covers_the_tools_and_only_training_conversations(locomo, tmp_path):
-    path, counts = write_demonstrations(locomo, tmp_path / "sft.jsonl", SETTINGS, n_test=2)
+    path, counts = write_demonstrations(locomo, tmp_path / "sft.jsonl", SETTINGS, n_test=2, n_val=1)
     assert {"search_memory", "manage_memory", "merge_memory", "delete_memory"} <= set(counts)
-    train, test = split(load_locomo(locomo)[0], 2, 42)
+    train = split(load_locomo(locomo)[0], 2, 42, n_val=1).train  # neither test nor validation conversations
+    assert len(train) == 3
     records = read_chats(path)
     assert len(records) == sum(len(c.qa) for c in train) and len(STORE) == 0
     assert {r.metadata["sample_id"] for r in records} == {c.sample_id for c in train}
