@@ -603,6 +603,38 @@ def test_the_sweep_runs_a_variant_per_gpu_on_data_prepared_once(tiny_hf_dirs, tm
     assert "| RL_TEMPERATURE=1.3 RL_ENTROPY_COEF=0.01 |" in table and f"| {v1} |" in table
 
 
+def test_a_mem_update_sweep_chooses_on_the_validation_questions(tiny_hf_dirs, tmp_path):
+    """tools/gpu_learning.sh sweep with SWEEP_EXAMPLE=mem_update: the data prepared once (a variant that changes
+    it prepares its own), seed 0 of each variant on a GPU of its own, both its evaluations on the validation
+    questions (never the test ones), then the sweep table."""
+    model, out = tiny_hf_dirs["qwen3"], tmp_path / "out"
+    env = {"VIME_EXT_OUT": str(out), "HF_CKPT": str(model), "STAND_IN_GPUS": "2", "CONVERSATIONS": "6",
+           "N_TEST": "2", "N_VAL": "1", "EVAL_NUM": "3", "MEMUP_RETRIEVER": "bm25", "READER": "base",
+           "SWEEP_EXAMPLE": "mem_update", "SWEEP_GPUS": "0,1", "MEM_UPDATE_ENV": "RL_ROLLOUTS=3",
+           "SWEEP_VARIANTS": "SFT_EPOCHS=2; N_VAL=2 RL_ENTROPY_COEF=0.01"}
+    record = tmp_path / "train_args.json"
+    full = {**os.environ, **env, "PATH": f"{stand_ins(tmp_path, record)}{os.pathsep}{os.environ['PATH']}"}
+    full.pop("CUDA_VISIBLE_DEVICES", None)
+    done = subprocess.run(["bash", str(ROOT / "tools/gpu_learning.sh"), "sweep"], env=full, capture_output=True,
+                          text=True, timeout=900)
+    root = out / "sweep"
+    assert done.returncode == 0, (done.stdout + done.stderr + (root / "v0.log").read_text())[-3000:]
+    assert not (root / "v0/data").exists() and (root / "v1/data/val.jsonl").is_file()  # N_VAL: v1's own data
+    calls = [json.loads(line) for line in (tmp_path / "train_args.json.all").read_text().splitlines()]
+    sft = {Path(last(c, "--save")).parts[-3]: c for c in calls if "--loss-type" in c}
+    grpo = {Path(last(c, "--save")).parts[-3]: c for c in calls if "--loss-type" not in c}
+    assert sorted(grpo) == ["v0", "v1"] and all(last(c, "--num-rollout") == "3" for c in grpo.values())
+    chats = {v: len((data / "sft.jsonl").read_text().splitlines()) for v, data in
+             (("v0", root / "data"), ("v1", root / "v1/data"))}
+    assert last(sft["v0"], "--num-rollout") == str(-(-2 * chats["v0"] // 64))  # SFT_EPOCHS=2
+    assert last(grpo["v1"], "--entropy-coef") == "0.01" and "--entropy-coef" not in grpo["v0"]
+    evals = [json.loads(line) for line in (tmp_path / "train_args.json.eval").read_text().splitlines()]
+    assert sorted(Path(last(a, "--save-dir")).relative_to(root).as_posix() for a in evals) == [
+        "v0/eval_val", "v0/eval_val", "v1/eval_val", "v1/eval_val"]
+    assert {Path(last(a, "--test-data")).name for a in evals} == {"val_eval.jsonl"}
+    assert "| N_VAL=2 RL_ENTROPY_COEF=0.01 |" in (root / "sweep.md").read_text()
+
+
 def test_the_real_benchmark_base_rows_run_every_length_and_both_references(tmp_path):
     """gpu_recipe.sh base_rows: each packaged model through the untrained workflow on the real test questions, on
     an engine per GPU: the two references (no document, the gold pair) and the short lengths at once, then each

@@ -1,5 +1,7 @@
-"""tools/sweep_table.py on the fourth run's files (4 x H200, seed 0), laid out as a sweep variant's folder."""
+"""tools/sweep_table.py on recorded runs' files (MemAgent's fourth run, MemUpdate's ninth lease; seed 0), laid out as
+sweep variants' folders."""
 
+import gzip
 import json
 import shutil
 from pathlib import Path
@@ -27,8 +29,8 @@ def test_a_variant_row_has_both_models_sub_em_and_grpo_signal(tmp_path):
     rl = json.loads((RUN / "eval/ruler_hqa_170/rl_s0.summary.json").read_text())
     row = rows[0]
     assert row["variant"] == "RL_TEMPERATURE=1.3" and row["rl_steps"] == len(steps) == 12
-    assert row["lengths"][170] == {"sft": {"sub_em": sft["sub_em"], "scored": 32},
-                                   "rl": {"sub_em": rl["sub_em"], "scored": 32}}
+    assert row["scores"]["sub-EM (170 docs)"] == {"sft": {"value": sft["sub_em"], "scored": 32},
+                                                 "rl": {"value": rl["sub_em"], "scored": 32}}
     assert row["|adv|"] == mean(r["rollout/advantage_abs_mean"] for r in steps)
     assert row["entropy"] == mean(r["train/entropy"] for r in steps)
     assert row["uniform groups"] is None  # the fourth run predates the metric
@@ -40,3 +42,27 @@ def test_a_variant_row_has_both_models_sub_em_and_grpo_signal(tmp_path):
     # The plot's series: the reward per step, and no share of uniform groups where the metric was not logged.
     assert row["per step"] == {"reward": [r["rollout/reward_mean"] for r in steps], "uniform groups": [None] * 12}
     assert (tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_mem_update_variant_row_has_both_models_qa_delta_on_the_validation_questions(tmp_path):
+    """A MemUpdate variant (its evaluations on the validation questions, eval_val/): the ninth lease's seed 0 files
+    stand in for them."""
+    lease = RUN.parent / "mem_update_smollm2_h200x2_run9"
+    run = tmp_path / "v0"
+    (run / "eval_val").mkdir(parents=True)
+    for name in ("sft_s0", "rl_s0", "noop"):  # the rows without training are not the variant's
+        shutil.copy(lease / f"eval/{name}.json", run / "eval_val")
+    (run / "seed_0/rl/tensorboard").mkdir(parents=True)
+    (run / "seed_0/rl/tensorboard/metrics.jsonl").write_bytes(
+        gzip.decompress((lease / "rl_s0.metrics.jsonl.gz").read_bytes()))
+    (row,) = main(["--variant", f"SFT_EPOCHS=2={run}", "--out", str(tmp_path / "s")])
+    sft, rl = (json.loads((lease / f"eval/{n}.json").read_text()) for n in ("sft_s0", "rl_s0"))
+    assert row["scores"] == {
+        "QA delta unseen (val)": {"sft": {"value": sft["qa_delta_unseen"], "scored": 64},
+                                  "rl": {"value": rl["qa_delta_unseen"], "scored": 64}},
+        "QA delta all (val)": {"sft": {"value": sft["qa_delta"], "scored": 64},
+                               "rl": {"value": rl["qa_delta"], "scored": 64}}}
+    assert row["rl_steps"] == 20 and row["uniform groups"] is not None
+    table = (tmp_path / "s.md").read_text()
+    assert "| variant | SFT QA delta unseen (val) | SFT + RL QA delta unseen (val) |" in table
+    assert f"| SFT_EPOCHS=2 | {sft['qa_delta_unseen']:+.3f} (64) | {rl['qa_delta_unseen']:+.3f} (64) |" in table

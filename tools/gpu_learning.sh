@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Both examples' SmolLM2 learning recipes (run-smollm2-gpu.sh `all`) at once on one machine of 4 GPUs, as one
 # background job (a device lease is 30 minutes): MemAgent's seeds (SEEDS, default "0 1 2") a GPU each on
-# MEM_AGENT_GPUS (default 0,1,2), its base model's evaluation beside the first seed; MemUpdate's seeds
-# (MEM_UPDATE_SEEDS, default "0") on MEM_UPDATE_GPUS (default 3), its base model's evaluation after them.
+# MEM_AGENT_GPUS (default 0,1,2), its base model's evaluation beside them; MemUpdate's seeds (MEM_UPDATE_SEEDS,
+# default "0") on MEM_UPDATE_GPUS (default 3), its rows without training beside them (fixed KV caches) or after.
 # MEM_AGENT_ENV / MEM_UPDATE_ENV hold one example's variables ("RL_ROLLOUTS=16 RL_LR=2e-5 RL_MINUTES=9": GRPO
 # stops and saves after 9 minutes, so that the evaluation after it fits a 30-minute lease); variables set
 # around this script reach both; EXAMPLES (default "mem_agent mem_update") picks the examples run. Two recipes on
 # one GPU compete for it (a trainer's memory churn can spoil an engine's start): give each GPUs of its own.
 # Everything goes under VIME_EXT_OUT (default runs/learning)/<example>:
 #   bash tools/gpu_learning.sh run         # both at once; start/end lines in VIME_EXT_OUT/learning.log
-#   bash tools/gpu_learning.sh sweep       # MemAgent's knobs side by side, a variant a GPU (below)
+#   bash tools/gpu_learning.sh sweep       # one example's knobs side by side, a variant a GPU (below)
 #   bash tools/gpu_learning.sh pack FILE   # what a person reads, no weights and no generated data: eval JSONL
 #                                          # and summaries, tables, training metrics, logs, and the evaluations'
 #                                          # reader replies (a later run reuses them); FILE.tar.gz
@@ -48,32 +48,49 @@ run() {
   return "${status}"
 }
 
-# sweep: MemAgent's seed SEED (0) once per variant, each on a GPU of its own (SWEEP_GPUS, default 0,1,2,3, one
-# per variant), to learn which knob gives GRPO something to learn from. SWEEP_VARIANTS: variants separated by ";",
-# each a list of NAME=VALUE words for run-smollm2-gpu.sh (an empty one is the recipe as it is), e.g.
+# sweep: one example's seed SEED (0) once per variant, each on a GPU of its own (SWEEP_GPUS, default 0,1,2,3, one per
+# variant), to learn which knob gives GRPO something to learn from. SWEEP_EXAMPLE: mem_agent (default) or
+# mem_update. SWEEP_VARIANTS: variants separated by ";", each a list of NAME=VALUE words for run-smollm2-gpu.sh (an
+# empty one is the recipe as it is), e.g.
 #   SWEEP_VARIANTS="SFT_EPOCHS=1; RL_TEMPERATURE=1.3; N_SAMPLES_PER_PROMPT=16 ROLLOUT_BATCH_SIZE=8"
-# MEM_AGENT_ENV reaches every variant. The data is prepared once (OUT_DIR/sweep/data), but a variant that sets a
-# variable of the data (SWEEP_DATA_VARS) prepares its own. Variant i runs under OUT_DIR/sweep/v<i> with a Ray port
-# of its own and is evaluated at SWEEP_LENGTH (170 documents, the training length; a list: several lengths) only.
-# Then OUT_DIR/sweep/sweep.md/.json (tools/sweep_table.py): SFT and SFT + RL sub-EM per variant and GRPO's
-# signal (groups of one reward, |advantage|, entropy, KL).
-SWEEP_DATA_VARS="TRAIN_DOCS TRAIN_NUM SFT_NUM SFT_DOCS DEMO_KEEP MEM_CHUNK_TOKENS MEM_MAX_MEMORY EVAL_NUM"
+# The example's MEM_AGENT_ENV / MEM_UPDATE_ENV reaches every variant. The data is prepared once
+# (OUT_DIR/sweep/data), but a variant that sets a variable of the data (sweep_settings) prepares its own. Variant
+# i runs under OUT_DIR/sweep/v<i> with a Ray port of its own. MemAgent's variants are evaluated at SWEEP_LENGTH
+# (170 documents, the training length; a list: several lengths) only, on its held-out items; MemUpdate's on its
+# validation questions (EVAL_SPLIT=val), so that its test questions are left for the one run with the setting
+# chosen. Then OUT_DIR/sweep/sweep.md/.json (tools/sweep_table.py): SFT and SFT + RL scores per variant and
+# GRPO's signal (groups of one reward, |advantage|, entropy, KL).
 
-# sweep_variant DIR GPU DATA_ROOT VARS...: one variant's seed (after its own prepare when DATA_ROOT is in DIR)
+# sweep_settings: for SWEEP_EXAMPLE, SWEEP_ENV (its variables for every run), SWEEP_DATA_VARS (the variables of
+# its data) and SWEEP_EVAL (what its variants are evaluated on)
+sweep_settings() {
+  case "${SWEEP_EXAMPLE:=mem_agent}" in
+    mem_agent)
+      SWEEP_ENV=${MEM_AGENT_ENV:-} SWEEP_EVAL="LENGTH=${SWEEP_LENGTH:-170}"
+      SWEEP_DATA_VARS="TRAIN_DOCS TRAIN_NUM SFT_NUM SFT_DOCS DEMO_KEEP MEM_CHUNK_TOKENS MEM_MAX_MEMORY EVAL_NUM" ;;
+    mem_update)
+      SWEEP_ENV=${MEM_UPDATE_ENV:-} SWEEP_EVAL="EVAL_SPLIT=val"
+      SWEEP_DATA_VARS="CONVERSATIONS N_TEST N_VAL EVAL_NUM MEMUP_RETRIEVER" ;;
+    *) echo "SWEEP_EXAMPLE=${SWEEP_EXAMPLE}: mem_agent or mem_update" >&2; return 2 ;;
+  esac
+}
+
+# sweep_variant DIR GPU DATA_ROOT I VARS...: one variant's seed (after its own prepare when DATA_ROOT is in DIR)
 sweep_variant() {
   local dir=$1 gpu=$2 data=$3 i=$4 stage
   shift 4
   for stage in prepare seed; do
     if [ "${stage}" = prepare ] && [ "${data}" != "${dir}/data" ]; then continue; fi
-    # shellcheck disable=SC2086  # MEM_AGENT_ENV is a list of NAME=VALUE words
-    env ${MEM_AGENT_ENV:-} "$@" CUDA_VISIBLE_DEVICES="${gpu}" SEED="${SEED:-0}" VIME_EXT_OUT="${dir}" \
-      DATA_ROOT="${data}" LENGTH="${SWEEP_LENGTH:-170}" RAY_PORT_BASE=$(( 6400 + 10 * i )) \
-      bash examples/mem_agent/run-smollm2-gpu.sh "${stage}" || return
+    # shellcheck disable=SC2086  # SWEEP_ENV and SWEEP_EVAL are lists of NAME=VALUE words
+    env ${SWEEP_ENV} "$@" ${SWEEP_EVAL} CUDA_VISIBLE_DEVICES="${gpu}" SEED="${SEED:-0}" VIME_EXT_OUT="${dir}" \
+      DATA_ROOT="${data}" RAY_PORT_BASE=$(( 6400 + 10 * i )) \
+      bash "examples/${SWEEP_EXAMPLE}/run-smollm2-gpu.sh" "${stage}" || return
   done
 }
 
 sweep() {
   local root=${OUT_DIR}/sweep variants gpus i pids=() status=0 rows=() vars data name
+  sweep_settings || return
   IFS=';' read -r -a variants <<<"${SWEEP_VARIANTS:?SWEEP_VARIANTS: variants separated by ;}"
   IFS=',' read -r -a gpus <<<"${SWEEP_GPUS:-0,1,2,3}"
   if (( ${#variants[@]} > ${#gpus[@]} )); then
@@ -81,10 +98,9 @@ sweep() {
     return 2
   fi
   mkdir -p "${root}"
-  log "sweep: prepare (${root}/data)"
-  # shellcheck disable=SC2086  # MEM_AGENT_ENV is a list of NAME=VALUE words
-  env ${MEM_AGENT_ENV:-} VIME_EXT_OUT="${root}" LENGTH="${SWEEP_LENGTH:-170}" \
-    bash examples/mem_agent/run-smollm2-gpu.sh prepare \
+  log "sweep: ${SWEEP_EXAMPLE}: prepare (${root}/data)"
+  # shellcheck disable=SC2086  # SWEEP_ENV and SWEEP_EVAL are lists of NAME=VALUE words
+  env ${SWEEP_ENV} ${SWEEP_EVAL} VIME_EXT_OUT="${root}" bash "examples/${SWEEP_EXAMPLE}/run-smollm2-gpu.sh" prepare \
     >"${root}/prepare.log" 2>&1 || { log "sweep: prepare failed: ${root}/prepare.log"; return 1; }
   for i in "${!variants[@]}"; do
     vars=$(xargs <<<"${variants[i]}")  # trimmed

@@ -1,13 +1,14 @@
-"""One row per variant of a MemAgent knob sweep (``tools/gpu_learning.sh sweep``): the SFT and SFT + RL models'
-sub-EM at the evaluated length, and whether GRPO had anything to learn from (the share of groups whose samples all
+"""One row per variant of a knob sweep of either example's SmolLM2 recipe (``tools/gpu_learning.sh sweep``): the
+SFT and SFT + RL models' scores, and whether GRPO had anything to learn from (the share of groups whose samples all
 got the same reward, the mean |advantage|, the policy's entropy, its KL to the SFT model, the training reward).
 
     python tools/sweep_table.py --variant "SFT_EPOCHS=1"=runs/sweep/v0 --variant ...=DIR --out runs/sweep/sweep
 
-A variant's DIR is its recipe's VIME_EXT_OUT (eval/ruler_hqa_<docs>/{sft,rl}_s<seed>.summary.json,
-seed_<seed>/rl/tensorboard/metrics.jsonl). Writes OUT.md and OUT.json and prints the table, and OUT.png: per
-GRPO step, each variant's training reward and its share of groups of one reward. A part a variant lacks (its GRPO
-failed, its evaluation was cut) is shown as "-".
+A variant's DIR is its recipe's VIME_EXT_OUT, with seed_<seed>/rl/tensorboard/metrics.jsonl and its evaluations:
+MemAgent's sub-EM at each evaluated length (eval/ruler_hqa_<docs>/{sft,rl}_s<seed>.summary.json), MemUpdate's QA
+delta on the validation questions, unseen and all (eval_val/{sft,rl}_s<seed>.json). Writes OUT.md and OUT.json
+and prints the table, and OUT.png: per GRPO step, each variant's training reward and its share of groups of one
+reward. A part a variant lacks (its GRPO failed, its evaluation was cut) is shown as "-".
 """
 
 import argparse
@@ -32,13 +33,31 @@ def training_rows(path: Path) -> list[dict]:
     return [rows[k] for k in sorted(rows)]
 
 
+def trained_model(save_file: str) -> str | None:
+    """"sft" or "rl" for a seed's evaluation file (sft_s0, rl_s0), None for the rows without training."""
+    return next((m for m in ("sft", "rl") if save_file.startswith(f"{m}_s")), None)
+
+
+def scores(run: Path) -> dict[str, dict[str, dict]]:
+    """Column -> model -> {"value", "scored"}: MemAgent's sub-EM per length (in order of length), MemUpdate's QA
+    delta on the validation questions."""
+    columns: dict[str, dict[str, dict]] = {}
+    mem_agent = sorted(run.glob("eval/ruler_hqa_*/*.summary.json"), key=lambda p: int(p.parent.name.rsplit("_", 1)[1]))
+    for summary in mem_agent:
+        data = json.loads(summary.read_text())
+        if model := trained_model(data["save_file"]):
+            label = f"sub-EM ({summary.parent.name.rsplit('_', 1)[1]} docs)"
+            columns.setdefault(label, {})[model] = {"value": data["sub_em"], "scored": data["scored"]}
+    for summary in sorted(run.glob("eval_val/*_s*.json")):
+        if model := trained_model(summary.stem):
+            data = json.loads(summary.read_text())
+            for label, key in (("QA delta unseen (val)", "qa_delta_unseen"), ("QA delta all (val)", "qa_delta")):
+                columns.setdefault(label, {})[model] = {"value": data[key], "scored": data["episodes"]}
+    return columns
+
+
 def variant_row(name: str, run: Path) -> dict:
-    row = {"variant": name, "dir": str(run), "lengths": {}}
-    for summary in sorted(run.glob("eval/ruler_hqa_*/*.summary.json")):
-        docs, data = int(summary.parent.name.rsplit("_", 1)[1]), json.loads(summary.read_text())
-        model = "sft" if data["save_file"].startswith("sft_") else "rl" if data["save_file"].startswith("rl_") else None
-        if model:
-            row["lengths"].setdefault(docs, {})[model] = {"sub_em": data["sub_em"], "scored": data["scored"]}
+    row = {"variant": name, "dir": str(run), "scores": scores(run)}
     steps = [r for path in sorted(run.glob("seed_*/rl/tensorboard/metrics.jsonl")) for r in training_rows(path)]
     row["rl_steps"] = len(steps)
     for label, key in SIGNALS.items():
@@ -91,19 +110,20 @@ def fmt(value, digits: int = 3) -> str:
 
 
 def markdown(rows: list[dict]) -> str:
-    lengths = sorted({docs for r in rows for docs in r["lengths"]})
-    header = ["variant"] + [f"{m} sub-EM ({d} docs)" for d in lengths for m in ("SFT", "SFT + RL")] + \
+    columns = list(dict.fromkeys(label for r in rows for label in r["scores"]))  # in the order first met
+    header = ["variant"] + [f"{m} {label}" for label in columns for m in ("SFT", "SFT + RL")] + \
         ["RL steps", *SIGNALS, "reward first / last"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
         cells = [r["variant"] or "(the recipe)"]
-        for d in lengths:
+        for label in columns:
             for m in ("sft", "rl"):
-                got = r["lengths"].get(d, {}).get(m)
-                cells.append(f"{got['sub_em']:.1f} ({got['scored']})" if got else "-")
+                got = r["scores"].get(label, {}).get(m)
+                form = ".1f" if label.startswith("sub-EM") else "+.3f"  # sub-EM in points, a QA delta in F1
+                cells.append(f"{got['value']:{form}} ({got['scored']})" if got else "-")
         cells += [str(r["rl_steps"])] + [fmt(r[label]) for label in SIGNALS] + [fmt(r["reward first/last"])]
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n\nsub-EM (items scored); the signals are means over the GRPO steps.\n"
+    return "\n".join(lines) + "\n\nscore (items scored); the signals are means over the GRPO steps.\n"
 
 
 def main(argv=None) -> list[dict]:
