@@ -320,6 +320,16 @@ models_with_results() {
   done
 }
 
+# eval_split: SPLIT_SUFFIX for EVAL_SPLIT (test, the default: "", val: _val), the learning recipes' held-out part
+# to score: validation to choose settings on, test for the one report with the setting chosen
+eval_split() {
+  case "${EVAL_SPLIT:=test}" in
+    test) SPLIT_SUFFIX="" ;;
+    val) SPLIT_SUFFIX=_val ;;
+    *) echo "EVAL_SPLIT=${EVAL_SPLIT}: test or val" >&2; return 2 ;;
+  esac
+}
+
 # recipe_gpus: the GPUs a learning recipe's seeds go to, CUDA_VISIBLE_DEVICES (else the machine's), a word each
 recipe_gpus() {
   local gpus=(${CUDA_VISIBLE_DEVICES:-$(seq -s ' ' 0 $(( NUM_GPUS > 0 ? NUM_GPUS - 1 : 0 )))})

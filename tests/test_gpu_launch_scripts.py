@@ -557,8 +557,8 @@ def test_the_learning_runs_results_pack_leaves_weights_and_data_out(tmp_path):
 
 def test_the_sweep_runs_a_variant_per_gpu_on_data_prepared_once(tiny_hf_dirs, tmp_path):
     """tools/gpu_learning.sh sweep: MemAgent's data prepared once (but by a variant that changes it, for itself),
-    then seed 0 of each variant (its variables in its own environment) on a GPU of its own, evaluated at
-    SWEEP_LENGTH alone; then the sweep table, a row per variant."""
+    then seed 0 of each variant (its variables in its own environment) on a GPU of its own, evaluated on the
+    validation items at SWEEP_LENGTH alone; then the sweep table, a row per variant."""
     model, out = tiny_hf_dirs["llama"], tmp_path / "out"
     env = {"VIME_EXT_OUT": str(out), "HF_CKPT": str(model), "STAND_IN_GPUS": "4", "TRAIN_NUM": "4", "EVAL_NUM": "2",
            "SFT_NUM": "3", "TRAIN_DOCS": "20", "LENGTH": "20 40", "MEM_CHUNK_TOKENS": "128", "SWEEP_LENGTH": "20",
@@ -572,7 +572,8 @@ def test_the_sweep_runs_a_variant_per_gpu_on_data_prepared_once(tiny_hf_dirs, tm
                           text=True, timeout=900)
     root = out / "sweep"
     assert done.returncode == 0, (done.stdout + done.stderr + (root / "v0.log").read_text())[-3000:]
-    assert sorted(p.name for p in (root / "data/ruler_hqa").iterdir()) == ["eval_20.json"]  # SWEEP_LENGTH only
+    for split in ("ruler_hqa", "ruler_hqa_val"):  # test and validation items, at SWEEP_LENGTH only
+        assert sorted(p.name for p in (root / "data" / split).iterdir()) == ["eval_20.json"]
     # TRAIN_DOCS: v1's own data, its GRPO items of 40 documents; SFT_DOCS keeps its demonstrations those of 20
     assert not (root / "v0/data").exists()
     for name, docs in (("data", 20), ("v1/data", 40)):
@@ -595,6 +596,9 @@ def test_the_sweep_runs_a_variant_per_gpu_on_data_prepared_once(tiny_hf_dirs, tm
     evals = [json.loads(line) for line in (tmp_path / "train_args.json.eval").read_text().splitlines()]
     lengths = [list(itertools.takewhile(lambda x: not x.startswith("--"), a[a.index("--length") + 1:])) for a in evals]
     assert lengths == [["20"]] * 4
+    assert {Path(last(a, "--data-root")).name for a in evals} == {"ruler_hqa_val"}  # never the test items
+    assert {Path(last(a, "--save-dir")).parent.name for a in evals} == {"v0", "v1"}
+    assert {Path(last(a, "--save-dir")).name for a in evals} == {"eval_val"}
     log = (out / "learning.log").read_text()
     assert f"start v0 (GPU 2) RL_TEMPERATURE=1.3 RL_ENTROPY_COEF=0.01; data {root}/data" in log
     v1 = "N_SAMPLES_PER_PROMPT=2 ROLLOUT_BATCH_SIZE=2 TRAIN_DOCS=40 SFT_DOCS=20 RL_OVERSAMPLE=4"

@@ -14,9 +14,9 @@ RUN = Path(__file__).resolve().parents[1] / "records/mem_agent_smollm2_h200x4_ru
 
 def test_a_variant_row_has_both_models_sub_em_and_grpo_signal(tmp_path):
     run = tmp_path / "v0"
-    (run / "eval/ruler_hqa_170").mkdir(parents=True)
+    (run / "eval_val/ruler_hqa_170").mkdir(parents=True)  # a sweep's variants are scored on validation items
     for name in ("sft_s0", "rl_s0"):
-        shutil.copy(RUN / f"eval/ruler_hqa_170/{name}.summary.json", run / "eval/ruler_hqa_170")
+        shutil.copy(RUN / f"eval/ruler_hqa_170/{name}.summary.json", run / "eval_val/ruler_hqa_170")
     (run / "seed_0/rl/tensorboard").mkdir(parents=True)
     shutil.copy(RUN / "rl_s0.metrics.jsonl", run / "seed_0/rl/tensorboard/metrics.jsonl")
     empty = tmp_path / "v1"  # a variant whose seed failed before anything was written
@@ -29,8 +29,8 @@ def test_a_variant_row_has_both_models_sub_em_and_grpo_signal(tmp_path):
     rl = json.loads((RUN / "eval/ruler_hqa_170/rl_s0.summary.json").read_text())
     row = rows[0]
     assert row["variant"] == "RL_TEMPERATURE=1.3" and row["rl_steps"] == len(steps) == 12
-    assert row["scores"]["sub-EM (170 docs)"] == {"sft": {"value": sft["sub_em"], "scored": 32},
-                                                 "rl": {"value": rl["sub_em"], "scored": 32}}
+    assert row["scores"]["sub-EM (170 docs, val)"] == {"sft": {"value": sft["sub_em"], "scored": 32},
+                                                      "rl": {"value": rl["sub_em"], "scored": 32}}
     assert row["|adv|"] == mean(r["rollout/advantage_abs_mean"] for r in steps)
     assert row["entropy"] == mean(r["train/entropy"] for r in steps)
     assert row["uniform groups"] is None  # the fourth run predates the metric

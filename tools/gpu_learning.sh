@@ -55,21 +55,22 @@ run() {
 #   SWEEP_VARIANTS="SFT_EPOCHS=1; RL_TEMPERATURE=1.3; N_SAMPLES_PER_PROMPT=16 ROLLOUT_BATCH_SIZE=8"
 # The example's MEM_AGENT_ENV / MEM_UPDATE_ENV reaches every variant. The data is prepared once
 # (OUT_DIR/sweep/data), but a variant that sets a variable of the data (sweep_settings) prepares its own. Variant
-# i runs under OUT_DIR/sweep/v<i> with a Ray port of its own. MemAgent's variants are evaluated at SWEEP_LENGTH
-# (170 documents, the training length; a list: several lengths) only, on its held-out items; MemUpdate's on its
-# validation questions (EVAL_SPLIT=val), so that its test questions are left for the one run with the setting
-# chosen. Then OUT_DIR/sweep/sweep.md/.json (tools/sweep_table.py): SFT and SFT + RL scores per variant and
-# GRPO's signal (groups of one reward, |advantage|, entropy, KL).
+# i runs under OUT_DIR/sweep/v<i> with a Ray port of its own. Variants are evaluated on the validation items
+# (EVAL_SPLIT=val; MemAgent's at SWEEP_LENGTH, 170 documents, the training length, or a list of lengths), so that
+# the test items are left for the one run with the setting chosen (MemAgent's test items are written at
+# SWEEP_LENGTH alone: the longer ones take minutes to write). Then OUT_DIR/sweep/sweep.md/.json
+# (tools/sweep_table.py): SFT and SFT + RL scores per variant and GRPO's signal (groups of one reward, |advantage|,
+# entropy, KL).
 
-# sweep_settings: for SWEEP_EXAMPLE, SWEEP_ENV (its variables for every run), SWEEP_DATA_VARS (the variables of
-# its data) and SWEEP_EVAL (what its variants are evaluated on)
+# sweep_settings: for SWEEP_EXAMPLE, SWEEP_ENV (its variables for every run) and SWEEP_DATA_VARS (the variables of
+# its data)
 sweep_settings() {
   case "${SWEEP_EXAMPLE:=mem_agent}" in
     mem_agent)
-      SWEEP_ENV=${MEM_AGENT_ENV:-} SWEEP_EVAL="LENGTH=${SWEEP_LENGTH:-170}"
+      SWEEP_ENV=${MEM_AGENT_ENV:-}
       SWEEP_DATA_VARS="TRAIN_DOCS TRAIN_NUM SFT_NUM SFT_DOCS DEMO_KEEP MEM_CHUNK_TOKENS MEM_MAX_MEMORY EVAL_NUM" ;;
     mem_update)
-      SWEEP_ENV=${MEM_UPDATE_ENV:-} SWEEP_EVAL="EVAL_SPLIT=val"
+      SWEEP_ENV=${MEM_UPDATE_ENV:-}
       SWEEP_DATA_VARS="CONVERSATIONS N_TEST N_VAL EVAL_NUM MEMUP_RETRIEVER" ;;
     *) echo "SWEEP_EXAMPLE=${SWEEP_EXAMPLE}: mem_agent or mem_update" >&2; return 2 ;;
   esac
@@ -81,9 +82,10 @@ sweep_variant() {
   shift 4
   for stage in prepare seed; do
     if [ "${stage}" = prepare ] && [ "${data}" != "${dir}/data" ]; then continue; fi
-    # shellcheck disable=SC2086  # SWEEP_ENV and SWEEP_EVAL are lists of NAME=VALUE words
-    env ${SWEEP_ENV} "$@" ${SWEEP_EVAL} CUDA_VISIBLE_DEVICES="${gpu}" SEED="${SEED:-0}" VIME_EXT_OUT="${dir}" \
-      DATA_ROOT="${data}" RAY_PORT_BASE=$(( 6400 + 10 * i )) \
+    # shellcheck disable=SC2086  # SWEEP_ENV is a list of NAME=VALUE words
+    env ${SWEEP_ENV} "$@" EVAL_SPLIT=val LENGTH="${SWEEP_LENGTH:-170}" VAL_LENGTH="${SWEEP_LENGTH:-170}" \
+      CUDA_VISIBLE_DEVICES="${gpu}" SEED="${SEED:-0}" VIME_EXT_OUT="${dir}" DATA_ROOT="${data}" \
+      RAY_PORT_BASE=$(( 6400 + 10 * i )) \
       bash "examples/${SWEEP_EXAMPLE}/run-smollm2-gpu.sh" "${stage}" || return
   done
 }
@@ -99,9 +101,9 @@ sweep() {
   fi
   mkdir -p "${root}"
   log "sweep: ${SWEEP_EXAMPLE}: prepare (${root}/data)"
-  # shellcheck disable=SC2086  # SWEEP_ENV and SWEEP_EVAL are lists of NAME=VALUE words
-  env ${SWEEP_ENV} ${SWEEP_EVAL} VIME_EXT_OUT="${root}" bash "examples/${SWEEP_EXAMPLE}/run-smollm2-gpu.sh" prepare \
-    >"${root}/prepare.log" 2>&1 || { log "sweep: prepare failed: ${root}/prepare.log"; return 1; }
+  # shellcheck disable=SC2086  # SWEEP_ENV is a list of NAME=VALUE words
+  env ${SWEEP_ENV} EVAL_SPLIT=val LENGTH="${SWEEP_LENGTH:-170}" VAL_LENGTH="${SWEEP_LENGTH:-170}" \
+    VIME_EXT_OUT="${root}" bash "examples/${SWEEP_EXAMPLE}/run-smollm2-gpu.sh" prepare >"${root}/prepare.log" 2>&1 || { log "sweep: prepare failed: ${root}/prepare.log"; return 1; }
   for i in "${!variants[@]}"; do
     vars=$(xargs <<<"${variants[i]}")  # trimmed
     data=${root}/data

@@ -5,8 +5,8 @@ got the same reward, the mean |advantage|, the policy's entropy, its KL to the S
     python tools/sweep_table.py --variant "SFT_EPOCHS=1"=runs/sweep/v0 --variant ...=DIR --out runs/sweep/sweep
 
 A variant's DIR is its recipe's VIME_EXT_OUT, with seed_<seed>/rl/tensorboard/metrics.jsonl and its evaluations:
-MemAgent's sub-EM at each evaluated length (eval/ruler_hqa_<docs>/{sft,rl}_s<seed>.summary.json), MemUpdate's QA
-delta on the validation questions, unseen and all (eval_val/{sft,rl}_s<seed>.json). Writes OUT.md and OUT.json
+MemAgent's sub-EM at each evaluated length (eval_val/ruler_hqa_<docs>/{sft,rl}_s<seed>.summary.json), MemUpdate's
+QA delta, unseen and all (eval_val/{sft,rl}_s<seed>.json): both on the validation items, as a sweep scores them. Writes OUT.md and OUT.json
 and prints the table, and OUT.png: per GRPO step, each variant's training reward and its share of groups of one
 reward. A part a variant lacks (its GRPO failed, its evaluation was cut) is shown as "-".
 """
@@ -39,14 +39,15 @@ def trained_model(save_file: str) -> str | None:
 
 
 def scores(run: Path) -> dict[str, dict[str, dict]]:
-    """Column -> model -> {"value", "scored"}: MemAgent's sub-EM per length (in order of length), MemUpdate's QA
-    delta on the validation questions."""
+    """Column -> model -> {"value", "scored"} on the validation items: MemAgent's sub-EM per length (in order of
+    length), MemUpdate's QA delta."""
     columns: dict[str, dict[str, dict]] = {}
-    mem_agent = sorted(run.glob("eval/ruler_hqa_*/*.summary.json"), key=lambda p: int(p.parent.name.rsplit("_", 1)[1]))
+    mem_agent = sorted(run.glob("eval_val/ruler_hqa_*/*.summary.json"),
+                       key=lambda p: int(p.parent.name.rsplit("_", 1)[1]))
     for summary in mem_agent:
         data = json.loads(summary.read_text())
         if model := trained_model(data["save_file"]):
-            label = f"sub-EM ({summary.parent.name.rsplit('_', 1)[1]} docs)"
+            label = f"sub-EM ({summary.parent.name.rsplit('_', 1)[1]} docs, val)"
             columns.setdefault(label, {})[model] = {"value": data["sub_em"], "scored": data["scored"]}
     for summary in sorted(run.glob("eval_val/*_s*.json")):
         if model := trained_model(summary.stem):

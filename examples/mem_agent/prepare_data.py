@@ -6,6 +6,10 @@ generated HotpotQA-style data for offline runs and tests.
     python -m examples.mem_agent.prepare_data --generate --num 256 --num-docs 8 --out data/train.jsonl \
         [--eval-dir data/eval --eval-lengths 8 16 --eval-num 32] [--hops 2] [--seed 0]
         [--entities train --eval-entities heldout]   # eval questions on names no training item has
+        [--val-dir data/val --val-lengths 8]         # validation files: other items drawn as the eval ones
+
+The validation files are for choosing settings (a sweep's knobs), so that the eval files are scored once, with the
+setting chosen: the same names and lengths as the eval files, drawn with another seed.
 """
 
 import argparse
@@ -73,15 +77,22 @@ def main(argv=None) -> int:
     parser.add_argument("--eval-dir", help="also write generated eval_{N}.json files here")
     parser.add_argument("--eval-lengths", type=int, nargs="*", default=[], help="N (documents) of each eval file")
     parser.add_argument("--eval-num", type=int, default=32, help="questions per eval file")
+    parser.add_argument("--val-dir", help="also write generated validation eval_{N}.json files here (another seed)")
+    parser.add_argument("--val-lengths", type=int, nargs="*", help="N of each validation file (default: "
+                        "--eval-lengths)")
     args = parser.parse_args(argv)
     if args.generate == bool(args.input):
         parser.error("give either --input FILE or --generate")
     if args.generate:
         print(write_training_jsonl(args.out, args.num, args.num_docs, args.seed, args.hops, args.max_docs,
                                    ENTITY_POOLS[args.entities]))
-        for n in args.eval_lengths:
-            print(write_eval_file(args.eval_dir or Path(args.out).parent, n, args.eval_num, args.seed + 1, args.hops,
-                                  ENTITY_POOLS[args.eval_entities]))
+        held_out = [(args.eval_dir or Path(args.out).parent, args.eval_lengths, args.seed + 1)]
+        if args.val_dir:
+            held_out.append((args.val_dir, args.eval_lengths if args.val_lengths is None else args.val_lengths,
+                             args.seed + 2))
+        for folder, lengths, seed in held_out:
+            for n in lengths:
+                print(write_eval_file(folder, n, args.eval_num, seed, args.hops, ENTITY_POOLS[args.eval_entities]))
         return 0
     try:
         kept, skipped = convert(Path(args.input), Path(args.out))

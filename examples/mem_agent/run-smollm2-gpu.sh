@@ -34,10 +34,16 @@ shift
 
 WORK=${VIME_EXT_OUT:-runs/mem_agent_smollm2}
 DATA_ROOT=${DATA_ROOT:-${WORK}/data}
-EVAL_DIR=${EVAL_DIR:-${WORK}/eval}
 TRAIN_DOCS=${TRAIN_DOCS:-170} TRAIN_NUM=${TRAIN_NUM:-1024}
 LENGTH=${LENGTH:-"170 340 680 1360 2720 5440 10880 21760"}  # about 8.1K to 1.1M tokens, doubling
 EVAL_NUM=${EVAL_NUM:-32}
+# The held-out items scored (EVAL_SPLIT): test, the report's, at every LENGTH; or val (to choose settings on:
+# other items drawn the same way, at VAL_LENGTH, by default the training length), into eval_val/ and table_val/
+VAL_LENGTH=${VAL_LENGTH:-${TRAIN_DOCS}}
+eval_split
+EVAL_DATA=${DATA_ROOT}/ruler_hqa${SPLIT_SUFFIX} EVAL_LENGTH=${LENGTH}
+if [ "${EVAL_SPLIT}" = val ]; then EVAL_LENGTH=${VAL_LENGTH}; fi
+EVAL_DIR=${EVAL_DIR:-${WORK}/eval${SPLIT_SUFFIX}} TABLE_DIR=${WORK}/table${SPLIT_SUFFIX}
 # One epoch at 1e-4 (40 steps), a warm start that leaves GRPO room (4 x H200 sweep of 2026-11-27, seed 0, 8K
 # sub-EM of 32 held-out items): from it, 14 GRPO rollouts took sub-EM from 9.4 to 40.6; from three epochs (56.2
 # alone) GRPO's 12-15 rollouts moved it by -3.1 to +9.4, within what two SFT runs of one setting differ by.
@@ -57,7 +63,8 @@ prepare() {
   echo "$(date +%T) prepare: start"  # the time line of a lease (the fifth run could not place 4 minutes)
   python -m examples.mem_agent.prepare_data --generate --num "${TRAIN_NUM}" --num-docs "${TRAIN_DOCS}" --hops 2 \
     --entities train --seed 0 --out "${DATA_ROOT}/train.jsonl" --eval-dir "${DATA_ROOT}/ruler_hqa" \
-    --eval-lengths ${LENGTH} --eval-entities heldout --eval-num "${EVAL_NUM}"
+    --eval-lengths ${LENGTH} --eval-entities heldout --eval-num "${EVAL_NUM}" \
+    --val-dir "${DATA_ROOT}/ruler_hqa_val" --val-lengths ${VAL_LENGTH}
   python -m examples.mem_agent.demonstrations --tokenizer "${HF_CKPT}" --num "${SFT_NUM}" --num-docs "${SFT_DOCS}" \
     --chunk-tokens "${MEM_CHUNK_TOKENS}" --memory-tokens "${DEMO_MEMORY}" --keep "${DEMO_KEEP}" --entities train \
     --seed 1000 --out "${DATA_ROOT}/sft.jsonl"
@@ -80,8 +87,8 @@ sft() {
 evaluate() {
   local convert=0
   if [ -n "${2:-}" ]; then convert=1; fi
-  CONVERT=${convert} SAVE_PATH=${2:-} MODEL_PATH=${HF_CKPT} SAVE_FILE=$1 DATA_ROOT=${DATA_ROOT}/ruler_hqa \
-    LENGTH=${LENGTH} SAVE_DIR=${EVAL_DIR} N_PROC=${EVAL_NUM} LENGTHS_AT_ONCE=1 MAX_MODEL_LEN=${MAX_MODEL_LEN} \
+  CONVERT=${convert} SAVE_PATH=${2:-} MODEL_PATH=${HF_CKPT} SAVE_FILE=$1 DATA_ROOT=${EVAL_DATA} \
+    LENGTH=${EVAL_LENGTH} SAVE_DIR=${EVAL_DIR} N_PROC=${EVAL_NUM} LENGTHS_AT_ONCE=1 MAX_MODEL_LEN=${MAX_MODEL_LEN} \
     bash "${MEM_AGENT_DIR}/run-eval.sh" --vllm-gpu-memory-utilization "${EVAL_ENGINE_MEMORY:-0.3}" "${KV_ARGS[@]}"
 }
 
@@ -95,30 +102,30 @@ one_seed() {
     "${MEM_AGENT_DIR}/run-qwen3-4b-train.sh" "$@"
 }
 
-# ceiling: both readers' shares (table/ceiling_recent.json, table/ceiling_relevant.json), a row each in the table
+# ceiling: both readers' shares (TABLE_DIR/ceiling_{recent,relevant}.json), a row each in the table
 ceiling() {
   local keep
-  mkdir -p "${WORK}/table"
+  mkdir -p "${TABLE_DIR}"
   for keep in recent relevant; do
     python -m examples.mem_agent.demonstrations --tokenizer "${HF_CKPT}" --chunk-tokens "${MEM_CHUNK_TOKENS}" \
-      --memory-tokens "${DEMO_MEMORY}" --keep "${keep}" --ceiling "${DATA_ROOT}/ruler_hqa" \
-      >"${WORK}/table/ceiling_${keep}.json"
+      --memory-tokens "${DEMO_MEMORY}" --keep "${keep}" --ceiling "${EVAL_DATA}" \
+      >"${TABLE_DIR}/ceiling_${keep}.json"
   done
 }
 
 table() {
   local extra=() file
-  for file in "${WORK}"/table/ceiling_*.json; do
+  for file in "${TABLE_DIR}"/ceiling_*.json; do
     if [ -s "${file}" ]; then extra+=(--ceiling "${file}"); fi
   done
   # The cost table of COST_OF (default base) only where it has results, as for the rows
   if compgen -G "${EVAL_DIR}/*/${COST_OF:-base}.summary.json" >/dev/null; then extra+=(--cost-of "${COST_OF:-base}"); fi
   models_with_results "${EVAL_DIR}/*/%s.summary.json" base=base "SFT=sft_s*" "SFT + RL=rl_s*"
   python -m examples.mem_agent.length_table --save-dir "${EVAL_DIR}" "${MODEL_ARGS[@]}" \
-    --train-length "${TRAIN_DOCS}" --out "${WORK}/table/mem_agent_smollm2" "${extra[@]}"
+    --train-length "${TRAIN_DOCS}" --out "${TABLE_DIR}/mem_agent_smollm2" "${extra[@]}"
   # What the memories hold (boxed replies, the answer kept, sentences copied from the document): where a 0 comes from
-  python -m examples.mem_agent.memory_audit --save-dir "${EVAL_DIR}" --data-root "${DATA_ROOT}/ruler_hqa" \
-    --out "${WORK}/table/memory_audit.json" >"${WORK}/table/memory_audit.md"
+  python -m examples.mem_agent.memory_audit --save-dir "${EVAL_DIR}" --data-root "${EVAL_DATA}" \
+    --out "${TABLE_DIR}/memory_audit.json" >"${TABLE_DIR}/memory_audit.md"
 }
 
 # copy_base DIR: the base model's rows and summaries of every length in DIR (an earlier run's eval folder)

@@ -33,12 +33,7 @@ shift
 
 WORK=${VIME_EXT_OUT:-runs/mem_update_smollm2}
 DATA_ROOT=${DATA_ROOT:-${WORK}/data}
-EVAL_SPLIT=${EVAL_SPLIT:-test}
-case "${EVAL_SPLIT}" in
-  test) SPLIT_SUFFIX="" ;;
-  val) SPLIT_SUFFIX=_val ;;
-  *) echo "EVAL_SPLIT=${EVAL_SPLIT}: test or val" >&2; exit 2 ;;
-esac
+eval_split
 RESULTS=${RESULTS:-${WORK}/eval${SPLIT_SUFFIX}} TABLE_DIR=${WORK}/table${SPLIT_SUFFIX}
 CONVERSATIONS=${CONVERSATIONS:-45} N_TEST=${N_TEST:-10} N_VAL=${N_VAL:-5} EVAL_NUM=${EVAL_NUM:-64}
 # Six epochs at 1e-4: two at 2e-5 (25 steps) ended with the loss still falling (1.16 -> 0.33 per token) and the

@@ -154,7 +154,8 @@ def test_past_the_name_pool_the_world_stays_consistent():
 
 def test_held_out_items_name_nothing_a_training_item_names(tmp_path):
     """prepare_data --entities train --eval-entities heldout: the eval files' novels, people and cities (gold and
-    distractors alike) appear in no training row, and the default pool draws exactly as before the split."""
+    distractors alike) appear in no training row, nor the validation files' (other items, drawn the same way), and
+    the default pool draws exactly as before the split."""
     import hashlib
     import re
 
@@ -163,7 +164,8 @@ def test_held_out_items_name_nothing_a_training_item_names(tmp_path):
 
     assert main(["--generate", "--num", "64", "--num-docs", "40", "--entities", "train", "--out",
                  str(tmp_path / "train.jsonl"), "--eval-dir", str(tmp_path), "--eval-lengths", "40", "300",
-                 "--eval-entities", "heldout", "--eval-num", "8"]) == 0
+                 "--eval-entities", "heldout", "--eval-num", "8", "--val-dir", str(tmp_path / "val"),
+                 "--val-lengths", "40"]) == 0
     train, heldout = ENTITY_POOLS["train"], ENTITY_POOLS["heldout"]
 
     def names(text: str) -> set[str]:
@@ -172,11 +174,16 @@ def test_held_out_items_name_nothing_a_training_item_names(tmp_path):
 
     seen = names((tmp_path / "train.jsonl").read_text())
     assert seen and seen <= set(train.first + train.last + train.cities + train.works)
-    for n in (40, 300):
-        entries = json.loads((tmp_path / f"eval_{n}.json").read_text())
+    for path in (tmp_path / "eval_40.json", tmp_path / "eval_300.json", tmp_path / "val/eval_40.json"):
+        entries = json.loads(path.read_text())
         held = names(json.dumps(entries))
         assert held and not held & seen, held & seen
         assert all(e["answers"][0] in heldout.cities for e in entries)
+    # the validation items are drawn like the eval ones, with another seed: none of them is an eval item
+    questions = {(e["input"], e["context"]) for e in json.loads((tmp_path / "eval_40.json").read_text())}
+    val = json.loads((tmp_path / "val/eval_40.json").read_text())
+    assert len(val) == 8 and not {(e["input"], e["context"]) for e in val} & questions
+    assert sorted(p.name for p in (tmp_path / "val").iterdir()) == ["eval_40.json"]
     # The default, the whole pool, draws as every run before the split did (this item's digest from then).
     item = generate_item(random.Random(3), 12, "a", 2)
     assert item.answers == ["Eastwick"] and "The Long Meridian" in item.question
