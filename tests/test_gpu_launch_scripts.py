@@ -610,11 +610,11 @@ def test_the_sweep_runs_a_variant_per_gpu_on_data_prepared_once(tiny_hf_dirs, tm
 def test_a_mem_update_sweep_chooses_on_the_validation_questions(tiny_hf_dirs, tmp_path):
     """tools/gpu_learning.sh sweep with SWEEP_EXAMPLE=mem_update: the data prepared once (a variant that changes
     it prepares its own), seed 0 of each variant on a GPU of its own, both its evaluations on the validation
-    questions (never the test ones), then the sweep table."""
+    questions (never the test ones), then the sweep table; two variants on one GPU, with fixed KV caches."""
     model, out = tiny_hf_dirs["qwen3"], tmp_path / "out"
     env = {"VIME_EXT_OUT": str(out), "HF_CKPT": str(model), "STAND_IN_GPUS": "2", "CONVERSATIONS": "6",
            "N_TEST": "2", "N_VAL": "1", "EVAL_NUM": "3", "MEMUP_RETRIEVER": "bm25", "READER": "base",
-           "SWEEP_EXAMPLE": "mem_update", "SWEEP_GPUS": "0,1", "MEM_UPDATE_ENV": "RL_ROLLOUTS=3",
+           "SWEEP_EXAMPLE": "mem_update", "SWEEP_GPUS": "1", "SWEEP_PER_GPU": "2", "MEM_UPDATE_ENV": "RL_ROLLOUTS=3",
            "SWEEP_VARIANTS": "SFT_EPOCHS=2; N_VAL=2 RL_ENTROPY_COEF=0.01"}
     record = tmp_path / "train_args.json"
     full = {**os.environ, **env, "PATH": f"{stand_ins(tmp_path, record)}{os.pathsep}{os.environ['PATH']}"}
@@ -637,6 +637,13 @@ def test_a_mem_update_sweep_chooses_on_the_validation_questions(tiny_hf_dirs, tm
         "v0/eval_val", "v0/eval_val", "v1/eval_val", "v1/eval_val"]
     assert {Path(last(a, "--test-data")).name for a in evals} == {"val_eval.jsonl"}
     assert "| N_VAL=2 RL_ENTROPY_COEF=0.01 |" in (root / "sweep.md").read_text()
+    assert all(last(c, "--vllm-kv-cache-memory-bytes") == str(8 * 2**30) for c in [*grpo.values(), *evals])
+    log = (out / "learning.log").read_text()
+    assert "start v0 (GPU 1) SFT_EPOCHS=2" in log and "start v1 (GPU 1) N_VAL=2" in log
+    full["SWEEP_VARIANTS"] = "a=1; b=2; c=3"  # more than SWEEP_PER_GPU x the GPUs: refused with the count
+    done = subprocess.run(["bash", str(ROOT / "tools/gpu_learning.sh"), "sweep"], env=full, capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 2 and "3 variants for 1 GPU(s) (SWEEP_GPUS) at SWEEP_PER_GPU=2: at most 2" in done.stderr
 
 
 def test_the_real_benchmark_base_rows_run_every_length_and_both_references(tmp_path):

@@ -48,10 +48,10 @@ run() {
   return "${status}"
 }
 
-# sweep: one example's seed SEED (0) once per variant, each on a GPU of its own (SWEEP_GPUS, default 0,1,2,3, one per
-# variant), to learn which knob gives GRPO something to learn from. SWEEP_EXAMPLE: mem_agent (default) or
-# mem_update. SWEEP_VARIANTS: variants separated by ";", each a list of NAME=VALUE words for run-smollm2-gpu.sh (an
-# empty one is the recipe as it is), e.g.
+# sweep: one example's seed SEED (0) once per variant, on the GPUs of SWEEP_GPUS (default 0,1,2,3) in turn, at most
+# SWEEP_PER_GPU (1) a GPU (more: fixed KV caches, as SEEDS_PER_GPU), to learn which knob gives GRPO something to
+# learn from. SWEEP_EXAMPLE: mem_agent (default) or mem_update. SWEEP_VARIANTS: variants separated by ";", each a
+# list of NAME=VALUE words for run-smollm2-gpu.sh (an empty one is the recipe as it is), e.g.
 #   SWEEP_VARIANTS="SFT_EPOCHS=1; RL_TEMPERATURE=1.3; N_SAMPLES_PER_PROMPT=16 ROLLOUT_BATCH_SIZE=8"
 # The example's MEM_AGENT_ENV / MEM_UPDATE_ENV reaches every variant. The data is prepared once
 # (OUT_DIR/sweep/data), but a variant that sets a variable of the data (sweep_settings) prepares its own. Variant
@@ -84,36 +84,39 @@ sweep_variant() {
     if [ "${stage}" = prepare ] && [ "${data}" != "${dir}/data" ]; then continue; fi
     # shellcheck disable=SC2086  # SWEEP_ENV is a list of NAME=VALUE words
     env ${SWEEP_ENV} "$@" EVAL_SPLIT=val LENGTH="${SWEEP_LENGTH:-170}" VAL_LENGTH="${SWEEP_LENGTH:-170}" \
-      CUDA_VISIBLE_DEVICES="${gpu}" SEED="${SEED:-0}" VIME_EXT_OUT="${dir}" DATA_ROOT="${data}" \
+      SEEDS_PER_GPU="${SWEEP_PER_GPU:-1}" CUDA_VISIBLE_DEVICES="${gpu}" SEED="${SEED:-0}" VIME_EXT_OUT="${dir}" DATA_ROOT="${data}" \
       RAY_PORT_BASE=$(( 6400 + 10 * i )) \
       bash "examples/${SWEEP_EXAMPLE}/run-smollm2-gpu.sh" "${stage}" || return
   done
 }
 
 sweep() {
-  local root=${OUT_DIR}/sweep variants gpus i pids=() status=0 rows=() vars data name
+  local root=${OUT_DIR}/sweep variants gpus gpu i pids=() status=0 rows=() vars data name per_gpu=${SWEEP_PER_GPU:-1}
   sweep_settings || return
   IFS=';' read -r -a variants <<<"${SWEEP_VARIANTS:?SWEEP_VARIANTS: variants separated by ;}"
   IFS=',' read -r -a gpus <<<"${SWEEP_GPUS:-0,1,2,3}"
-  if (( ${#variants[@]} > ${#gpus[@]} )); then
-    echo "gpu_learning.sh sweep: ${#variants[@]} variants for ${#gpus[@]} GPU(s) (SWEEP_GPUS): one per GPU" >&2
+  if (( ${#variants[@]} > ${#gpus[@]} * per_gpu )); then
+    echo "gpu_learning.sh sweep: ${#variants[@]} variants for ${#gpus[@]} GPU(s) (SWEEP_GPUS) at" \
+      "SWEEP_PER_GPU=${per_gpu}: at most $(( ${#gpus[@]} * per_gpu ))" >&2
     return 2
   fi
   mkdir -p "${root}"
   log "sweep: ${SWEEP_EXAMPLE}: prepare (${root}/data)"
   # shellcheck disable=SC2086  # SWEEP_ENV is a list of NAME=VALUE words
   env ${SWEEP_ENV} EVAL_SPLIT=val LENGTH="${SWEEP_LENGTH:-170}" VAL_LENGTH="${SWEEP_LENGTH:-170}" \
-    VIME_EXT_OUT="${root}" bash "examples/${SWEEP_EXAMPLE}/run-smollm2-gpu.sh" prepare >"${root}/prepare.log" 2>&1 || { log "sweep: prepare failed: ${root}/prepare.log"; return 1; }
+    VIME_EXT_OUT="${root}" bash "examples/${SWEEP_EXAMPLE}/run-smollm2-gpu.sh" prepare >"${root}/prepare.log" 2>&1 ||
+    { log "sweep: prepare failed: ${root}/prepare.log"; return 1; }
   for i in "${!variants[@]}"; do
     vars=$(xargs <<<"${variants[i]}")  # trimmed
     data=${root}/data
     for name in ${SWEEP_DATA_VARS}; do
       if [[ " ${vars} " == *" ${name}="* ]]; then data=${root}/v${i}/data; fi
     done
-    log "sweep: start v${i} (GPU ${gpus[i]}) ${vars:-(the recipe)}; data ${data}"
+    gpu=${gpus[i % ${#gpus[@]}]}  # in turn, as seeds_on_gpus places seeds
+    log "sweep: start v${i} (GPU ${gpu}) ${vars:-(the recipe)}; data ${data}"
     mkdir -p "${root}/v${i}"
     # shellcheck disable=SC2086  # a variant is a list of NAME=VALUE words
-    sweep_variant "${root}/v${i}" "${gpus[i]}" "${data}" "${i}" ${vars} >"${root}/v${i}.log" 2>&1 &
+    sweep_variant "${root}/v${i}" "${gpu}" "${data}" "${i}" ${vars} >"${root}/v${i}.log" 2>&1 &
     pids+=($!)
     rows+=(--variant "${vars}=${root}/v${i}")
   done
