@@ -76,7 +76,8 @@ def main(argv=None) -> dict:
         print(f"... and {len(problems) - 20} more problems", file=sys.stderr)
     summary = {"source": str(path), "skipped_problems": len(problems)}
     for name, part in parts.items():
-        if not part:
+        if not part:  # no such part now (--n-val 0): a file an earlier split left would be read as this one's
+            (out / f"{name}.jsonl").unlink(missing_ok=True)
             continue
         records = prompt_records(part, args.extra_questions, args.seed)
         write_jsonl(out / f"{name}.jsonl", records)

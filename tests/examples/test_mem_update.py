@@ -509,6 +509,8 @@ def test_prepare_data_holds_out_validation_conversations_from_training_only(tmp_
     assert conversations(val, "val.jsonl") | conversations(val, "train.jsonl") == conversations(none, "train.jsonl")
     assert not conversations(val, "val.jsonl") & conversations(val, "train.jsonl")
     assert not (none / "val.jsonl").exists()
+    prepare(base + ["--out-dir", str(val)])  # the same folder split again without validation: no stale val.jsonl
+    assert not (val / "val.jsonl").exists() and (val / "test.jsonl").read_text() == (none / "test.jsonl").read_text()
 
 
 def test_every_generated_question_has_one_answer_in_its_conversation():
