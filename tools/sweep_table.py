@@ -34,7 +34,7 @@ def training_rows(path: Path) -> list[dict]:
 
 
 def trained_model(save_file: str) -> str | None:
-    """"sft" or "rl" for a seed's evaluation file (sft_s0, rl_s0), None for the rows without training."""
+    """The model a seed's evaluation file is of: sft (sft_s0), rl (rl_s0), or None (the rows without training)."""
     return next((m for m in ("sft", "rl") if save_file.startswith(f"{m}_s")), None)
 
 
