@@ -138,7 +138,8 @@ copy_base() {
 }
 
 # all ARGS...: prepare, then one seed per GPU at once (logs in WORK/seed_S.log) and, on the GPU with the fewest
-# seeds (the first where they divide evenly), the base model's evaluation in a smaller share of its GPU (its longest length sets the time: it starts first), then
+# seeds (the first where they divide evenly), the base model's evaluation in a smaller share of its GPU (its
+# longest length sets the time: it starts first), then
 # the table
 everything() {
   local base_pid="" ceiling_pid
