@@ -42,11 +42,28 @@ start_ray() {
   cpus=$(nproc)
   # Without GPUs every trainer rank and the rollout manager take a logical CPU, whatever the core count.
   if [ "${NUM_GPUS}" -eq 0 ] && [ "${cpus}" -lt 8 ]; then cpus=8; fi
+  # Ray's client server and dashboard agent listen on fixed default ports; moved next to RAY_PORT, so that a head
+  # takes RAY_PORT to RAY_PORT + 2 and heads 3 apart (scripts on one machine's GPUs, each with its
+  # CUDA_VISIBLE_DEVICES) do not collide. A port in use is refused here: Ray would report a failed GCS connection
+  # (or join the wrong cluster's gRPC server) with no word of the port.
+  local taken
+  taken=$(python3 -c 'import socket, sys
+for p in range(int(sys.argv[1]), int(sys.argv[1]) + 3):
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("0.0.0.0", p))
+        except OSError:
+            print(p)
+            break' "${port}")
+  if [ -n "${taken}" ]; then
+    echo "RAY_PORT=${port}: port ${taken} is in use (a head takes RAY_PORT to RAY_PORT + 2); give each script on" \
+      "this machine its own RAY_PORT, at least 3 apart, or RAY_ADDRESS to join a running cluster" >&2
+    return 2
+  fi
   VIME_EXT_RAY_DIR=$(mktemp -d /tmp/vime_ext_ray.XXXXXX)
   echo "starting a Ray head on 127.0.0.1:${port} (${NUM_GPUS} GPUs, ${cpus} CPUs); stopped when this script exits"
   trap stop_ray EXIT
-  # Ray's client server and dashboard agent listen on fixed default ports; moved next to RAY_PORT, so that heads
-  # on other RAY_PORTs (two scripts on one machine's GPUs, each with its CUDA_VISIBLE_DEVICES) do not collide.
   ray start --head --node-ip-address 127.0.0.1 --port "${port}" --num-cpus "${cpus}" --num-gpus "${NUM_GPUS}" \
     --ray-client-server-port $((port + 1)) --dashboard-agent-listen-port $((port + 2)) \
     --temp-dir "${VIME_EXT_RAY_DIR}" --disable-usage-stats --include-dashboard=false >/dev/null
@@ -227,8 +244,8 @@ shared_gpu_defaults() {
 # grpo_from_sft LAUNCH_SCRIPT WORK SEED [train.py flags]: an example's Qwen3-4B launch script through its variables,
 # scaled to the small model: colocated on this GPU, from the SFT save WORK/seed_SEED/sft (the starting weights
 # and the KL reference) to WORK/seed_SEED/rl, RL_ROLLOUTS rollouts of ROLLOUT_BATCH_SIZE x N_SAMPLES_PER_PROMPT,
-# one optimizer step each, lr RL_LR, contexts of MAX_MODEL_LEN, a Ray head on RAY_PORT_BASE + SEED (seeds run at
-# once on one machine), sampling at RL_TEMPERATURE (1.0). RL_MINUTES (unset: no limit) bounds the run's time
+# one optimizer step each, lr RL_LR, contexts of MAX_MODEL_LEN, a Ray head on RAY_PORT_BASE + 3 x SEED (seeds run
+# at once on one machine; a head takes 3 ports), sampling at RL_TEMPERATURE (1.0). RL_MINUTES (unset: no limit) bounds the run's time
 # (--exit-duration-in-mins): it stops after the first rollout that ends past it and saves that one, so that what
 # follows (the evaluation) still fits a machine's time slot. The trainer's micro-batches hold at most RL_MAX_TOKENS
 # (32768) tokens. Two knobs for a warm start too peaked for GRPO's
@@ -251,7 +268,7 @@ grpo_from_sft() {
   TORCH_DIST=${work}/seed_${seed}/sft MODEL_ARGS_SCRIPT="" COLOCATE=1 ACTOR_GPUS=1 OPTIMIZER_OFFLOAD=0 \
     SAVE_PATH=${work}/seed_${seed}/rl NUM_ROLLOUT=${RL_ROLLOUTS} ROLLOUT_BATCH_SIZE=${ROLLOUT_BATCH_SIZE} \
     N_SAMPLES_PER_PROMPT=${N_SAMPLES_PER_PROMPT} GLOBAL_BATCH_SIZE=$(( ROLLOUT_BATCH_SIZE * N_SAMPLES_PER_PROMPT )) \
-    SAVE_INTERVAL=${RL_ROLLOUTS} SAVE_OPTIM=0 ENGINE_MEMORY=${ENGINE_MEMORY:-0.3} RAY_PORT=$(( ${RAY_PORT_BASE:-6380} + seed )) \
+    SAVE_INTERVAL=${RL_ROLLOUTS} SAVE_OPTIM=0 ENGINE_MEMORY=${ENGINE_MEMORY:-0.3} RAY_PORT=$(( ${RAY_PORT_BASE:-6380} + 3 * seed )) \
     bash "${script}" --lr "${RL_LR}" --seed "${seed}" --engine-max-model-len "${MAX_MODEL_LEN}" \
     --rollout-temperature "${RL_TEMPERATURE:-1.0}" \
     --max-tokens-per-gpu "${RL_MAX_TOKENS:-32768}" --recompute-granularity selective "${knobs[@]}" "${KV_ARGS[@]}" "$@"

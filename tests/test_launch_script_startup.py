@@ -6,6 +6,7 @@ in for vLLM only because it starts in seconds on two cores; the engine is not wh
 
 import json
 import math
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -79,3 +80,18 @@ def test_qwen3_4b_script_starts_ray_and_trains_on_the_cpu(tmp_path, monkeypatch)
                           text=True, timeout=120, check=True)
     assert "| rollout | generation |" in done.stdout and "| train | optimizer steps |" in done.stdout
     assert "loop efficiency" in done.stdout and "not measured standalone: weight_sync" in done.stdout
+
+
+def test_a_ray_port_already_taken_is_refused_with_its_number(tmp_path, monkeypatch):
+    # Seeds' heads once sat one port apart: a head's client server (RAY_PORT + 1) took the next seed's GCS port,
+    # and that seed's `ray start` failed with a gRPC "Method not found" that named no port.
+    port = free_port()
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", port + 2))
+        held.listen()
+        result = subprocess.run(["bash", "-c", f'source _common.sh && RAY_PORT={port} start_ray; echo "rc=$?"'],
+                                cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip().splitlines()[-1] == "rc=2"
+    assert f"RAY_PORT={port}: port {port + 2} is in use" in result.stderr
+    assert not ray_running(port)

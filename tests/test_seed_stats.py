@@ -1,5 +1,6 @@
 """tools/seed_stats.py: seed-level and item-by-item comparison of a trained model with the best other row."""
 
+import gzip
 import json
 
 import pytest
@@ -38,6 +39,13 @@ def test_the_first_model_against_the_best_other_by_seed_and_by_item(tmp_path, ca
     same = main(["--key", "qa_after-qa_before", "--model", f"RL={tmp_path}/rl_s*.jsonl",
                  "--model", f"no-op={tmp_path}/noop.jsonl"])
     assert same["seed_level"]["difference"] == pytest.approx(seed_level["difference"])
+    # The records keep samples gzipped: read as they are, with the same answer.
+    for seed in range(3):
+        plain = tmp_path / f"rl_s{seed}.jsonl"
+        (tmp_path / f"rl_s{seed}.jsonl.gz").write_bytes(gzip.compress(plain.read_bytes()))
+    zipped = main(["--key", "delta", "--model", f"RL={tmp_path}/rl_s*.jsonl.gz",
+                   "--model", f"no-op={tmp_path}/noop.jsonl"])
+    assert zipped["seed_level"]["difference"] == pytest.approx(seed_level["difference"])
 
 
 def test_a_seed_that_dropped_an_item_is_an_error_not_a_smaller_mean(tmp_path):

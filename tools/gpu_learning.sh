@@ -85,7 +85,7 @@ sweep_variant() {
     # shellcheck disable=SC2086  # SWEEP_ENV is a list of NAME=VALUE words
     env ${SWEEP_ENV} "$@" EVAL_SPLIT=val LENGTH="${SWEEP_LENGTH:-170}" VAL_LENGTH="${SWEEP_LENGTH:-170}" \
       SEEDS_PER_GPU="${SWEEP_PER_GPU:-1}" CUDA_VISIBLE_DEVICES="${gpu}" SEED="${SEED:-0}" VIME_EXT_OUT="${dir}" DATA_ROOT="${data}" \
-      RAY_PORT_BASE=$(( 6400 + 10 * i )) \
+      RAY_PORT_BASE=$(( 6500 + 10 * i )) \
       bash "examples/${SWEEP_EXAMPLE}/run-smollm2-gpu.sh" "${stage}" || return
   done
 }

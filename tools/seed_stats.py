@@ -20,6 +20,7 @@ Every item must be in every file: a seed that dropped an item is an error that n
 
 import argparse
 import glob
+import gzip
 import json
 import math
 import statistics
@@ -30,10 +31,12 @@ from scipy import stats
 
 
 def read_items(path: Path, key: str) -> dict[str, float]:
-    """Item id -> the key's value, from one seed's rows; a line that is not JSON or lacks a field is named."""
+    """Item id -> the key's value, from one seed's rows (gzipped as the records keep them, or not); a line that is
+    not JSON or lacks a field is named."""
     first, _, second = key.partition("-")
     values = {}
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:

@@ -28,7 +28,8 @@ def test_sequences_align_masks_with_targets_and_share_the_trajectory_advantage()
     main, extra = sequences[0], sequences[1]
     # tokens [1, 2, 3, 20, 21]: targets [2, 3, 20, 21]; only the response targets are trained.
     assert main.loss_mask == [0, 0, 1, 1] and main.rollout_log_probs == [0.0, 0.0, -0.5, -0.5]
-    assert extra.tokens == [7, 8, 9, 10] and extra.loss_mask == [0, 1, 0]
+    # The turn's last token (a tool's answer, mask 0) is cut: no trained token depends on it.
+    assert extra.tokens == [7, 8, 9] and extra.loss_mask == [0, 1] and extra.rollout_log_probs == [0.0, -1.0]
     assert [s.advantage for s in sequences] == pytest.approx(advantages[[0, 0, 1, 3]].tolist())
     # split: the two sequences of trajectory 0 carry half its advantage each; one-sequence trajectories all of it.
     split = samples_to_train_data(grpo_args(2, "split"), samples)
@@ -41,6 +42,19 @@ def grpo_args(group_size: int, trajectory_advantage: str = "shared"):
 
     return PluginArgs(advantage_estimator="grpo", loss_type="policy_loss", n_samples_per_prompt=group_size,
                       disable_grpo_std_normalization=False, trajectory_advantage=trajectory_advantage)
+
+
+def test_an_episode_over_the_token_budget_only_by_its_last_tool_answer_still_trains():
+    # An episode bounded at 12 tokens: prompt 4, reply 6, then the last call's answer (4 tokens, mask 0) takes
+    # it to 14. Micro-batches of 12 tokens (the episode's bound) hold it, cut after the reply, log-probs kept.
+    episode = Sample(prompt="p", index=0, group_index=0, tokens=list(range(1, 15)), response_length=10,
+                     loss_mask=[1] * 6 + [0] * 4, rollout_log_probs=[-0.25] * 6 + [0.0] * 4, reward=1.0,
+                     status=Status.COMPLETED)
+    other = sample(1, 4, [5, 6], 0.0)
+    sequences = samples_to_train_data(grpo_args(2), [episode, other])
+    assert sequences[0].tokens == list(range(1, 11))
+    assert sequences[0].loss_mask == [0, 0, 0] + [1] * 6 and sum(sequences[0].rollout_log_probs) == -1.5
+    assert sum(b.tokens.shape[0] for b in micro_batches(sequences, max_tokens=12)) == 2
 
 
 def test_completed_sample_without_reward_is_an_error():

@@ -1,7 +1,7 @@
 """Rollout Samples -> training sequences with advantages.
 
 A sequence's ``loss_mask`` and ``rollout_log_probs`` are aligned with its targets ``tokens[1:]`` (position t
-scores token t+1), so prompt tokens carry mask 0. A Sample trains as its main sequence plus one sequence per
+scores token t+1), so prompt tokens carry mask 0; a sequence ends at its last trained token. A Sample trains as its main sequence plus one sequence per
 ``Turn``. With GRPO every sequence of a trajectory of n sequences gets the trajectory's advantage A
 (``--trajectory-advantage shared``) or A / n (``split``); with PPO each sequence's last generated token gets the
 trajectory's reward and GAE runs within the sequence. Failed or aborted samples train on nothing, but their
@@ -67,8 +67,12 @@ def _response_sequence(tokens: list[int], loss_mask: list[int], log_probs: list[
     if prompt_length < 1:
         raise ValueError(f"sample {index}: {len(loss_mask)} response tokens but only {len(tokens)} tokens in all")
     pad = prompt_length - 1
-    return TrainSequence(list(tokens), [0] * pad + list(loss_mask), [0.0] * pad + list(log_probs), advantage,
-                         index, reward)
+    mask, log_probs = [0] * pad + list(loss_mask), [0.0] * pad + list(log_probs)
+    # Tokens after the last trained one (a tool's answer to an episode's last call, appended before the episode
+    # hit its length cap) change no loss or log-prob of a trained token: they are cut, so a sequence is no longer
+    # than its last reply's context (an episode's bound), which the micro-batch budget is sized to.
+    last = max((i for i, m in enumerate(mask) if m), default=len(mask) - 1)
+    return TrainSequence(list(tokens[:last + 2]), mask[:last + 1], log_probs[:last + 1], advantage, index, reward)
 
 
 def trajectory_sequences(sample: Sample, advantage: float, reward: float) -> list[TrainSequence]:
