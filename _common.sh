@@ -353,6 +353,13 @@ recipe_gpus() {
   echo "${gpus[@]//,/ }"
 }
 
+# all_status STATUS: a recipe's `all` stage goes on past a failed seed, so that the table shows the rows that
+# finished; then its exit status says a seed failed (seeds_on_gpus named its log), not 0.
+all_status() {
+  if [ "$1" != 0 ]; then echo "a seed failed (its log is named above): the table holds the rows that finished" >&2; fi
+  return "$1"
+}
+
 # lightest_gpu: the GPU that seeds_on_gpus gives the fewest of SEEDS (the first where they divide evenly), where
 # the rows without training run beside the seeds
 lightest_gpu() {

@@ -504,6 +504,14 @@ def test_the_mem_update_smollm2_recipe_chains_sft_rl_and_both_evaluations(tiny_h
     assert sorted(last(a, "--save-file") for a in evals) == ["rl_s2", "sft_s2"]  # no base
     assert (work / "eval/base.json").read_text() == (run / "base.json").read_text()
     assert "| base | 1 | 64 | 0.249 | 0.244 |" in (work / "table/mem_update_smollm2.md").read_text()
+    # A seed whose GRPO run fails (train.py refuses its flags): `all` still writes the table, then fails
+    (work / "table/mem_update_smollm2.md").unlink()
+    done = subprocess.run(["bash", str(ROOT / "examples/mem_update/run-smollm2-gpu.sh"), "all", "--eps-clip", "x"],
+                          env={**full, "SEEDS": "2", "BASE_FROM": str(run)}, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode != 0 and f"seed 2 failed: {work}/seed_2.log" in done.stderr
+    assert "GRPO failed" in (work / "seed_2.log").read_text() and "a seed failed" in done.stderr
+    assert "| base | 1 | 64 | 0.249 | 0.244 |" in (work / "table/mem_update_smollm2.md").read_text()
     # A seed whose GRPO run failed has no SFT + RL result: the table shows the rows that exist.
     (work / "eval/rl_s2.json").unlink()
     done = subprocess.run(["bash", str(ROOT / "examples/mem_update/run-smollm2-gpu.sh"), "table"], env=full,

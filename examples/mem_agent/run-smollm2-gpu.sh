@@ -153,12 +153,14 @@ everything() {
   fi
   ceiling >"${WORK}/ceiling.log" 2>&1 &
   ceiling_pid=$!
-  seeds_on_gpus "$0" "${WORK}" "$@" || true
+  local status=0
+  seeds_on_gpus "$0" "${WORK}" "$@" || status=$?
   if [ -n "${base_pid}" ]; then
     wait "${base_pid}" || echo "the base model's evaluation failed: ${WORK}/base.log" >&2
   fi
   wait "${ceiling_pid}" || echo "the ceiling failed: ${WORK}/ceiling.log" >&2
   table
+  all_status "${status}"
 }
 
 mkdir -p "${WORK}"

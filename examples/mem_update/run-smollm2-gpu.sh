@@ -154,7 +154,8 @@ case "${STAGE}" in
       echo "$(date +%T) the rows without training beside the seeds: ${WORK}/baselines.log"
       CUDA_VISIBLE_DEVICES=${base_gpu} baselines >"${WORK}/baselines.log" 2>&1 & base_pid=$!
     fi
-    seeds_on_gpus "$0" "${WORK}" "$@" || true
+    status=0
+    seeds_on_gpus "$0" "${WORK}" "$@" || status=$?
     if [ -n "${BASE_FROM:-}" ]; then  # the rows without training from an earlier run's RESULTS, same files
       mkdir -p "${RESULTS}"
       for row in "${BASE_FROM}"/{base,noop,oracle}.*; do if [ -e "${row}" ]; then cp "${row}" "${RESULTS}/"; fi; done
@@ -165,6 +166,7 @@ case "${STAGE}" in
     else
       CUDA_VISIBLE_DEVICES=${base_gpu} baselines
     fi
-    table ;;
+    table
+    all_status "${status}" ;;
   *) echo "usage: run-smollm2-gpu.sh prepare|seed|base|table|all" >&2; exit 2 ;;
 esac
