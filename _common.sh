@@ -245,9 +245,9 @@ shared_gpu_defaults() {
 # scaled to the small model: colocated on this GPU, from the SFT save WORK/seed_SEED/sft (the starting weights
 # and the KL reference) to WORK/seed_SEED/rl, RL_ROLLOUTS rollouts of ROLLOUT_BATCH_SIZE x N_SAMPLES_PER_PROMPT,
 # one optimizer step each, lr RL_LR, contexts of MAX_MODEL_LEN, a Ray head on RAY_PORT_BASE + 3 x SEED (seeds run
-# at once on one machine; a head takes 3 ports), sampling at RL_TEMPERATURE (1.0). RL_MINUTES (unset: no limit) bounds the run's time
-# (--exit-duration-in-mins): it stops after the first rollout that ends past it and saves that one, so that what
-# follows (the evaluation) still fits a machine's time slot. The trainer's micro-batches hold at most RL_MAX_TOKENS
+# at once on one machine; a head takes 3 ports), sampling at RL_TEMPERATURE (1.0). RL_MINUTES (unset: no limit)
+# bounds the run's time (--exit-duration-in-mins): it stops after the first rollout that ends past it and saves
+# that one, so that what follows (the evaluation) still fits a machine's time slot. The trainer's micro-batches hold at most RL_MAX_TOKENS
 # (32768) tokens. Two knobs for a warm start too peaked for GRPO's
 # groups to differ (unset: off): RL_ENTROPY_COEF, an entropy bonus (--entropy-coef); RL_OVERSAMPLE=K, DAPO's
 # dynamic sampling (only groups whose rewards differ train; K x ROLLOUT_BATCH_SIZE prompts drawn a round). The
@@ -268,7 +268,8 @@ grpo_from_sft() {
   TORCH_DIST=${work}/seed_${seed}/sft MODEL_ARGS_SCRIPT="" COLOCATE=1 ACTOR_GPUS=1 OPTIMIZER_OFFLOAD=0 \
     SAVE_PATH=${work}/seed_${seed}/rl NUM_ROLLOUT=${RL_ROLLOUTS} ROLLOUT_BATCH_SIZE=${ROLLOUT_BATCH_SIZE} \
     N_SAMPLES_PER_PROMPT=${N_SAMPLES_PER_PROMPT} GLOBAL_BATCH_SIZE=$(( ROLLOUT_BATCH_SIZE * N_SAMPLES_PER_PROMPT )) \
-    SAVE_INTERVAL=${RL_ROLLOUTS} SAVE_OPTIM=0 ENGINE_MEMORY=${ENGINE_MEMORY:-0.3} RAY_PORT=$(( ${RAY_PORT_BASE:-6380} + 3 * seed )) \
+    SAVE_INTERVAL=${RL_ROLLOUTS} SAVE_OPTIM=0 ENGINE_MEMORY=${ENGINE_MEMORY:-0.3} \
+    RAY_PORT=$(( ${RAY_PORT_BASE:-6380} + 3 * seed )) \
     bash "${script}" --lr "${RL_LR}" --seed "${seed}" --engine-max-model-len "${MAX_MODEL_LEN}" \
     --rollout-temperature "${RL_TEMPERATURE:-1.0}" \
     --max-tokens-per-gpu "${RL_MAX_TOKENS:-32768}" --recompute-granularity selective "${knobs[@]}" "${KV_ARGS[@]}" "$@"

@@ -1,8 +1,8 @@
 """Rollout Samples -> training sequences with advantages.
 
 A sequence's ``loss_mask`` and ``rollout_log_probs`` are aligned with its targets ``tokens[1:]`` (position t
-scores token t+1), so prompt tokens carry mask 0; a sequence ends at its last trained token. A Sample trains as its main sequence plus one sequence per
-``Turn``. With GRPO every sequence of a trajectory of n sequences gets the trajectory's advantage A
+scores token t+1), so prompt tokens carry mask 0; a sequence ends at its last trained token. A Sample trains as
+its main sequence plus one sequence per ``Turn``. With GRPO every sequence of a trajectory of n sequences gets the trajectory's advantage A
 (``--trajectory-advantage shared``) or A / n (``split``); with PPO each sequence's last generated token gets the
 trajectory's reward and GAE runs within the sequence. Failed or aborted samples train on nothing, but their
 groups still count them with reward 0 (an engine error must not look like a good answer).
