@@ -289,12 +289,15 @@ def test_a_plugin_that_raises_or_hangs_fails_its_sample_not_the_run(engines, tin
     urls, procs = engines
     live = [u for u, p in zip(urls, procs) if p.poll() is None]
     tokenizer = AutoTokenizer.from_pretrained(tiny_hf_dirs["llama"])
+    # The timeout covers generation too: 4 s, not 1, so that no 4-token answer of a loaded machine (the suite runs
+    # on two workers) times out before its reward is asked, which would turn the flaky reward's recovery into a
+    # failure (seen: "7 of 10 samples failed" with a 1 s timeout while the other worker trained).
     labels = ["fine", "flaky", "broken", "hang", "nan"]
     records = [PromptRecord(f"Say {label}.", label, {}, f"f:{i + 1}") for i, label in enumerate(labels)]
 
     def rollout(policy: str, max_failed: float = 0.75):
         config = RolloutConfig(rollout_batch_size=5, n_samples_per_prompt=2, rollout_max_response_len=4,
-                               custom_rm_path="tests.rollout.test_client.faulty_reward", rollout_sample_timeout=1.0,
+                               custom_rm_path="tests.rollout.test_client.faulty_reward", rollout_sample_timeout=4.0,
                                failed_sample_policy=policy, max_failed_fraction=max_failed)
         args = plugin_args([config])
         args.tokenizer = tokenizer
@@ -306,7 +309,7 @@ def test_a_plugin_that_raises_or_hangs_fails_its_sample_not_the_run(engines, tin
     assert all(s.status in TRAINABLE for s in fine + flaky)  # the flaky reward recovered on the second try
     assert [s.status for s in broken] == [Status.FAILED] * 2
     assert broken[0].error == "KeyError: 'no gold answer for this prompt'"
-    assert all(s.error == "timed out after 1 s (--rollout-sample-timeout)" for s in hang)
+    assert all(s.error == "timed out after 4 s (--rollout-sample-timeout)" for s in hang)
     assert all(s.status == Status.FAILED and "reward" in s.error and "nan" in s.error.lower() for s in nan)
     assert counts(output) == {"samples_regenerated": 7.0, "groups_dropped": 3.0}
     assert "ConnectionError: retry later" in caplog.text  # logged with its last line (and the traceback)
