@@ -17,10 +17,11 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 FAMILIES = ("qwen3", "qwen2", "llama")
 
-# The README's command runs the suite on two workers, a module whole on one (`-n 2 --dist loadfile`: module-scoped
-# models and engines are made once). A long module that starts last keeps one worker busy while the other idles,
-# so the longest start first, longest first (each module's seconds in a run of the whole suite on 2 workers on
-# 2 cores, 2026-11-30: 1242, 349, 347, 290, 288, 287, 249, 230, 208, 205, 184); the rest keep their order.
+# The README's command runs the suite on two workers, a module whole on one (`-n 2`; pytest.ini: `--dist loadfile`,
+# so module-scoped models and engines are made once, and `--no-loadscope-reorder`, so this order holds). A long
+# module that starts last keeps one worker busy while the other idles, so the longest start first (each
+# module's seconds in a run of the whole suite on 2 workers on 2 cores, 2026-11-30: 1242, 349, 347, 290, 288, 287,
+# 249, 230, 208, 205, 184); the rest keep their order.
 LONGEST_FIRST = ("train/test_train_loop.py", "train/test_async_training.py", "test_gpu_launch_scripts.py",
                  "train/test_sft.py", "train/test_actor_layouts.py", "convert/test_roundtrip.py",
                  "trainer/test_model_parity.py", "examples/test_mem_agent_pipeline.py",
