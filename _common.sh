@@ -247,9 +247,9 @@ shared_gpu_defaults() {
 # one optimizer step each, lr RL_LR, contexts of MAX_MODEL_LEN, a Ray head on RAY_PORT_BASE + 3 x SEED (seeds run
 # at once on one machine; a head takes 3 ports), sampling at RL_TEMPERATURE (1.0). RL_MINUTES (unset: no limit)
 # bounds the run's time (--exit-duration-in-mins): it stops after the first rollout that ends past it and saves
-# that one, so that what follows (the evaluation) still fits a machine's time slot. The trainer's micro-batches hold at most RL_MAX_TOKENS
-# (32768) tokens. Two knobs for a warm start too peaked for GRPO's
-# groups to differ (unset: off): RL_ENTROPY_COEF, an entropy bonus (--entropy-coef); RL_OVERSAMPLE=K, DAPO's
+# that one, so that what follows (the evaluation) still fits a machine's time slot. The trainer's micro-batches
+# hold at most RL_MAX_TOKENS (32768) tokens. Two knobs for a warm start too peaked for GRPO's groups to differ
+# (unset: off): RL_ENTROPY_COEF, an entropy bonus (--entropy-coef); RL_OVERSAMPLE=K, DAPO's
 # dynamic sampling (only groups whose rewards differ train; K x ROLLOUT_BATCH_SIZE prompts drawn a round). The
 # caller sets TRAIN_DATA.
 grpo_from_sft() {

@@ -16,4 +16,4 @@ from vime_ext import lazy_fusions as _lazy_fusions  # noqa: E402
 from vime_ext import quiet as _quiet  # noqa: E402
 
 _quiet.install()  # known-harmless library warnings (vime_ext/quiet.py says why each is)
-_lazy_fusions.install()  # megatron's fused kernels compiled on first call, not built at import (3.8 s a process)
+_lazy_fusions.install()  # megatron's fused kernels compiled on first call, not built at import (about 4 s a process)

@@ -15,8 +15,8 @@ it is compiled do not change; the wrapper is built later, and never for a functi
 
 import functools
 import importlib.abc
-import inspect
 import importlib.util
+import inspect
 import sys
 
 TARGET = "megatron.core"
@@ -45,7 +45,9 @@ def lazy(compile_fn):
     return decorate
 
 
-class _PatchAfterExec(importlib.abc.Loader):
+class _CompileLazilyDuringExec(importlib.abc.Loader):
+    """The package's own loader, run with ``torch.compile`` made lazy until the package has run."""
+
     def __init__(self, loader):
         self.loader = loader
 
@@ -70,7 +72,7 @@ class _Finder(importlib.abc.MetaPathFinder):
         sys.meta_path.remove(self)  # the real finders locate the file; this hook is needed once
         spec = importlib.util.find_spec(name)
         if spec is not None and spec.loader is not None:
-            spec.loader = _PatchAfterExec(spec.loader)
+            spec.loader = _CompileLazilyDuringExec(spec.loader)
         return spec
 
 

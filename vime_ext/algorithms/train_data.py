@@ -2,10 +2,11 @@
 
 A sequence's ``loss_mask`` and ``rollout_log_probs`` are aligned with its targets ``tokens[1:]`` (position t
 scores token t+1), so prompt tokens carry mask 0; a sequence ends at its last trained token. A Sample trains as
-its main sequence plus one sequence per ``Turn``. With GRPO every sequence of a trajectory of n sequences gets the trajectory's advantage A
-(``--trajectory-advantage shared``) or A / n (``split``); with PPO each sequence's last generated token gets the
-trajectory's reward and GAE runs within the sequence. Failed or aborted samples train on nothing, but their
-groups still count them with reward 0 (an engine error must not look like a good answer).
+its main sequence plus one sequence per ``Turn``. With GRPO every sequence of a trajectory of n sequences gets
+the trajectory's advantage A (``--trajectory-advantage shared``) or A / n (``split``); with PPO each sequence's
+last generated token gets the trajectory's reward and GAE runs within the sequence. Failed or aborted samples
+train on nothing, but their groups still count them with reward 0 (an engine error must not look like a good
+answer).
 
 Per-sequence weight in the loss: with the default ``--loss-aggregation token_mean`` a sequence weighs by its
 trained tokens times its advantage, so under ``shared`` a trajectory of n sequences pulls about n times as hard
