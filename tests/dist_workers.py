@@ -487,9 +487,16 @@ def handover_step(out_dir: str, flags: list[str], handover: bool) -> None:
         # What the hand-over takes: the device's tensors (Adam's step counters and offloaded states stay on the
         # host), other than the policy weights' storages.
         device = weights[0].device.type
-        others = [t for t in actor.optimizer.handover_tensors()[0] + list(actor.ref_model.parameters())
+        tensors = actor.optimizer.handover_tensors()
+        others = [t for t in tensors.kept + tensors.state + list(actor.ref_model.parameters())
                   + list(actor.critic.model.parameters()) if t.device.type == device and
                   t.untyped_storage().data_ptr() not in {w.untyped_storage().data_ptr() for w in weights}]
+        # The optimizers' own state (masters and moments that are not the weights themselves): off the device
+        # until the next step needs it, not back with the rest
+        state = [t for t in tensors.state + actor.critic.optimizer.handover_tensors().state
+                 if t.device.type == device
+                 and t.untyped_storage().data_ptr() not in {w.untyped_storage().data_ptr() for w in weights}]
+        state_gb = sum({t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in state}.values()) / 2**30
         first = actor.release_memory(keep_weights=True)
         report["weights_kept"] = all(w.untyped_storage().nbytes() > 0 for w in weights)
         report["others_released"] = all(t.untyped_storage().nbytes() == 0 for t in others)
@@ -497,12 +504,16 @@ def handover_step(out_dir: str, flags: list[str], handover: bool) -> None:
         report["weights_released"] = all(w.untyped_storage().nbytes() == 0 for w in weights)
         report["released_gb"] = first["handover_gb"] + second["handover_gb"]
         report["restored_gb"] = actor.restore_memory()["handover_gb"]
+        report["state_gb"] = state_gb
+        report["state_away_after_restore"] = all(t.untyped_storage().nbytes() == 0 for t in state)
         # A second round: the reference model's host copy is reused, not made again.
         third = actor.release_memory()
         actor.restore_memory()
         report["second_round_copied_gb"] = third["handover_copied_gb"]
         report["first_round_copied_gb"] = first["handover_copied_gb"] + second["handover_copied_gb"]
     result = _train_on(actor, config, layout, seed=1)
+    if handover:  # the step put it back
+        report["state_back_after_step"] = all(t.untyped_storage().nbytes() > 0 for t in state)
     tag = "handover" if handover else "plain"
     torch.save(_hf_weights(actor.model, config.shape), Path(out_dir, f"{tag}_weights.pt"))
     Path(out_dir, f"{tag}.json").write_text(json.dumps({"steps": result.steps, **report}))

@@ -113,6 +113,9 @@ class TrainActor:
             tis_level=a.tis_level, tis_floor=a.tis_floor, temperature=config.rollout.rollout_temperature or 1.0)
         self.ps = parallel_state
         self._handover = MemoryHandover(self._device().type)
+        # The optimizers' state stays off the device from a hand-over until their next step needs it
+        for optimizer in [self.optimizer] + ([self.critic.optimizer] if self.critic is not None else []):
+            optimizer.before_step = self._handover.restore_state
         self._weight_sync = None  # the sender's (target, WeightSync), kept between pushes
         self._resumed_from = None  # the iteration this run loaded: --save-keep-last never deletes it
 
@@ -144,17 +147,21 @@ class TrainActor:
         state, the reference model and the critic. ``keep_weights`` keeps the policy's weights for a push; a
         second call releases them. Returns what moved and the memory left."""
         weights = list(self.model.parameters())
-        kept, zeroed = self.optimizer.handover_tensors()
+        policy = self.optimizer.handover_tensors()
+        kept, zeroed, state = policy.kept, policy.zeroed, policy.state
         constant = list(self.ref_model.parameters()) if self.ref_model is not None else []
         if self.critic is not None:
-            critic_kept, critic_zeroed = self.critic.optimizer.handover_tensors()
-            kept += list(self.critic.model.parameters()) + critic_kept
-            zeroed += critic_zeroed
-        stats = self._handover.release(kept + weights, zeroed, constant, spare=weights if keep_weights else ())
+            critic = self.critic.optimizer.handover_tensors()
+            kept += list(self.critic.model.parameters()) + critic.kept
+            zeroed += critic.zeroed
+            state += critic.state
+        stats = self._handover.release(kept + weights, zeroed, constant, spare=weights if keep_weights else (),
+                                       state=state)
         return {**stats.metrics(), **memory_snapshot()}
 
     def restore_memory(self) -> dict[str, float]:
-        """Take back what ``release_memory`` handed over, values intact, gradient buffers zeroed."""
+        """Take back what ``release_memory`` handed over, values intact, gradient buffers zeroed; the optimizers'
+        state follows at their next step (``MemoryHandover.restore_state``) or save."""
         return {**self._handover.restore().metrics(), **memory_snapshot()}
 
     def memory(self) -> dict[str, float]:
@@ -370,6 +377,8 @@ class TrainActor:
 
         self.weights_ready()
         with_optimizer = not self.config.checkpoint.no_save_optim
+        if with_optimizer:
+            self._handover.restore_state()  # a save right after a hand-over, before any step
         inner = {} if self.critic is None else {
             CRITIC_DIR: (self.critic.model, self.critic.optimizer if with_optimizer else None)}
         saved = save_model_checkpoint(self.model, self.shape, save_dir, iteration,

@@ -12,10 +12,12 @@ why the CPU trainer keeps its own optimizer.
 """
 
 import math
+from typing import Callable
 
 import torch
 
 from vime_ext.trainer.lr_schedule import LRSchedule
+from vime_ext.trainer.memory_handover import HandoverTensors
 
 # The optimizer-state layout written into checkpoints: megatron's default, each rank writing its own shard of the
 # gradient-buffer-ordered states, in parallel, with no gather (megatron 0.19 no longer saves the per-parameter
@@ -68,11 +70,14 @@ class MegatronAdamW:
         self.schedule = schedule
         self.step_count = 0
         self._has_states = False  # Adam's states exist after the first step (or a load)
+        # Called first by every step: the colocated trainer puts the state a hand-over left on the host back
+        self.before_step: Callable[[], object] = lambda: None
 
     @torch.no_grad()
     def step(self) -> dict[str, float]:
         """Apply the gradients the schedule accumulated and reduced (``_finalize_grads``), clipped to
         ``--clip-grad``; a non-finite gradient skips the update (and says so)."""
+        self.before_step()
         lr = self.schedule(self.step_count)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -94,18 +99,19 @@ class MegatronAdamW:
         state)."""
         self.optimizer.reload_model_params()
 
-    def handover_tensors(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """(tensors whose values must survive a memory hand-over, tensors that are zero between steps): DDP's
-        contiguous weight buffers (the parameters are views of them with the distributed optimizer) and the
-        optimizers' masters and states; DDP's gradient buffers, zeroed after every step."""
+    def handover_tensors(self) -> HandoverTensors:
+        """What a memory hand-over takes: DDP's contiguous weight buffers (the parameters are views of them with
+        the distributed optimizer), DDP's gradient buffers (zeroed after every step) and the optimizers' masters
+        and states (needed only by the next step)."""
         from vime_ext.trainer.memory_handover import optimizer_tensors
 
         buffers = self.model.buffers + self.model.expert_parallel_buffers
-        kept = [b.param_data for b in buffers if b.param_data is not None]
+        state = []
         for inner in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
             if getattr(inner, "optimizer", None) is not None:  # a rank without parameters has none
-                kept += optimizer_tensors(inner.optimizer)
-        return kept, [b.grad_data for b in buffers]
+                state += optimizer_tensors(inner.optimizer)
+        return HandoverTensors(kept=[b.param_data for b in buffers if b.param_data is not None],
+                               zeroed=[b.grad_data for b in buffers], state=state)
 
     def params_ready(self) -> None:
         """Finish the all-gather of updated weights that ``--overlap-param-gather`` leaves to the next forward,

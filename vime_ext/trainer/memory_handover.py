@@ -7,7 +7,11 @@ whatever optimizer state lives on the GPU (fp32 masters, Adam moments). Each ten
 of its contiguous buffers, ``main_grad`` of the gradient buffer) stays valid without being re-bound; then the
 caching allocator's free blocks go back to the driver. Values that must survive are copied to pinned host
 buffers, which are allocated once and reused; gradient buffers are zero between optimizer steps, so they are
-freed without a copy and zeroed on return; the reference model never changes, so it is copied out once.
+freed without a copy and zeroed on return; the reference model never changes, so it is copied out once. The
+optimizers' own state (fp32 masters, Adam moments) is needed by no forward or backward, only by the next optimizer
+step: it comes back then (``restore_state``), not with the rest, so that the step's activations and that state
+never share the device (a 4B model's masters and moments are 48 GB; W2 of tools/bench_peers.py ran out of an
+H200's memory with both).
 
 The same code runs on CPU tensors (``resize_`` works there too), which is how the CPU tests check that a
 training run is unchanged by a hand-over; on a real CPU run there is nothing to hand over and the actor skips it.
@@ -28,7 +32,9 @@ PINNED_REPORT_GIB = 1.0  # pinned memory below this is not worth a log line
 class _Slot:
     storage: torch.UntypedStorage
     nbytes: int
-    policy: str  # "copy" (values survive), "constant" (copied once), "zero" (zeroed on return)
+    # "copy" (values survive), "state" (values survive, back only at restore_state), "constant" (copied once),
+    # "zero" (zeroed on return)
+    policy: str
     host: torch.Tensor | None = None
 
 
@@ -51,6 +57,15 @@ class HandoverStats:
                 "handover_skipped": float(len(self.skipped))}
 
 
+@dataclass
+class HandoverTensors:
+    """An optimizer's tensors by what a hand-over does with them."""
+
+    kept: list[torch.Tensor]  # values survive, back with the weights (megatron's contiguous weight buffers)
+    zeroed: list[torch.Tensor]  # zero between steps (gradient buffers): freed without a copy, zeroed on return
+    state: list[torch.Tensor]  # values survive, back only for the next step (fp32 masters, Adam's moments)
+
+
 class MemoryHandover:
     """Frees and restores a set of tensor storages. Tensors are named by group each time ``release`` is called
     (optimizer states appear at the first step, so the set is gathered anew), and a storage keeps its host
@@ -60,18 +75,21 @@ class MemoryHandover:
         self.device_type = device_type  # only storages on this kind of device are handed over
         self._slots: dict[int, _Slot] = {}  # by the storage's C++ identity, stable across resizes
         self._released: list[_Slot] = []
+        self._state_released: list[_Slot] = []  # the optimizers' state, back at the next step
 
     def release(self, kept: list[torch.Tensor], zeroed: list[torch.Tensor] = (),
-                constant: list[torch.Tensor] = (), spare: list[torch.Tensor] = ()) -> HandoverStats:
-        """Free the storages of ``kept`` (copied out first), ``constant`` (copied out the first time) and
-        ``zeroed`` (not copied), except those of ``spare`` (still needed: released by a later call). A storage
-        named twice keeps the policy that preserves most; one released already is left as it is."""
+                constant: list[torch.Tensor] = (), spare: list[torch.Tensor] = (),
+                state: list[torch.Tensor] = ()) -> HandoverStats:
+        """Free the storages of ``kept`` (copied out first), ``state`` (copied out; back at ``restore_state``),
+        ``constant`` (copied out the first time) and ``zeroed`` (not copied), except those of ``spare`` (still
+        needed: released by a later call). A storage named twice keeps the policy that restores it soonest and
+        preserves most; one released already is left as it is."""
         start = time.perf_counter()
         stats = HandoverStats()
         spared = {t.untyped_storage()._cdata for t in spare if t is not None}
         chosen: dict[int, tuple[torch.UntypedStorage, str]] = {}
-        rank = {"zero": 0, "constant": 1, "copy": 2}
-        for policy, tensors in (("zero", zeroed), ("constant", constant), ("copy", kept)):
+        rank = {"zero": 0, "constant": 1, "state": 2, "copy": 3}
+        for policy, tensors in (("zero", zeroed), ("constant", constant), ("state", state), ("copy", kept)):
             for tensor in tensors:
                 if tensor is None or tensor.device.type != self.device_type:
                     continue
@@ -90,7 +108,7 @@ class MemoryHandover:
             if slot is None or slot.nbytes != storage.nbytes():
                 slot = self._slots[key] = _Slot(storage, storage.nbytes(), policy)
             slot.policy = policy
-            if policy == "copy" or (policy == "constant" and slot.host is None):
+            if policy in ("copy", "state") or (policy == "constant" and slot.host is None):
                 if slot.host is None:
                     slot.host = torch.empty(slot.nbytes, dtype=torch.uint8,
                                             pin_memory=storage.device.type == "cuda")
@@ -101,7 +119,8 @@ class MemoryHandover:
         for slot in newly:
             slot.storage.resize_(0)
             stats.released_gb += slot.nbytes / GiB
-        self._released += newly
+        self._released += [slot for slot in newly if slot.policy != "state"]
+        self._state_released += [slot for slot in newly if slot.policy == "state"]
         if torch.cuda.is_available():
             # Memory shared with an engine over CUDA IPC (the weight push) is only freed once torch collects
             # the handles the engine has closed; until then the allocator cannot give it back to the driver.
@@ -118,10 +137,22 @@ class MemoryHandover:
         return stats
 
     def restore(self) -> HandoverStats:
-        """Re-allocate every released storage at its size and put its values back."""
+        """Re-allocate every released storage but the optimizers' state at its size and put its values back."""
+        stats = self._restore(self._released)
+        self._released = []
+        return stats
+
+    def restore_state(self) -> HandoverStats:
+        """Put the optimizers' state back (the step that needs it is next); nothing to do if it is in place."""
+        stats = self._restore(self._state_released)
+        self._state_released = []
+        return stats
+
+    @staticmethod
+    def _restore(slots: list[_Slot]) -> HandoverStats:
         start = time.perf_counter()
         stats = HandoverStats()
-        for slot in self._released:
+        for slot in slots:
             slot.storage.resize_(slot.nbytes)
             view = _bytes_of(slot.storage)
             if slot.policy == "zero":
@@ -131,7 +162,6 @@ class MemoryHandover:
                 stats.copied_gb += slot.nbytes / GiB
             stats.released_gb += slot.nbytes / GiB
         _synchronize()
-        self._released = []
         stats.seconds = time.perf_counter() - start
         return stats
 

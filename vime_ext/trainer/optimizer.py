@@ -10,11 +10,13 @@ own data-parallel-sharded layout.
 """
 
 import math
+from typing import Callable
 
 import torch
 import torch.distributed as dist
 
 from vime_ext.trainer.lr_schedule import LRSchedule
+from vime_ext.trainer.memory_handover import HandoverTensors
 from vime_ext.trainer.model_provider import unwrap
 
 
@@ -52,6 +54,8 @@ class ActorOptimizer:
                                       fused=all(p.is_cuda for p in self.params))
         self.clip_grad, self.schedule = clip_grad, schedule
         self.step_count = 0
+        # Called first by every step: the colocated trainer puts the state a hand-over left on the host back
+        self.before_step: Callable[[], object] = lambda: None
 
     def zero_grad(self) -> None:
         for p in self.params + self.masters:
@@ -64,12 +68,13 @@ class ActorOptimizer:
             if m is not p:
                 m.copy_(p.float())
 
-    def handover_tensors(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """(tensors whose values must survive a memory hand-over, tensors that are zero between steps): the fp32
-        masters and Adam's states; gradients are dropped after each step, so there are none of the second kind."""
+    def handover_tensors(self) -> HandoverTensors:
+        """What a memory hand-over takes: the fp32 masters and Adam's states, needed only by the next step (an
+        fp32 model's masters are its weights, which the hand-over brings back with the weights); gradients are
+        dropped after each step, so nothing is zero between steps."""
         from vime_ext.trainer.memory_handover import optimizer_tensors
 
-        return optimizer_tensors(self.adam), []
+        return HandoverTensors(kept=[], zeroed=[], state=optimizer_tensors(self.adam))
 
     def _sync_grads(self) -> None:
         from megatron.core import parallel_state
@@ -113,6 +118,7 @@ class ActorOptimizer:
     @torch.no_grad()
     def step(self) -> dict[str, float]:
         """Sync, clip and apply the accumulated gradients. A non-finite norm skips the update (and says so)."""
+        self.before_step()
         self._sync_grads()
         norm = self._grad_norm()
         lr = self.schedule(self.step_count)
