@@ -56,6 +56,21 @@ def test_views_survive_and_zeroed_buffers_come_back_zero():
     assert buffer[4].item() == 5.0
 
 
+def test_optimizer_state_comes_back_only_when_asked_for():
+    """The optimizers' state leaves with the rest and stays away through ``restore`` (the forward and backward
+    passes run without it) until ``restore_state``, values intact; a second release meanwhile leaves it as it is."""
+    weights, moments = torch.arange(4, dtype=torch.float32), torch.full((3,), 2.5)
+    handover = MemoryHandover("cpu")
+    stats = handover.release([weights], state=[moments, weights])  # a master that is the weight comes back with it
+    assert stats.copied_gb * 2**30 == 28 and moments.untyped_storage().nbytes() == 0
+    assert handover.restore().released_gb * 2**30 == 16 and moments.untyped_storage().nbytes() == 0
+    assert torch.equal(weights, torch.arange(4, dtype=torch.float32))
+    assert handover.release([weights], state=[moments]).released_gb * 2**30 == 16  # the state is away already
+    handover.restore()
+    assert handover.restore_state().released_gb * 2**30 == 12 and torch.equal(moments, torch.full((3,), 2.5))
+    assert handover.restore_state().released_gb == 0  # in place: nothing to do
+
+
 def test_pinned_segments_are_named_largest_first():
     """The log line a hand-over prints when live blocks keep memory from the engines, on segments in
     ``torch.cuda.memory_snapshot()``'s format: the H100 case, a 1.1 MiB tensor in a 15 GiB classic segment."""
