@@ -196,13 +196,23 @@ grpo_qwen3_4b_train() {
 }
 
 # The examples' small-model learning recipes (run-smollm2-gpu.sh) share what follows.
-# smollm2_recipe_defaults ROLLOUTS: HF_CKPT (default SmolLM2-135M-Instruct, from its package), the seeds and the
-# GRPO run's size: ROLLOUTS (the recipe's published step count) at lr 2e-5, the rate of every published row; the
-# caller's values win.
-smollm2_recipe_defaults() {
-  if [ -z "${HF_CKPT:-}" ]; then
-    HF_CKPT=$(python -c "from vime_ext.models.packaged import smollm2_hf_dir; print(smollm2_hf_dir())" | tail -1)
+# model_dir VALUE: VALUE when it is a folder (or a path), else the folder of the packaged model of that name
+# (smollm2-135m, qwen2.5-coder-1.5b: python -m vime_ext.models.packaged, built once and cached)
+model_dir() {
+  local built
+  if [ -d "$1" ] || [[ "$1" == */* ]]; then
+    echo "$1"
+  else
+    built=$(python -m vime_ext.models.packaged "$1") || return $?
+    echo "${built##*$'\n'}"  # the last line: the folder (a build may log before it)
   fi
+}
+
+# smollm2_recipe_defaults ROLLOUTS: HF_CKPT, the policy (default smollm2-135m; a folder or a packaged model's
+# name: model_dir), the seeds and the GRPO run's size: ROLLOUTS (the recipe's published step count) at lr 2e-5,
+# the rate of every published row; the caller's values win.
+smollm2_recipe_defaults() {
+  HF_CKPT=$(model_dir "${HF_CKPT:-smollm2-135m}")
   need "${HF_CKPT}/config.json" HF_CKPT
   export HF_CKPT
   SEED=${SEED:-0} SEEDS=${SEEDS:-"0 1 2"}

@@ -246,6 +246,19 @@ def evaluations_of_all(script: str, env: dict, record: Path, stage: str = "all")
     return [json.loads(line) for line in record.read_text().splitlines()[calls:]]
 
 
+def test_a_recipe_model_is_a_folder_or_a_packaged_models_name(tmp_path):
+    """model_dir (_common.sh): HF_CKPT and READER of the learning recipes name a folder (with or without a slash)
+    or a packaged model (built once, its folder used); an unknown name fails with the names there are."""
+    from vime_ext.models.packaged import smollm2_hf_dir
+
+    (tmp_path / "local").mkdir()
+    body = "model_dir smollm2-135m && model_dir local && model_dir runs/x && model_dir nosuch"
+    done = subprocess.run(["bash", "-c", f"source {ROOT}/_common.sh\n{body}"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    assert done.stdout.split() == [str(smollm2_hf_dir()), "local", "runs/x"]
+    assert done.returncode != 0 and "invalid choice: 'nosuch'" in done.stderr and "qwen2.5-coder-1.5b" in done.stderr
+
+
 def test_seeds_share_gpus_in_turn_with_fixed_kv_caches(tmp_path):
     """seeds_on_gpus and shared_gpu_defaults (_common.sh, real) with a stand-in seed script: SEEDS_PER_GPU seeds
     a GPU, placed in turn; more seeds than that is refused with the count; several seeds a GPU give every engine a

@@ -18,6 +18,8 @@
 # choose settings on, the rest (30) to train on; EVAL_NUM (64) questions are drawn from each held-out part.
 # EVAL_SPLIT=val evaluates every row on the validation questions instead (into eval_val/ and table_val/): a
 # setting is chosen there, and the test rows are run once, with it.
+# The policy: HF_CKPT, a folder or a packaged model's name (default smollm2-135m; qwen2.5-coder-1.5b is the
+# reader's own model, which then edits the store it reads).
 # The training reward and the evaluation score QA with the same fixed reader: READER, default the packaged
 # Qwen2.5-Coder-1.5B-Instruct (READER=base: the policy's base model, as the published three seeds; GRPO serves
 # it as the run's reward model, train.py --rm-hf-checkpoint, in RM_MEMORY (0.1) of the GPU). Its greedy replies
@@ -46,11 +48,7 @@ export MEMUP_SCORER=${MEMUP_SCORER:-reader} MEMUP_EXTRA_QUESTIONS=${MEMUP_EXTRA_
 # 7 GRPO steps: the published three seeds' (H200, 2026-11-27; records/mem_update_log.md, sixth and seventh runs)
 smollm2_recipe_defaults 7
 READER=${READER:-qwen2.5-coder-1.5b}
-case "${READER}" in
-  base) READER=${HF_CKPT} ;;
-  */*) ;;  # a folder
-  *) READER=$(python -m vime_ext.models.packaged "${READER}" | tail -1) ;;
-esac
+if [ "${READER}" = base ]; then READER=${HF_CKPT}; else READER=$(model_dir "${READER}"); fi
 need "${READER}/config.json" READER
 # the reader's greedy replies, kept for every process, so that an unchanged store scores the same in every row
 # and seed (vime_ext/engines/fixed_replies.py)
