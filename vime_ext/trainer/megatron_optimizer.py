@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 
 from vime_ext.trainer.lr_schedule import LRSchedule
-from vime_ext.trainer.memory_handover import HandoverTensors
+from vime_ext.trainer.memory_handover import HandoverTensors, optimizer_tensors
 
 # The optimizer-state layout written into checkpoints: megatron's default, each rank writing its own shard of the
 # gradient-buffer-ordered states, in parallel, with no gather (megatron 0.19 no longer saves the per-parameter
@@ -103,8 +103,6 @@ class MegatronAdamW:
         """What a memory hand-over takes: DDP's contiguous weight buffers (the parameters are views of them with
         the distributed optimizer), DDP's gradient buffers (zeroed after every step) and the optimizers' masters
         and states (needed only by the next step)."""
-        from vime_ext.trainer.memory_handover import optimizer_tensors
-
         buffers = self.model.buffers + self.model.expert_parallel_buffers
         state = []
         for inner in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):

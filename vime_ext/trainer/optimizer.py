@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from vime_ext.trainer.lr_schedule import LRSchedule
-from vime_ext.trainer.memory_handover import HandoverTensors
+from vime_ext.trainer.memory_handover import HandoverTensors, optimizer_tensors
 from vime_ext.trainer.model_provider import unwrap
 
 
@@ -72,8 +72,6 @@ class ActorOptimizer:
         """What a memory hand-over takes: the fp32 masters and Adam's states, needed only by the next step (an
         fp32 model's masters are its weights, which the hand-over brings back with the weights); gradients are
         dropped after each step, so nothing is zero between steps."""
-        from vime_ext.trainer.memory_handover import optimizer_tensors
-
         return HandoverTensors(kept=[], zeroed=[], state=optimizer_tensors(self.adam))
 
     def _sync_grads(self) -> None:
