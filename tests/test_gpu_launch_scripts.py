@@ -490,6 +490,11 @@ def test_the_mem_update_smollm2_recipe_chains_sft_rl_and_both_evaluations(tiny_h
     # one seed a GPU, no KV_CACHE_GIB: vLLM sizes the caches from the shares
     assert all(last(a, "--reader-memory") == "0.15" and last(a, "--vllm-gpu-memory-utilization") == "0.25"
                and "--vllm-kv-cache-memory-bytes" not in a for a in evals)
+    # an episode longer than the engines' context is refused before anything runs
+    done = subprocess.run(["bash", str(ROOT / "examples/mem_update/run-smollm2-gpu.sh"), "table"],
+                          env={**full, "MAX_MODEL_LEN": "4096", "MEMUP_MAX_CONTEXT_TOKENS": "8192"},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "MEMUP_MAX_CONTEXT_TOKENS=8192: an episode must fit" in done.stderr
     # EVAL_SPLIT=val: the same rows on the validation questions, into results of their own
     (a,) = evaluations_of_all("examples/mem_update/run-smollm2-gpu.sh", {**full, "EVAL_SPLIT": "val"},
                               tmp_path / "train_args.json.eval", stage="base")

@@ -43,6 +43,13 @@ CONVERSATIONS=${CONVERSATIONS:-45} N_TEST=${N_TEST:-10} N_VAL=${N_VAL:-5} EVAL_N
 SFT_EPOCHS=${SFT_EPOCHS:-6} SFT_LR=${SFT_LR:-1e-4}
 export TURN_TOKENS=${TURN_TOKENS:-256}  # a reply's budget, in the launch script too
 MAX_MODEL_LEN=${MAX_MODEL_LEN:-8192}  # SmolLM2's context: an episode's bound
+# The rollout ends an episode at MEMUP_MAX_CONTEXT_TOKENS; the engines serve at most MAX_MODEL_LEN
+export MEMUP_MAX_CONTEXT_TOKENS=${MEMUP_MAX_CONTEXT_TOKENS:-${MAX_MODEL_LEN}}
+if (( MEMUP_MAX_CONTEXT_TOKENS > MAX_MODEL_LEN )); then
+  echo "MEMUP_MAX_CONTEXT_TOKENS=${MEMUP_MAX_CONTEXT_TOKENS}: an episode must fit the engines'" \
+    "MAX_MODEL_LEN=${MAX_MODEL_LEN}" >&2
+  exit 2
+fi
 RAY_PORT_BASE=${RAY_PORT_BASE:-6410}  # beside MemAgent's seeds (6380 + 3 x seed, seeds 0-9) on one machine
 export MEMUP_SCORER=${MEMUP_SCORER:-reader} MEMUP_EXTRA_QUESTIONS=${MEMUP_EXTRA_QUESTIONS:-3}
 # 7 GRPO steps: the published three seeds' (H200, 2026-11-27; records/mem_update_log.md, sixth and seventh runs)
