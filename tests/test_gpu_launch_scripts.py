@@ -726,10 +726,13 @@ def test_mem_agent_script_takes_the_qwen25_coder_model(tmp_path):
     assert "--disable-grpo-std-normalization" in args
 
 
-def test_the_peers_stage_makes_the_model_then_runs_the_bench_and_the_engine_path(tmp_path):
-    """gpu_recipe.sh peers, with a python that records its arguments: the random Qwen3-0.6B shape, bench_peers's W1
-    with PEERS's frameworks in order (a bench that fails still leaves the engine-only path to run), then
-    bench_generate_path on the same model."""
+@pytest.mark.parametrize("workload", ["w1", "w2"])
+def test_the_peers_stage_makes_the_model_then_runs_the_bench_and_the_engine_path(workload, tmp_path):
+    """gpu_recipe.sh peers, with a python that records its arguments: the random model of the workload's shape
+    (PEERS_WORKLOAD, as bench_peers's WORKLOADS say), the bench with PEERS's frameworks in order (a bench that
+    fails still leaves the engine-only path to run), then bench_generate_path on the same model and workload."""
+    from tools.bench_peers import WORKLOADS
+
     bin_dir, calls = tmp_path / "bin", tmp_path / "calls.jsonl"
     bin_dir.mkdir()
     (bin_dir / "python").write_text(f"#!/bin/bash\n{sys.executable} -c 'import json, sys; "
@@ -737,13 +740,15 @@ def test_the_peers_stage_makes_the_model_then_runs_the_bench_and_the_engine_path
                                      f"{calls} \"$@\"\n[ \"$1\" != tools/bench_peers.py ]\n")
     (bin_dir / "python").chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "WORK": str(tmp_path / "work"),
-           "PEERS": "vime_ext trl vime_ext"}
+           "PEERS": "vime_ext trl vime_ext", "PEERS_WORKLOAD": workload}
     done = subprocess.run(["bash", str(ROOT / "tools/gpu_recipe.sh"), "peers"], env=env, capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     made, bench, path = [json.loads(line) for line in calls.read_text().splitlines()]
-    model = str(tmp_path / "work" / "qwen3-0.6b-random")
-    assert made == ["tools/make_random_hf.py", "--shape", "qwen3-0.6b", "--out", model]
+    shape = WORKLOADS[workload].shape
+    model = str(tmp_path / "work" / f"{shape}-random")
+    assert made == ["tools/make_random_hf.py", "--shape", shape, "--out", model]
     assert bench[0] == "tools/bench_peers.py" and last(bench, "--model-dir") == model
+    assert last(bench, "--workload") == workload == last(path, "--workload")
     assert bench[bench.index("--frameworks") + 1:bench.index("--time-limit-s")] == ["vime_ext", "trl", "vime_ext"]
     assert path[0] == "tools/bench_generate_path.py" and last(path, "--model-dir") == model

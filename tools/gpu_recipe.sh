@@ -28,8 +28,9 @@
 # and how engines and trainer share the machine's GPUs (tools/sharing_table.py), after both prepares:
 #   ... gpu_recipe.sh layout EXAMPLE NAME VAR=VALUE... [-- flags]   # one of its runs; sharing_table: the table
 #   ... gpu_recipe.sh sleep_levels   # both examples on one GPU each at --engine-sleep-level 1 and 2, then the table
-# and the peers bench (tools/bench_peers.py W1: this project, TRL, verl, on one GPU), then the engine-only path:
-#   ... gpu_recipe.sh peers   # PEERS: the frameworks, in order; progress in VIME_EXT_OUT/peers.log
+# and the peers bench (tools/bench_peers.py: this project, TRL, verl, on one GPU), then the engine-only path:
+#   ... gpu_recipe.sh peers   # PEERS: the frameworks, in order; PEERS_WORKLOAD w1 or w2; progress in
+#                             # VIME_EXT_OUT/peers.log
 # and the real RULER-HQA's rows without RL (packaged SmolLM2-135M and Qwen2.5-Coder-1.5B, every length to 896K
 # tokens, no document, the gold pair):
 #   ... gpu_recipe.sh base_rows   # BASE_MODELS, REAL_LENGTHS; the 1.5B model's packages: gpu_wheels.py --models
@@ -443,19 +444,25 @@ case "${STAGE}" in
         --out "${OUT_DIR}/${EXAMPLE}_replay$([ "${mode}" = eager ] && echo _eager).json" "$@"
     done ;;
   peers)
-    # tools/bench_peers.py's W1 on this GPU: the random Qwen3-0.6B shape, then PEERS (default: this project as
-    # before, then resident with streamed replies, and TRL, about 21 min: 7 min each; add vime_ext_stream,
-    # vime_ext_4_api_servers, verl, which needs the wheel set's --verl part, 4-6 min to start and about 100 s a
-    # step, so PEERS_TIME_LIMIT_S=1200 for its 7 steps, and vime_ext again for the drift when a lease has room),
-    # then the engine-only path; progress in OUT/peers.log. A framework stopped at the limit keeps the steps it
-    # logged, marked in its row.
-    python tools/make_random_hf.py --shape qwen3-0.6b --out "${WORK}/qwen3-0.6b-random" 2>&1 | tail -1
+    # tools/bench_peers.py's PEERS_WORKLOAD (w1, default: the random Qwen3-0.6B shape; w2: Qwen3-4B) on this GPU,
+    # PEERS in order (default: this project, then with streamed replies, and TRL, about 21 min at W1: 7 min each;
+    # add vime_ext_resident_stream, vime_ext_4_api_servers, verl, which needs the wheel set's --verl part, 4-6 min
+    # to start and about 100 s a step, so PEERS_TIME_LIMIT_S=1200 for its 7 steps, and vime_ext again for the
+    # drift when a lease has room), then the engine-only path; into OUT/peers_<workload>, progress in OUT/peers.log.
+    # A framework stopped at the limit keeps the steps it logged, marked in its row.
+    workload=${PEERS_WORKLOAD:-w1}
+    case "${workload}" in  # the shapes of tools/bench_peers.py's WORKLOADS (the peers-stage test holds them equal)
+      w1) shape=qwen3-0.6b ;;
+      w2) shape=qwen3-4b ;;
+      *) echo "PEERS_WORKLOAD=${workload}: w1 or w2" >&2; exit 2 ;;
+    esac
+    python tools/make_random_hf.py --shape "${shape}" --out "${WORK}/${shape}-random" 2>&1 | tail -1
     # shellcheck disable=SC2086
-    python tools/bench_peers.py --workload w1 --model-dir "${WORK}/qwen3-0.6b-random" --out "${OUT_DIR}/peers" \
-      --frameworks ${PEERS:-vime_ext vime_ext_resident_stream trl} --time-limit-s "${PEERS_TIME_LIMIT_S:-600}" \
-      >> "${OUT_DIR}/peers.log" 2>&1 || true
-    python tools/bench_generate_path.py --workload w1 --model-dir "${WORK}/qwen3-0.6b-random" \
-      --out "${OUT_DIR}/generate_path" --rounds 1 >> "${OUT_DIR}/peers.log" 2>&1 ;;
+    python tools/bench_peers.py --workload "${workload}" --model-dir "${WORK}/${shape}-random" \
+      --out "${OUT_DIR}/peers_${workload}" --frameworks ${PEERS:-vime_ext vime_ext_stream trl} \
+      --time-limit-s "${PEERS_TIME_LIMIT_S:-600}" >> "${OUT_DIR}/peers.log" 2>&1 || true
+    python tools/bench_generate_path.py --workload "${workload}" --model-dir "${WORK}/${shape}-random" \
+      --out "${OUT_DIR}/generate_path_${workload}" --rounds 1 >> "${OUT_DIR}/peers.log" 2>&1 ;;
   weight_sync)
     python tools/bench_weight_sync.py --shape qwen3-4b --transport ipc --pushes 3 \
       --out "${OUT_DIR}/weight_sync_ipc.json" ;;
