@@ -456,7 +456,10 @@ case "${STAGE}" in
       w2) shape=qwen3-4b ;;
       *) echo "PEERS_WORKLOAD=${workload}: w1 or w2" >&2; exit 2 ;;
     esac
-    python tools/make_random_hf.py --shape "${shape}" --out "${WORK}/${shape}-random" 2>&1 | tail -1
+    # made once: prepare's Qwen3-4B (HF_CKPT) is W2's model, which other stages may be reading
+    if [ ! -f "${WORK}/${shape}-random/config.json" ]; then
+      python tools/make_random_hf.py --shape "${shape}" --out "${WORK}/${shape}-random" 2>&1 | tail -1
+    fi
     # shellcheck disable=SC2086
     python tools/bench_peers.py --workload "${workload}" --model-dir "${WORK}/${shape}-random" \
       --out "${OUT_DIR}/peers_${workload}" --frameworks ${PEERS:-vime_ext vime_ext_stream trl} \
