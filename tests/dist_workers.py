@@ -487,15 +487,18 @@ def handover_step(out_dir: str, flags: list[str], handover: bool) -> None:
         # What the hand-over takes: the device's tensors (Adam's step counters and offloaded states stay on the
         # host), other than the policy weights' storages.
         device = weights[0].device.type
+        weight_storages = {w.untyped_storage().data_ptr() for w in weights}
+
+        def handed(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+            return [t for t in tensors
+                    if t.device.type == device and t.untyped_storage().data_ptr() not in weight_storages]
+
         tensors = actor.optimizer.handover_tensors()
-        others = [t for t in tensors.kept + tensors.state + list(actor.ref_model.parameters())
-                  + list(actor.critic.model.parameters()) if t.device.type == device and
-                  t.untyped_storage().data_ptr() not in {w.untyped_storage().data_ptr() for w in weights}]
+        others = handed(tensors.kept + tensors.state + list(actor.ref_model.parameters())
+                        + list(actor.critic.model.parameters()))
         # The optimizers' own state (masters and moments that are not the weights themselves): off the device
         # until the next step needs it, not back with the rest
-        state = [t for t in tensors.state + actor.critic.optimizer.handover_tensors().state
-                 if t.device.type == device
-                 and t.untyped_storage().data_ptr() not in {w.untyped_storage().data_ptr() for w in weights}]
+        state = handed(tensors.state + actor.critic.optimizer.handover_tensors().state)
         state_gb = sum({t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in state}.values()) / 2**30
         first = actor.release_memory(keep_weights=True)
         report["weights_kept"] = all(w.untyped_storage().nbytes() > 0 for w in weights)

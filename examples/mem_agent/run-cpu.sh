@@ -22,9 +22,7 @@ NUM_ROLLOUT=${NUM_ROLLOUT:-12} ROLLOUT_BATCH_SIZE=${ROLLOUT_BATCH_SIZE:-4} N_SAM
 TRAIN_DOCS=${TRAIN_DOCS:-2} LENGTH=${LENGTH:-"2 4"} HOPS=${HOPS:-1} EVAL_NUM=${EVAL_NUM:-32}
 ENGINE_BACKEND=${ENGINE_BACKEND:-vllm} SEED=${SEED:-0} MAX_MODEL_LEN=${MAX_MODEL_LEN:-2048}
 ENGINE_DTYPE=${ENGINE_DTYPE:-float32}  # on a GPU: ENGINE_DTYPE=bfloat16 ... run-cpu.sh --colocate --bf16
-if [ -z "${HF_CKPT:-}" ]; then
-  HF_CKPT=$(python -c "from vime_ext.models.packaged import smollm2_hf_dir; print(smollm2_hf_dir())" | tail -1)
-fi
+HF_CKPT=$(model_dir "${HF_CKPT:-smollm2-135m}")
 need "${HF_CKPT}/config.json" HF_CKPT
 export HF_CKPT SAVE_PATH DATA_ROOT LENGTH ENGINE_BACKEND ENGINE_DTYPE MAX_MODEL_LEN
 

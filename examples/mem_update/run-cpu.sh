@@ -15,9 +15,7 @@ SAVE_PATH=${SAVE_PATH:-${VIME_EXT_OUT}/ckpt}
 NUM_ROLLOUT=${NUM_ROLLOUT:-3} ROLLOUT_BATCH_SIZE=${ROLLOUT_BATCH_SIZE:-2} N_SAMPLES_PER_PROMPT=${N_SAMPLES_PER_PROMPT:-4}
 TURN_TOKENS=${TURN_TOKENS:-64} EVAL_NUM=${EVAL_NUM:-16} SEED=${SEED:-0}
 ENGINE_BACKEND=${ENGINE_BACKEND:-vllm} ENGINE_DTYPE=${ENGINE_DTYPE:-float32} MAX_MODEL_LEN=${MAX_MODEL_LEN:-4096}
-if [ -z "${HF_CKPT:-}" ]; then
-  HF_CKPT=$(python -c "from vime_ext.models.packaged import smollm2_hf_dir; print(smollm2_hf_dir())" | tail -1)
-fi
+HF_CKPT=$(model_dir "${HF_CKPT:-smollm2-135m}")
 need "${HF_CKPT}/config.json" HF_CKPT
 
 python -m examples.mem_update.prepare_data --generate --num-conversations 10 --seed "${SEED}" \
