@@ -35,14 +35,15 @@ def test_the_gpu_command_passes_train_py_s_parser(tmp_path, tiny_hf_dirs):
 
     own, engine = split_vllm_args(command[3:] + list(RUNNERS["vime_ext_4_api_servers"].keywords["flags"]))
     assert engine[-2:] == ["--api-server-count", "4"] and build_parser().parse_args(own).colocate
-    assert build_parser().parse_args(command[3:] + list(RUNNERS["vime_ext_stream"].keywords["flags"])) \
-        .rollout_stream_interval == 64
+    assert build_parser().parse_args(command[3:]).rollout_stream_interval == 64  # the default: replies in pieces
+    assert build_parser().parse_args(command[3:] + list(RUNNERS["vime_ext_whole"].keywords["flags"])) \
+        .rollout_stream_interval == 0
     from vime_ext.arguments import parse_train_args
     from vime_ext.gpu_sharing import GpuSharing, Mode
 
     (tmp_path / "p.jsonl").write_text('{"prompt": "x", "label": ""}\n')
     real = vime_ext_command(WORKLOADS["w1"], tiny_hf_dirs["qwen3"], tmp_path / "p.jsonl", tmp_path, gpu=True)
-    resident = parse_train_args(real[3:] + list(RUNNERS["vime_ext_resident_stream"].keywords["flags"]))
+    resident = parse_train_args(real[3:] + list(RUNNERS["vime_ext_resident"].keywords["flags"]))
     assert GpuSharing.from_config(resident, on_gpu=True).mode is Mode.RESIDENT
 
 
@@ -243,21 +244,32 @@ def test_the_generation_path_bench_times_every_path_and_every_reply(tmp_path, ti
 def test_the_rollout_client_bench_runs_whole_rollouts_against_a_stand_in_engine(tmp_path):
     """tools/bench_rollout_client.py, tiny workload: a stand-in engine in its own process holds each round's
     requests until all have arrived, every rollout gets every sample at full length (the tool checks it), with
-    the engine's log-probs and without, straight and through the router; each round becomes a row."""
+    the engine's log-probs and without, replies streamed (here in pieces of 3 tokens) and whole, straight and
+    through the router; each round becomes a row."""
     from tools import bench_rollout_client
 
     out = tmp_path / "rounds.json"
-    assert bench_rollout_client.main(["--workload", "tiny", "--rounds", "1", "--out", str(out)]) == 0
+    assert bench_rollout_client.main(["--workload", "tiny", "--rounds", "1", "--stream-interval", "3",
+                                      "--out", str(out)]) == 0
     rounds = json.loads(out.read_text())
-    assert [(r["path"], r["log_probs"]) for r in rounds] == [("engine", True), ("engine", False),
-                                                             ("router", True), ("router", False)]
+    assert [(r["path"], r["log_probs"], r["streamed"]) for r in rounds] == [
+        (path, log_probs, streamed) for path in ("engine", "router") for log_probs in (True, False)
+        for streamed in (True, False)]
     for r in rounds:
         assert 0 < r["first_sample_s"] <= r["last_sample_s"] <= r["wall_s"] and r["client_cpu_s"] > 0
     # The stand-in's replies are vLLM's shape: the client parses them with and without log-probs
     from vime_ext.engines.protocol import parse_generate_response
 
-    plain, with_log_probs = bench_rollout_client.canned_replies(4, 2000)[0]
-    bodies = [json.loads(body % (b"r", b"[1, 2]")) for body in (plain, with_log_probs)]
-    assert parse_generate_response(bodies[1]).log_probs == [e["logprob"] for e in
-                                                            bodies[1]["choices"][0]["logprobs"]["content"]]
+    from vime_ext.engines.protocol import StreamedReply
+
+    reply = bench_rollout_client.canned_replies(4, 2000, stream_interval=3)[0]
+    bodies = [json.loads(body % (b"r", b"[1, 2]")) for body in reply.body]
+    whole = parse_generate_response(bodies[1])
+    assert whole.log_probs == [e["logprob"] for e in bodies[1]["choices"][0]["logprobs"]["content"]]
     assert len(parse_generate_response(bodies[0], log_probs=False).token_ids) == 4
+    for log_probs, pieces in enumerate(reply.pieces):  # two pieces (3 + 1 tokens), the same reply
+        streamed = StreamedReply(log_probs=bool(log_probs))
+        assert streamed.feed(pieces % {b"id": b"r"}) and pieces.count(b"data:") == 3
+        assert streamed.result().token_ids == whole.token_ids
+        if log_probs:
+            assert streamed.result().log_probs == whole.log_probs

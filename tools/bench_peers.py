@@ -21,8 +21,9 @@ Frameworks: ``vime_ext`` (``train.py``, colocated on one GPU, engine asleep whil
 from its own site, ``$VERL_SITE``). A framework named twice runs twice, the second row marked "again": list
 ``vime_ext`` after the peers too, to bound the machine's drift over the run. ``vime_ext_no_log_probs`` is this
 project's run with ``--no-rollout-log-probs`` (the engine answers token ids only), ``vime_ext_4_api_servers`` with
-four API-server processes on its engine, ``vime_ext_stream`` with ``--rollout-stream-interval 64``,
-``vime_ext_resident_stream`` with that and trainer and engine resident (``--no-offload-train --no-offload-rollout``);
+four API-server processes on its engine, ``vime_ext_whole`` with ``--rollout-stream-interval 0`` (whole replies,
+the default until 2026-11-30: ``vime_ext`` streams them in pieces of 64 tokens), ``vime_ext_resident`` with trainer
+and engine resident (``--no-offload-train --no-offload-rollout``);
 ``verl_bypass`` is verl in its bypass mode (the rollout's log-probs as the old ones, no separate pass).
 """
 
@@ -227,11 +228,11 @@ RUNNERS = {"vime_ext": run_vime_ext, "trl": run_trl, "verl": run_verl,
            "vime_ext_no_log_probs": functools.partial(run_vime_ext, flags=("--no-rollout-log-probs",)),
            # four API-server processes share the engine's answers (docs/reference.md, Rollout engines)
            "vime_ext_4_api_servers": functools.partial(run_vime_ext, flags=("--vllm-api-server-count", "4")),
-           # replies in pieces of 64 tokens as the engine generates them (docs/reference.md, Rollout engines)
-           "vime_ext_stream": functools.partial(run_vime_ext, flags=("--rollout-stream-interval", "64")),
-           # both of those, and trainer and engine resident side by side: no hand-over between steps
-           "vime_ext_resident_stream": functools.partial(
-               run_vime_ext, flags=("--rollout-stream-interval", "64", "--no-offload-train", "--no-offload-rollout"))}
+           # whole replies, each sent when it is done, not in pieces as the engine generates it (docs/reference.md,
+           # Rollout engines)
+           "vime_ext_whole": functools.partial(run_vime_ext, flags=("--rollout-stream-interval", "0")),
+           # trainer and engine resident side by side: no hand-over between steps
+           "vime_ext_resident": functools.partial(run_vime_ext, flags=("--no-offload-train", "--no-offload-rollout"))}
 
 
 def result(framework: str, workload: Workload, steps: list[dict], gpus: int, wall: float,

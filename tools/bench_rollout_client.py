@@ -9,8 +9,9 @@ The stand-in runs in a process of its own and speaks vLLM's token-in/token-out r
 Its replies are built before the rounds start, so it spends next to nothing while they run. Each round is a whole
 rollout through ``run_rollout`` with ``tools/bench_plugins.py`` (the peers bench's plug-ins) and the workload's
 prompts, straight to the stand-in and through vllm-router, with the engine's log-probs asked for and not
-(``--no-rollout-log-probs``). Reported per round: wall seconds, when the first and the last sample finished, and
-the CPU seconds this process spent (the rollout manager's share of a real run).
+(``--no-rollout-log-probs``), the replies streamed in pieces of ``--stream-interval`` tokens (the training default,
+64) and whole (0). Reported per round: wall seconds, when the first and the last sample finished, and the CPU
+seconds this process spent (the rollout manager's share of a real run).
 """
 
 import argparse
@@ -30,33 +31,47 @@ from tools.bench_peers import WORKLOADS, Workload  # noqa: E402
 REPLIES = 16
 
 
-def canned_replies(response_tokens: int, vocab: int, seed: int = 0) -> list[tuple[bytes, bytes]]:
-    """(without log-probs, with log-probs) JSON bodies of vLLM's generate route, ``response_tokens`` each; the
-    request id and prompt ids are spliced in per request (``{REQUEST}`` / ``{PROMPT}``)."""
+@dataclass(frozen=True)
+class CannedReply:
+    """One reply of ``response_tokens`` tokens as vLLM's generate route sends it, whole (request id and prompt
+    ids spliced in per request: ``body % (id, prompt)``) and streamed (the request id spliced into every piece:
+    ``b"".join(pieces) % {b"id": id}``), each without and with log-probs (index 0 and 1)."""
+    body: tuple[bytes, bytes]
+    pieces: tuple[bytes, bytes]
+
+
+def canned_replies(response_tokens: int, vocab: int, stream_interval: int, seed: int = 0) -> list[CannedReply]:
+    from vime_ext.engines.protocol import GenerateResult, stream_pieces
+
     rng = random.Random(seed)
-    bodies = []
+    replies = []
     for _ in range(REPLIES):
         ids = [rng.randrange(1000, vocab) for _ in range(response_tokens)]
         content = [{"token_id": t, "logprob": -5 * rng.random(), "token": f"token_id:{t}", "bytes": None,
                     "top_logprobs": []} for t in ids]
-        pair = []
+        bodies = []
         for logprobs in (None, {"content": content}):
             body = {"request_id": "{REQUEST}", "output_mode": "tokens", "prompt_token_ids": "{PROMPT}",
                     "choices": [{"index": 0, "finish_reason": "length", "token_ids": ids, "logprobs": logprobs}]}
-            pair.append(json.dumps(body).replace('"{REQUEST}"', '"%s"').replace('"{PROMPT}"', "%s").encode())
-        bodies.append(tuple(pair))
-    return bodies
+            bodies.append(json.dumps(body).replace('"{REQUEST}"', '"%s"').replace('"{PROMPT}"', "%s").encode())
+        result = GenerateResult(ids, [c["logprob"] for c in content], "length")
+        pieces = tuple(b"".join(stream_pieces("{REQUEST}", result, log_probs, stream_interval or None))
+                       .replace(b"{REQUEST}", b"%(id)s") for log_probs in (False, True))
+        replies.append(CannedReply(tuple(bodies), pieces))
+    return replies
 
 
-def serve_stand_in(port: int, round_size: int, response_tokens: int, vocab: int) -> None:
-    """The stand-in engine: holds requests until ``round_size`` have arrived, then answers them all."""
+def serve_stand_in(port: int, round_size: int, response_tokens: int, vocab: int, stream_interval: int) -> None:
+    """The stand-in engine: holds requests until ``round_size`` have arrived, then answers them all, whole or (a
+    request with ``"stream": true``) in pieces of ``stream_interval`` tokens, sent at once."""
     import asyncio
 
     import uvicorn
     from fastapi import FastAPI, Request
     from fastapi.responses import Response
 
-    app, replies, state = FastAPI(), canned_replies(response_tokens, vocab), {"arrived": 0, "round": None}
+    replies = canned_replies(response_tokens, vocab, stream_interval)
+    app, state = FastAPI(), {"arrived": 0, "round": None}
 
     @app.post("/inference/v1/generate")
     async def generate(request: Request):
@@ -69,9 +84,12 @@ def serve_stand_in(port: int, round_size: int, response_tokens: int, vocab: int)
             event.set()
             state["round"] = None
         await event.wait()
-        plain, with_log_probs = replies[hash(body["request_id"]) % REPLIES]
-        template = plain if body["sampling_params"].get("logprobs") is None else with_log_probs
-        return Response(template % (body["request_id"].encode(), json.dumps(body["token_ids"]).encode()),
+        reply = replies[hash(body["request_id"]) % REPLIES]
+        log_probs = int(body["sampling_params"].get("logprobs") is not None)
+        if body.get("stream"):
+            return Response(reply.pieces[log_probs] % {b"id": body["request_id"].encode()},
+                            media_type="text/event-stream")
+        return Response(reply.body[log_probs] % (body["request_id"].encode(), json.dumps(body["token_ids"]).encode()),
                         media_type="application/json")
 
     @app.get("/health")
@@ -85,6 +103,7 @@ def serve_stand_in(port: int, round_size: int, response_tokens: int, vocab: int)
 class Round:
     path: str  # "engine" (straight to the stand-in) or "router"
     log_probs: bool
+    streamed: bool
     round: int
     wall_s: float
     first_sample_s: float
@@ -92,7 +111,8 @@ class Round:
     client_cpu_s: float
 
 
-def rollout_round(url: str, workload: Workload, tokenizer, log_probs: bool, rollout_id: int) -> tuple:
+def rollout_round(url: str, workload: Workload, tokenizer, log_probs: bool, stream_interval: int,
+                  rollout_id: int) -> tuple:
     from vime_ext.data.prompt_dataset import PromptRecord
     from vime_ext.rollout.config import RolloutConfig
     from vime_ext.rollout.data_source import DataSource
@@ -101,7 +121,7 @@ def rollout_round(url: str, workload: Workload, tokenizer, log_probs: bool, roll
 
     config = RolloutConfig(rollout_batch_size=workload.prompts, n_samples_per_prompt=workload.samples,
                            rollout_max_response_len=workload.response_tokens, rollout_log_probs=log_probs,
-                           custom_generate_function_path="tools.bench_plugins.generate",
+                           rollout_stream_interval=stream_interval, custom_generate_function_path="tools.bench_plugins.generate",
                            custom_rm_path="tools.bench_plugins.reward")
     args = plugin_args([config])
     args.tokenizer, args.weight_version = tokenizer, 0
@@ -117,10 +137,11 @@ def rollout_round(url: str, workload: Workload, tokenizer, log_probs: bool, roll
 
 
 def table(rounds: list[Round]) -> str:
-    lines = ["| path | log-probs | round | wall s | first sample s | last sample s | client CPU s |",
-             "|---|---|---|---|---|---|---|"]
-    lines += [f"| {r.path} | {'yes' if r.log_probs else 'no'} | {r.round} | {r.wall_s:.2f} | {r.first_sample_s:.2f} "
-              f"| {r.last_sample_s:.2f} | {r.client_cpu_s:.2f} |" for r in rounds]
+    lines = ["| path | log-probs | replies | round | wall s | first sample s | last sample s | client CPU s |",
+             "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r.path} | {'yes' if r.log_probs else 'no'} | {'streamed' if r.streamed else 'whole'} | {r.round} "
+              f"| {r.wall_s:.2f} | {r.first_sample_s:.2f} | {r.last_sample_s:.2f} | {r.client_cpu_s:.2f} |"
+              for r in rounds]
     return "\n".join(lines)
 
 
@@ -128,6 +149,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="w1")
     parser.add_argument("--rounds", type=int, default=3, help="rounds per path and log-prob setting")
+    parser.add_argument("--stream-interval", type=int, default=64,
+                        help="tokens a piece of a streamed reply (--rollout-stream-interval); 0: whole replies only")
     parser.add_argument("--out", type=Path, help="write the rounds here as JSON")
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)  # the stand-in's own process: its port
     args = parser.parse_args(argv)
@@ -140,7 +163,7 @@ def main(argv=None) -> int:
 
     tokenizer = AutoTokenizer.from_pretrained(qwen_tokenizer_dir())
     if args.serve:
-        serve_stand_in(args.serve, round_size, workload.response_tokens, len(tokenizer))
+        serve_stand_in(args.serve, round_size, workload.response_tokens, len(tokenizer), args.stream_interval)
         return 0
 
     from vime_ext.engines.servers import launch_router, start_server, wait_until_serving
@@ -148,7 +171,8 @@ def main(argv=None) -> int:
 
     port = free_port()
     log_dir = str(args.out.parent) if args.out else None
-    command = [sys.executable, __file__, "--workload", args.workload, "--serve", str(port)]
+    command = [sys.executable, __file__, "--workload", args.workload, "--serve", str(port),
+               "--stream-interval", str(args.stream_interval)]
     stand_in = start_server("stand_in_engine", command, "127.0.0.1", port, {}, log_dir)
     router, rounds = None, []
     try:
@@ -157,9 +181,11 @@ def main(argv=None) -> int:
         wait_until_serving([router], timeout_s=60)
         for path, url in (("engine", stand_in.url), ("router", router.url)):
             for log_probs in (True, False):
-                for k in range(args.rounds):
-                    rounds.append(Round(path, log_probs, k, *rollout_round(url, workload, tokenizer, log_probs, k)))
-                    print(table(rounds[-1:]).splitlines()[-1], flush=True)
+                for interval in sorted({args.stream_interval, 0}, reverse=True):
+                    for k in range(args.rounds):
+                        timings = rollout_round(url, workload, tokenizer, log_probs, interval, k)
+                        rounds.append(Round(path, log_probs, interval > 0, k, *timings))
+                        print(table(rounds[-1:]).splitlines()[-1], flush=True)
     finally:
         for server in (router, stand_in):
             if server is not None:

@@ -445,8 +445,8 @@ case "${STAGE}" in
     done ;;
   peers)
     # tools/bench_peers.py's PEERS_WORKLOAD (w1, default: the random Qwen3-0.6B shape; w2: Qwen3-4B) on this GPU,
-    # PEERS in order (default: this project, then with streamed replies, and TRL, about 21 min at W1: 7 min each;
-    # add vime_ext_resident_stream, vime_ext_4_api_servers, verl, which needs the wheel set's --verl part, 4-6 min
+    # PEERS in order (default: this project, then with whole replies, and TRL, about 21 min at W1: 7 min each;
+    # add vime_ext_resident, vime_ext_4_api_servers, verl, which needs the wheel set's --verl part, 4-6 min
     # to start and about 100 s a step, so PEERS_TIME_LIMIT_S=1200 for its 7 steps, and vime_ext again for the
     # drift when a lease has room), then the engine-only path; into OUT/peers_<workload>, progress in OUT/peers.log.
     # A framework stopped at the limit keeps the steps it logged, marked in its row.
@@ -462,7 +462,7 @@ case "${STAGE}" in
     fi
     # shellcheck disable=SC2086
     python tools/bench_peers.py --workload "${workload}" --model-dir "${WORK}/${shape}-random" \
-      --out "${OUT_DIR}/peers_${workload}" --frameworks ${PEERS:-vime_ext vime_ext_stream trl} \
+      --out "${OUT_DIR}/peers_${workload}" --frameworks ${PEERS:-vime_ext vime_ext_whole trl} \
       --time-limit-s "${PEERS_TIME_LIMIT_S:-600}" >> "${OUT_DIR}/peers.log" 2>&1 || true
     python tools/bench_generate_path.py --workload "${workload}" --model-dir "${WORK}/${shape}-random" \
       --out "${OUT_DIR}/generate_path_${workload}" --rounds 1 >> "${OUT_DIR}/peers.log" 2>&1 ;;

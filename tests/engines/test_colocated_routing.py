@@ -110,8 +110,9 @@ def test_each_engine_receives_full_tensors_of_its_own_gpus_only(tmp_path):
 
 
 def test_rollout_stream_interval_reaches_the_vllm_engines_and_refuses_a_negative_one(tmp_path, tiny_hf_dirs):
-    """--rollout-stream-interval N starts vLLM engines with --stream-interval N (the client then asks for pieces),
-    unless --vllm-stream-interval gave one; the transformers engine gets no such flag (it answers one piece)."""
+    """--rollout-stream-interval N (default 64) starts vLLM engines with --stream-interval N (the client then asks
+    for pieces), unless --vllm-stream-interval gave one; 0 gives none (whole replies); the transformers engine gets
+    no such flag (it answers one piece)."""
     from vime_ext.arguments import ConfigError, parse_train_args
     from vime_ext.driver.rollout_manager import engine_args
 
@@ -122,7 +123,9 @@ def test_rollout_stream_interval_reaches_the_vllm_engines_and_refuses_a_negative
     assert engine_args(config, sharing(1), on_gpu=True)[-2:] == ["--stream-interval", "64"]
     given = parse_train_args(base + ["--rollout-stream-interval", "64", "--vllm-stream-interval", "16"])
     assert engine_args(given, sharing(1), on_gpu=True).count("--stream-interval") == 1
-    assert "--stream-interval" not in engine_args(parse_train_args(base), sharing(1), on_gpu=True)
+    assert engine_args(parse_train_args(base), sharing(1), on_gpu=True)[-2:] == ["--stream-interval", "64"]
+    whole = parse_train_args(base + ["--rollout-stream-interval", "0"])
+    assert "--stream-interval" not in engine_args(whole, sharing(1), on_gpu=True)
     hf = parse_train_args(base[:-1] + ["hf", "--rollout-stream-interval", "64"])
     assert "--stream-interval" not in engine_args(hf, sharing(1), on_gpu=False)
     with pytest.raises(ConfigError, match="--rollout-stream-interval must be 0"):

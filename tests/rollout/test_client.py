@@ -490,6 +490,18 @@ def test_a_streamed_reply_is_put_back_together_however_its_bytes_arrive():
     aborted.feed(f"data: {json.dumps(piece([1]))}\n\ndata: [DONE]\n\n".encode())
     assert aborted.result().finish_reason == "abort" and aborted.result().token_ids == [1]
 
+    # stream_pieces (the transformers engine's answer, the client bench's stand-in) writes the same stream
+    from vime_ext.engines.protocol import GenerateResult, stream_pieces
+
+    whole = GenerateResult([1, 2, 3, 4, 5], [-0.1, -0.2, -0.3, -0.4, -0.5], "length")
+    for interval, events_written in ((2, 4), (None, 2)):
+        written = stream_pieces("r", whole, interval=interval)
+        again = StreamedReply()
+        assert len(written) == events_written and [again.feed(e) for e in written][-1]
+        assert (again.result().token_ids, again.result().log_probs, again.result().finish_reason) == \
+            (whole.token_ids, whole.log_probs, "length")
+        assert json.loads(written[0][5:])["choices"][0]["finish_reason"] == (None if interval else "length")
+
     cut = StreamedReply()
     assert not cut.feed(events[:-5])
     with pytest.raises(StreamFailed, match="ended before data: \\[DONE\\]"):

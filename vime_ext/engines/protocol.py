@@ -167,12 +167,21 @@ class StreamedReply:
                               self.finish_reason or "abort")
 
 
-def stream_pieces(request_id: str, result: GenerateResult, log_probs: bool = True) -> list[bytes]:
-    """A whole result as the events of a streamed reply (one piece, then ``[DONE]``), as the transformers backend
-    answers ``"stream": true``."""
+def stream_pieces(request_id: str, result: GenerateResult, log_probs: bool = True,
+                  interval: int | None = None) -> list[bytes]:
+    """A whole result as the events of a streamed reply: pieces of ``interval`` tokens (None: one piece, as the
+    transformers backend answers ``"stream": true``), the finish reason on the last, then ``[DONE]``."""
     choice = generate_response(request_id, [], result, log_probs)["choices"][0]
-    piece = json.dumps({"request_id": request_id, "choices": [choice]})
-    return [f"data: {piece}\n\n".encode(), b"data: [DONE]\n\n"]
+    ids, entries = choice["token_ids"], (choice["logprobs"] or {}).get("content")
+    size = interval or max(len(ids), 1)
+    events = []
+    for start in range(0, max(len(ids), 1), size):
+        last = start + size >= len(ids)
+        piece = {"index": 0, "finish_reason": choice["finish_reason"] if last else None,
+                 "token_ids": ids[start:start + size],
+                 "logprobs": {"content": entries[start:start + size]} if entries is not None else None}
+        events.append(f"data: {json.dumps({'request_id': request_id, 'choices': [piece]})}\n\n".encode())
+    return events + [b"data: [DONE]\n\n"]
 
 
 def generate_response(request_id: str, prompt_ids: list[int], result: GenerateResult, log_probs: bool = True) -> dict:
