@@ -121,7 +121,8 @@ def rollout_round(url: str, workload: Workload, tokenizer, log_probs: bool, stre
 
     config = RolloutConfig(rollout_batch_size=workload.prompts, n_samples_per_prompt=workload.samples,
                            rollout_max_response_len=workload.response_tokens, rollout_log_probs=log_probs,
-                           rollout_stream_interval=stream_interval, custom_generate_function_path="tools.bench_plugins.generate",
+                           rollout_stream_interval=stream_interval,
+                           custom_generate_function_path="tools.bench_plugins.generate",
                            custom_rm_path="tools.bench_plugins.reward")
     args = plugin_args([config])
     args.tokenizer, args.weight_version = tokenizer, 0

@@ -14,6 +14,8 @@ the search returned are acted on, by the ids and texts it returned. The calls, i
    search for the question finds it first (an evidence memory alone can lose its place: a date written into it
    lengthens it, and a speaker's other trips or jobs compete with it);
    steps 2-4 only when the search showed all of the question's evidence (a part stated as the answer misleads);
+   ``--no-answer-note`` leaves step 4 out: the 135M policy, trained on it, copies the wrong session's fact into
+   the note on questions that name a month, and the reader then answers from that note (docs/mem_update.md);
 5. ``delete_memory``: noise memories that the search returned (at most two);
 6. a final reply without a call.
 
@@ -22,7 +24,7 @@ the system and user prompts and the tool list are ``rollout.py``'s. One chat per
 tools under ``tools``), from the training split only (``prepare_data.py``'s split and seed):
 
     python -m examples.mem_update.demonstrations --locomo data/mem_update/locomo_generated.json \\
-        --out data/mem_update/sft.jsonl [--retriever embedding|bm25] [--n-test 3] [--seed 42]
+        --out data/mem_update/sft.jsonl [--retriever embedding|bm25] [--n-test 3] [--seed 42] [--no-answer-note]
 """
 
 import argparse
@@ -60,8 +62,10 @@ def _evidence(memory) -> set[str]:
     return set(memory.metadata.get("evidence", []))
 
 
-def plan_and_play(conversation: Conversation, item: dict, box: ToolBox) -> list[tuple[ToolCall, dict]]:
-    """The calls for ``item`` (chosen as the module says) and each one's real result, in order."""
+def plan_and_play(conversation: Conversation, item: dict, box: ToolBox,
+                  answer_note: bool = True) -> list[tuple[ToolCall, dict]]:
+    """The calls for ``item`` (chosen as the module says; step 4 only with ``answer_note``) and each one's real
+    result, in order."""
     played = []
 
     def play(call: ToolCall) -> dict:
@@ -93,7 +97,7 @@ def plan_and_play(conversation: Conversation, item: dict, box: ToolBox) -> list[
     if len(kept) > 1:
         merged = play(_call("merge_memory", memory_ids=kept, strategy="concatenate"))["merged"]
         kept, text = [merged["id"]], {merged["id"]: merged["content"]}
-    if kept:  # the answer, in the question's words, from what the chat shows (the evidence as now written)
+    if kept and answer_note:  # the answer in the question's words, from what the chat shows (the evidence as written)
         play(_call("manage_memory", operation="create", memory_type="semantic",
                    content=f"Asked \"{item['question']}\", the conversation says: {text[kept[0]]}"))
     noise = [m.id for m in shown if m.id in box.namespace and not _evidence(m) & asked]  # merges removed some
@@ -102,7 +106,8 @@ def plan_and_play(conversation: Conversation, item: dict, box: ToolBox) -> list[
     return played
 
 
-def demonstration(conversation: Conversation, item: dict, settings: MemUpdateSettings) -> Demonstration:
+def demonstration(conversation: Conversation, item: dict, settings: MemUpdateSettings,
+                  answer_note: bool = True) -> Demonstration:
     """One episode for ``item``: its chat (system, user, then a call and its result per turn, then the final
     reply), played on a fresh namespace of the conversation's memories."""
     namespace = STORE.create(conversation.memories)
@@ -110,7 +115,7 @@ def demonstration(conversation: Conversation, item: dict, settings: MemUpdateSet
     slot = Sample(prompt=item["question"], metadata={"memories": conversation.memories})
     messages = episode_messages(slot, settings, len(namespace))
     try:
-        played = plan_and_play(conversation, item, box)
+        played = plan_and_play(conversation, item, box, answer_note)
     except BaseException:
         STORE.drop(namespace.name)
         raise
@@ -123,7 +128,7 @@ def demonstration(conversation: Conversation, item: dict, settings: MemUpdateSet
 
 
 def write_demonstrations(locomo: str | Path, out: str | Path, settings: MemUpdateSettings, n_test: int = 3,
-                         seed: int = 42, n_val: int = 0) -> tuple[Path, dict[str, int]]:
+                         seed: int = 42, n_val: int = 0, answer_note: bool = True) -> tuple[Path, dict[str, int]]:
     """Demonstrations for every QA item of the training split (prepare_data.py's, from the same ``n_test``,
     ``seed`` and ``n_val``); returns the path and the calls per tool."""
     conversations, _ = load_locomo(locomo)
@@ -134,7 +139,7 @@ def write_demonstrations(locomo: str | Path, out: str | Path, settings: MemUpdat
     with out.open("w", encoding="utf-8") as f:
         for conversation in train:
             for k, item in enumerate(conversation.qa):
-                demo = demonstration(conversation, item, settings)
+                demo = demonstration(conversation, item, settings, answer_note)
                 STORE.drop(demo.namespace)
                 for name in demo.calls:
                     counts[name] = counts.get(name, 0) + 1
@@ -152,9 +157,11 @@ def main(argv=None) -> None:
     parser.add_argument("--n-test", type=int, default=3, help="held-out conversations (as prepare_data.py)")
     parser.add_argument("--n-val", type=int, default=0, help="validation conversations (as prepare_data.py)")
     parser.add_argument("--seed", type=int, default=42, help="the split's seed (as prepare_data.py)")
+    parser.add_argument("--no-answer-note", dest="answer_note", action="store_false",
+                        help="leave out the note that states the question and its evidence (step 4)")
     args = parser.parse_args(argv)
     path, counts = write_demonstrations(args.locomo, args.out, MemUpdateSettings(retriever=args.retriever),
-                                        args.n_test, args.seed, args.n_val)
+                                        args.n_test, args.seed, args.n_val, args.answer_note)
     print(f"{path}: calls per tool {json.dumps(counts)}")
 
 

@@ -108,3 +108,28 @@ def test_every_call_uses_only_what_the_chat_has_shown(locomo):
                         assert arguments["content"].split("says: ", 1)[1] in seen.replace('\\"', '"')
                     checked += 1
     assert checked > 100
+
+
+def test_without_the_answer_note_the_episode_is_the_same_less_its_create(locomo, tmp_path):
+    """--no-answer-note (step 4 left out): the same calls with the same results, less the note's create; the file
+    written by the command line holds no create at all."""
+    from examples.mem_update.demonstrations import main
+
+    compared = 0
+    for conversation in load_locomo(locomo)[0][:2]:
+        for item in conversation.qa:
+            with_note, without = (demonstration(conversation, item, SETTINGS, note) for note in (True, False))
+            STORE.drop(with_note.namespace), STORE.drop(without.namespace)
+            kept = with_note.messages
+            creates = [i for i, m in enumerate(kept) if m.get("tool_calls")
+                       and m["tool_calls"][0]["function"]["arguments"].get("operation") == "create"]
+            if creates:  # the note's call and its result
+                kept, compared = kept[:creates[0]] + kept[creates[0] + 2:], compared + 1
+            assert [m.get("tool_calls") for m in without.messages] == [m.get("tool_calls") for m in kept]
+    assert compared > 3
+    out = tmp_path / "sft.jsonl"
+    main(["--locomo", str(locomo), "--out", str(out), "--retriever", "bm25", "--n-test", "2", "--n-val", "1",
+          "--no-answer-note"])
+    calls = [m["tool_calls"][0]["function"] for r in read_chats(out) for m in r.prompt if m.get("tool_calls")]
+    assert calls and not any(c["arguments"].get("operation") == "create" for c in calls)
+    assert len(STORE) == 0
