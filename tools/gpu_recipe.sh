@@ -303,7 +303,7 @@ base_rows() {
 base_rows_model() {
   local model=$1 share=$2
   shift 2
-  MODEL_PATH=$(python -m vime_ext.models.packaged "${model}" | tail -1) DATA_ROOT="${WORK}/real/test" \
+  MODEL_PATH=$(source _common.sh && model_dir "${model}") DATA_ROOT="${WORK}/real/test" \
     LENGTH="0 2 $*" SAVE_DIR="${OUT_DIR}/base_rows" SAVE_FILE="${model}" N_PROC="${N_PROC:-128}" LENGTHS_AT_ONCE=1 \
     AT_ONCE_MAX_DOCS="${AT_ONCE_MAX_DOCS:-800}" MEM_CHUNK_TOKENS=5000 MEM_MAX_MEMORY=1024 \
     MAX_MODEL_LEN="${MAX_MODEL_LEN:-8192}" bash examples/mem_agent/run-eval.sh \

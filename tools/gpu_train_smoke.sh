@@ -13,7 +13,7 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} HF_HUB_OFFLINE=1 VIME_EXT_CACH
 ENGINE=${ENGINE:-vllm} DTYPE=${DTYPE:-bf16} NUM_ROLLOUT=${NUM_ROLLOUT:-8}
 OUT_DIR=${VIME_EXT_OUT:-/tmp}/gpu_train_${ENGINE}_${DTYPE}
 mkdir -p "$OUT_DIR"
-HF_DIR=$(python3 -c "from vime_ext.models.packaged import smollm2_hf_dir; print(smollm2_hf_dir())" | tail -1)
+HF_DIR=$(source _common.sh && model_dir smollm2-135m)
 python3 -m vime_ext.data.synthetic --task one_word --num 256 --out "$OUT_DIR/yesno.jsonl"
 ARGS=(--engine-backend "$ENGINE")
 case "$ENGINE" in
