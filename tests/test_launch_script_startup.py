@@ -65,6 +65,7 @@ def test_qwen3_4b_script_starts_ray_and_trains_on_the_cpu(tmp_path, monkeypatch)
     saved = [s for g in groups for s in g]
     figures = json.loads(replay.read_text())
     assert figures["samples"] == 4 and figures["seconds"] > 0
+    assert figures["stream_interval"] == 64  # replies asked for as the loop asked (the transformers engine: one piece)
     assert figures["sequences"] == sum(len(s.turns) + 1 for s in saved)
     assert figures["generated_tokens"] == sum(s.response_length + sum(len(t.loss_mask) for t in s.turns)
                                               for s in saved)  # every length reproduced

@@ -7,7 +7,9 @@ The loop saves its rollouts with ``--save-debug-rollout-data RUN/rollouts``. Thi
 sends its sequences in the order the rollout made them (a multi-turn sample's ``turns``, then its final
 sequence), each with the same prompt tokens and generating exactly the number of tokens the loop's engine
 generated (``ignore_eos``), all trajectories at once (the rollout's own client allows 256 requests in flight).
-The engine is started here with the same flags the loop gave it, and started alone: nothing else on its device.
+The engine is started here with the same flags the loop gave it, and started alone: nothing else on its device;
+the replies come as the loop's did, in pieces of ``--rollout-stream-interval`` tokens (the loop's default, 64) or
+whole (0).
 Prints and writes seconds, sequences and tokens per second.
 """
 
@@ -22,7 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from vime_ext.agent.sample import Sample  # noqa: E402
 from vime_ext.engines.client import RolloutClient  # noqa: E402
 from vime_ext.engines.protocol import SamplingParams  # noqa: E402
-from vime_ext.engines.servers import EngineConfig, launch_engine, split_vllm_args, wait_until_serving  # noqa: E402
+from vime_ext.engines.servers import (EngineConfig, launch_engine, split_vllm_args,  # noqa: E402
+                                      stream_interval_args, wait_until_serving)
+from vime_ext.rollout.config import RolloutConfig  # noqa: E402
 from vime_ext.rollout.debug_data import load_rollout  # noqa: E402
 
 LOOP_CONCURRENCY = 256  # vime_ext/rollout/rollout.py's client
@@ -35,8 +39,8 @@ def trajectory_requests(sample: Sample) -> list[tuple[list[int], int]]:
     return [(tokens[:len(tokens) - generated], generated) for tokens, generated in sequences if generated > 0]
 
 
-async def replay(url: str, samples: list[Sample], temperature: float) -> dict[str, float]:
-    client = RolloutClient(url, max_concurrency=LOOP_CONCURRENCY, timeout_s=3600)
+async def replay(url: str, samples: list[Sample], temperature: float, stream: bool) -> dict[str, float]:
+    client = RolloutClient(url, max_concurrency=LOOP_CONCURRENCY, timeout_s=3600, stream=stream)
     counts = {"sequences": 0, "prompt_tokens": 0, "generated_tokens": 0}
 
     async def one(sample: Sample) -> None:
@@ -66,21 +70,24 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--engine-dtype", default="auto")
     parser.add_argument("--engine-max-model-len", type=int)
     parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--rollout-stream-interval", type=int, default=RolloutConfig.rollout_stream_interval,
+                        help="as the loop's: replies in pieces of this many tokens; 0: whole replies")
     parser.add_argument("--out", type=Path, help="write the figures here as JSON")
     args = parser.parse_args(own)
     groups, _ = load_rollout(args.rollout_data, args.rollout_id)
     samples = [s for g in groups for s in g]
+    interval = args.rollout_stream_interval
+    extra = vllm_args + stream_interval_args(interval, args.engine_backend, vllm_args)
     engine = launch_engine(EngineConfig(args.hf_checkpoint, backend=args.engine_backend, dtype=args.engine_dtype,
-                                        max_model_len=args.engine_max_model_len, extra_args=vllm_args,
-                                        rl_routes=False))
+                                        max_model_len=args.engine_max_model_len, extra_args=extra, rl_routes=False))
     try:
         wait_until_serving([engine], timeout_s=900)
         # One short request first, so that the replay does not time the engine's first-request warm-up.
-        asyncio.run(replay(engine.url, samples[:1], args.temperature))
-        figures = asyncio.run(replay(engine.url, samples, args.temperature))
+        asyncio.run(replay(engine.url, samples[:1], args.temperature, interval > 0))
+        figures = asyncio.run(replay(engine.url, samples, args.temperature, interval > 0))
     finally:
         engine.stop()
-    report = {"rollout_id": args.rollout_id, "samples": len(samples), **figures}
+    report = {"rollout_id": args.rollout_id, "samples": len(samples), "stream_interval": interval, **figures}
     print(json.dumps(report))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

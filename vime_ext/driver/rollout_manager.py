@@ -16,8 +16,8 @@ from vime_ext.arguments import TrainConfig
 from vime_ext.engines.engine_watchdog import EngineWatchdog
 from vime_ext.engines.generation_gate import GenerationGate
 from vime_ext.engines.reward_engine import RewardModelEngine
-from vime_ext.engines.servers import (EngineConfig, ServerProcess, has_flag, in_memory_share, launch_engine,
-                                      launch_router, start_together, wait_until_serving)
+from vime_ext.engines.servers import (EngineConfig, ServerProcess, in_memory_share, launch_engine, launch_router,
+                                      start_together, stream_interval_args, wait_until_serving)
 from vime_ext.engines.weight_sync import WeightSync, WeightTarget
 from vime_ext.gpu_sharing import EnginePlacement, GpuSharing
 from vime_ext.net import free_port
@@ -28,11 +28,9 @@ from vime_ext.rollout.rollout import RolloutOutput, run_rollout
 def engine_args(config: TrainConfig, sharing: GpuSharing, on_gpu: bool) -> list[str]:
     """The policy engines' server flags: the run's --vllm-* flags, the GPU-sharing layout's, and vLLM's
     --stream-interval for --rollout-stream-interval (unless given as --vllm-stream-interval)."""
-    extra = list(config.vllm_args) + sharing.engine_flags(config.vllm_args, on_gpu)
-    interval = config.rollout.rollout_stream_interval
-    if interval > 0 and config.cluster.engine_backend == "vllm" and not has_flag(config.vllm_args, "--stream-interval"):
-        extra += ["--stream-interval", str(interval)]
-    return extra
+    return (list(config.vllm_args) + sharing.engine_flags(config.vllm_args, on_gpu)
+            + stream_interval_args(config.rollout.rollout_stream_interval, config.cluster.engine_backend,
+                                   config.vllm_args))
 
 
 class RolloutManager:

@@ -206,6 +206,15 @@ def has_flag(args: list[str], flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in args)
 
 
+def stream_interval_args(interval: int, backend: str, vllm_args: list[str]) -> list[str]:
+    """vLLM's ``--stream-interval`` for a client that asks for replies in pieces of ``interval`` tokens
+    (``--rollout-stream-interval``; 0: whole replies, no flag), unless ``vllm_args`` give one; the transformers
+    engine answers a streamed request with one piece and takes no such flag."""
+    if interval > 0 and backend == "vllm" and not has_flag(vllm_args, "--stream-interval"):
+        return ["--stream-interval", str(interval)]
+    return []
+
+
 def without_flag(args: list[str], flag: str) -> list[str]:
     """``args`` less ``flag`` and its value (``--flag value`` or ``--flag=value``)."""
     kept, skip = [], False
