@@ -494,11 +494,12 @@ def handover_step(out_dir: str, flags: list[str], handover: bool) -> None:
                     if t.device.type == device and t.untyped_storage().data_ptr() not in weight_storages]
 
         tensors = actor.optimizer.handover_tensors()
-        others = handed(tensors.kept + tensors.state + list(actor.ref_model.parameters())
-                        + list(actor.critic.model.parameters()))
         # The optimizers' own state (masters and moments that are not the weights themselves): off the device
-        # until the next step needs it, not back with the rest
+        # until the next step needs it, not back with the rest (or, --no-offload-optimizer-state, never moved)
         state = handed(tensors.state + actor.critic.optimizer.handover_tensors().state)
+        state_moves = config.cluster.offload_optimizer_state
+        others = handed(tensors.kept + (tensors.state if state_moves else []) + list(actor.ref_model.parameters())
+                        + list(actor.critic.model.parameters()))
         state_gb = sum({t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in state}.values()) / 2**30
         first = actor.release_memory(keep_weights=True)
         report["weights_kept"] = all(w.untyped_storage().nbytes() > 0 for w in weights)
@@ -509,6 +510,7 @@ def handover_step(out_dir: str, flags: list[str], handover: bool) -> None:
         report["restored_gb"] = actor.restore_memory()["handover_gb"]
         report["state_gb"] = state_gb
         report["state_away_after_restore"] = all(t.untyped_storage().nbytes() == 0 for t in state)
+        report["state_in_place_throughout"] = not state_moves and all(t.untyped_storage().nbytes() > 0 for t in state)
         # A second round: the reference model's host copy is reused, not made again.
         third = actor.release_memory()
         actor.restore_memory()

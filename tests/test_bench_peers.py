@@ -45,6 +45,8 @@ def test_the_gpu_command_passes_train_py_s_parser(tmp_path, tiny_hf_dirs):
     real = vime_ext_command(WORKLOADS["w1"], tiny_hf_dirs["qwen3"], tmp_path / "p.jsonl", tmp_path, gpu=True)
     resident = parse_train_args(real[3:] + list(RUNNERS["vime_ext_resident"].keywords["flags"]))
     assert GpuSharing.from_config(resident, on_gpu=True).mode is Mode.RESIDENT
+    state = parse_train_args(real[3:] + list(RUNNERS["vime_ext_state_resident"].keywords["flags"]))
+    assert not state.cluster.offload_optimizer_state and state.cluster.offload_train
 
 
 def test_result_leaves_the_warm_up_out_and_the_table_compares_with_this_project():

@@ -23,7 +23,8 @@ from its own site, ``$VERL_SITE``). A framework named twice runs twice, the seco
 project's run with ``--no-rollout-log-probs`` (the engine answers token ids only), ``vime_ext_4_api_servers`` with
 four API-server processes on its engine, ``vime_ext_whole`` with ``--rollout-stream-interval 0`` (whole replies,
 the default until 2026-11-30: ``vime_ext`` streams them in pieces of 64 tokens), ``vime_ext_resident`` with trainer
-and engine resident (``--no-offload-train --no-offload-rollout``);
+and engine resident (``--no-offload-train --no-offload-rollout``), ``vime_ext_state_resident`` with the optimizers'
+state left on the GPU at each hand-over (``--no-offload-optimizer-state``);
 ``verl_bypass`` is verl in its bypass mode (the rollout's log-probs as the old ones, no separate pass).
 """
 
@@ -232,7 +233,9 @@ RUNNERS = {"vime_ext": run_vime_ext, "trl": run_trl, "verl": run_verl,
            # Rollout engines)
            "vime_ext_whole": functools.partial(run_vime_ext, flags=("--rollout-stream-interval", "0")),
            # trainer and engine resident side by side: no hand-over between steps
-           "vime_ext_resident": functools.partial(run_vime_ext, flags=("--no-offload-train", "--no-offload-rollout"))}
+           "vime_ext_resident": functools.partial(run_vime_ext, flags=("--no-offload-train", "--no-offload-rollout")),
+           # the hand-over without the optimizers' state: it stays on the GPU while the engine generates
+           "vime_ext_state_resident": functools.partial(run_vime_ext, flags=("--no-offload-optimizer-state",))}
 
 
 def result(framework: str, workload: Workload, steps: list[dict], gpus: int, wall: float,

@@ -68,6 +68,11 @@ class ClusterConfig:
         "and training: for models small enough that both fit", True)
     offload_rollout: bool = _help("with --colocate: the engines sleep while the trainer trains (slime's name); "
                                   "see --offload-train", True)
+    offload_optimizer_state: bool = _help(
+        "with --colocate and the hand-over: the optimizers' state (fp32 masters, Adam moments) leaves the GPU with "
+        "the rest and comes back for the next optimizer step. --no-offload-optimizer-state keeps it on the GPU "
+        "while the engines generate (verl's optimizer_offload=False), which saves copying it out and back (48 GB "
+        "for a 4B model) where it fits beside the engines' share", True)
     engine_sleep_level: Literal[1, 2] = field(default=1, metadata={
         "help": "colocated vLLM's sleep: 1 copies the weights to host memory and back; 2 drops them (and keeps "
                 "the model's buffers), since the weight push after every wake replaces them all"})

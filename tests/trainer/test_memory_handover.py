@@ -19,17 +19,23 @@ from vime_ext.trainer.memory_handover import MemoryHandover, describe_pinned_seg
 PPO = ["--advantage-estimator", "ppo", "--kl-coef", "0.05", "--critic-lr", "1e-3"]
 
 
-@pytest.mark.parametrize("cuda_flags", [pytest.param(DISTRIBUTED, id="distributed"),
-                                        pytest.param(OFFLOAD, id="offload", marks=OFFLOAD_NEEDS_CUDA)])
-def test_training_after_a_handover_equals_training_without(cuda_flags, tiny_hf_dirs, tmp_path):
-    flags = trainer_flags(tiny_hf_dirs, tmp_path, 1, cuda_flags) + PPO
+@pytest.mark.parametrize("cuda_flags,flags", [
+    pytest.param(DISTRIBUTED, [], id="distributed"),
+    pytest.param(OFFLOAD, [], id="offload", marks=OFFLOAD_NEEDS_CUDA),
+    pytest.param(DISTRIBUTED, ["--no-offload-optimizer-state"], id="optimizer-state-kept")])
+def test_training_after_a_handover_equals_training_without(cuda_flags, flags, tiny_hf_dirs, tmp_path):
+    flags = trainer_flags(tiny_hf_dirs, tmp_path, 1, cuda_flags) + PPO + flags
     for handover in (False, True):
         run_on_ranks(dist_workers.handover_step, 1, str(tmp_path), flags, handover, isolate=True)
     plain, moved = (json.loads((tmp_path / f"{tag}.json").read_text()) for tag in ("plain", "handover"))
     assert moved["weights_kept"] and moved["others_released"] and moved["weights_released"]
-    # The optimizer's state is not brought back with the rest, only by the next step
-    assert moved["state_gb"] > 0 and moved["state_away_after_restore"] and moved["state_back_after_step"]
-    assert moved["released_gb"] == pytest.approx(moved["restored_gb"] + moved["state_gb"]) and moved["restored_gb"] > 0
+    assert moved["state_gb"] > 0
+    if "--no-offload-optimizer-state" in flags:  # the state never leaves: neither copied nor freed
+        assert moved["state_in_place_throughout"] and moved["released_gb"] == pytest.approx(moved["restored_gb"])
+    else:  # the optimizer's state is not brought back with the rest, only by the next step
+        assert moved["state_away_after_restore"] and moved["state_back_after_step"]
+        assert moved["released_gb"] == pytest.approx(moved["restored_gb"] + moved["state_gb"])
+    assert moved["restored_gb"] > 0
     # The reference model is copied out once; later rounds copy only what training changes.
     assert 0 < moved["second_round_copied_gb"] < moved["first_round_copied_gb"]
     before, after = (torch.load(tmp_path / f"{tag}_weights.pt") for tag in ("plain", "handover"))
@@ -69,6 +75,19 @@ def test_optimizer_state_comes_back_only_when_asked_for():
     handover.restore()
     assert handover.restore_state().released_gb * 2**30 == 12 and torch.equal(moments, torch.full((3,), 2.5))
     assert handover.restore_state().released_gb == 0  # in place: nothing to do
+
+
+def test_optimizer_state_kept_in_place_is_never_copied():
+    """``keep_state`` (``--no-offload-optimizer-state``): the optimizers' state stays where it is, neither copied
+    nor freed, while the rest goes; a master that is the weight itself still goes with the weight."""
+    weights, moments = torch.arange(4, dtype=torch.float32), torch.full((3,), 2.5)
+    handover = MemoryHandover("cpu")
+    stats = handover.release([weights], state=[moments, weights], keep_state=True)
+    assert stats.copied_gb * 2**30 == 16 and stats.released_gb * 2**30 == 16
+    assert moments.untyped_storage().nbytes() == 12 and weights.untyped_storage().nbytes() == 0
+    handover.restore()
+    assert handover.restore_state().released_gb == 0 and torch.equal(moments, torch.full((3,), 2.5))
+    assert torch.equal(weights, torch.arange(4, dtype=torch.float32))
 
 
 def test_pinned_segments_are_named_largest_first():

@@ -144,8 +144,8 @@ class TrainActor:
 
     def release_memory(self, keep_weights: bool = False) -> dict[str, float]:
         """Hand this rank's accelerator memory over (``memory_handover``): weights, gradient buffers, optimizer
-        state, the reference model and the critic. ``keep_weights`` keeps the policy's weights for a push; a
-        second call releases them. Returns what moved and the memory left."""
+        state (unless ``--no-offload-optimizer-state``), the reference model and the critic. ``keep_weights`` keeps
+        the policy's weights for a push; a second call releases them. Returns what moved and the memory left."""
         weights = list(self.model.parameters())
         policy = self.optimizer.handover_tensors()
         kept, zeroed, state = policy.kept, policy.zeroed, policy.state
@@ -156,7 +156,7 @@ class TrainActor:
             zeroed += critic.zeroed
             state += critic.state
         stats = self._handover.release(kept + weights, zeroed, constant, spare=weights if keep_weights else (),
-                                       state=state)
+                                       state=state, keep_state=not self.config.cluster.offload_optimizer_state)
         return {**stats.metrics(), **memory_snapshot()}
 
     def restore_memory(self) -> dict[str, float]:

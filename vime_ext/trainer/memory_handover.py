@@ -79,11 +79,12 @@ class MemoryHandover:
 
     def release(self, kept: list[torch.Tensor], zeroed: list[torch.Tensor] = (),
                 constant: list[torch.Tensor] = (), spare: list[torch.Tensor] = (),
-                state: list[torch.Tensor] = ()) -> HandoverStats:
-        """Free the storages of ``kept`` (copied out first), ``state`` (copied out; back at ``restore_state``),
-        ``constant`` (copied out the first time) and ``zeroed`` (not copied), except those of ``spare`` (still
-        needed: released by a later call). A storage named twice keeps the policy that restores it soonest and
-        preserves most; one released already is left as it is."""
+                state: list[torch.Tensor] = (), keep_state: bool = False) -> HandoverStats:
+        """Free the storages of ``kept`` (copied out first), ``state`` (copied out; back at ``restore_state``;
+        left in place with ``keep_state``), ``constant`` (copied out the first time) and ``zeroed`` (not copied),
+        except those of ``spare`` (still needed: released by a later call). A storage named twice keeps the policy
+        that restores it soonest and preserves most (a master that is the weight goes with the weight, even with
+        ``keep_state``); one released already is left as it is."""
         start = time.perf_counter()
         stats = HandoverStats()
         spared = {t.untyped_storage()._cdata for t in spare if t is not None}
@@ -101,6 +102,8 @@ class MemoryHandover:
                     chosen[key] = (storage, policy)
         newly = []
         for key, (storage, policy) in chosen.items():
+            if policy == "state" and keep_state:
+                continue
             if not storage.resizable():
                 stats.skipped.append(f"{storage.nbytes()} bytes on {storage.device}")
                 continue
