@@ -462,6 +462,10 @@ def _check(config: TrainConfig) -> None:
         elif cl.engine_sleep_level != 1:
             problems.append(f"--engine-sleep-level {cl.engine_sleep_level} with --no-offload-rollout: resident "
                             "engines never sleep; drop it")
+    if not cl.offload_optimizer_state and not (cl.colocate and cl.offload_train and not r.async_training):
+        problems.append("--no-offload-optimizer-state keeps the optimizers' state on the GPU through the colocated "
+                        "hand-over; with no hand-over (no --colocate, resident, or --async-training) it stays there "
+                        "anyway: drop it")
     if cl.engine_sleep_level != 1 and not cl.colocate:
         problems.append(f"--engine-sleep-level {cl.engine_sleep_level} sets how colocated engines sleep; these "
                         "engines have GPUs of their own and never sleep: add --colocate or drop it")

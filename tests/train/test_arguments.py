@@ -45,6 +45,8 @@ def test_typed_sections_and_vllm_pass_through(base):
     (["--eps-clip", "0.2", "--eps-clip-high", "0.1"], "below --eps-clip"),
     (["--colocate", "--rollout-num-gpus", "2"], "drop --rollout-num-gpus"),
     (["--engine-sleep-level", "2"], "--engine-sleep-level 2 sets how colocated engines sleep"),
+    (["--no-offload-optimizer-state"], "with no hand-over"),
+    (["--colocate", "--async-training", "--no-offload-optimizer-state"], "with no hand-over"),
     (["--actor-num-gpus-per-node", "3", "--tensor-model-parallel-size", "2"], "TP x PP"),
     (["--use-dynamic-batch-size"], "--max-tokens-per-gpu go together"),
     (["--save-interval", "2"], "--save-interval needs --save"),

@@ -22,7 +22,7 @@ PPO = ["--advantage-estimator", "ppo", "--kl-coef", "0.05", "--critic-lr", "1e-3
 @pytest.mark.parametrize("cuda_flags,flags", [
     pytest.param(DISTRIBUTED, [], id="distributed"),
     pytest.param(OFFLOAD, [], id="offload", marks=OFFLOAD_NEEDS_CUDA),
-    pytest.param(DISTRIBUTED, ["--no-offload-optimizer-state"], id="optimizer-state-kept")])
+    pytest.param(DISTRIBUTED, ["--colocate", "--no-offload-optimizer-state"], id="optimizer-state-kept")])
 def test_training_after_a_handover_equals_training_without(cuda_flags, flags, tiny_hf_dirs, tmp_path):
     flags = trainer_flags(tiny_hf_dirs, tmp_path, 1, cuda_flags) + PPO + flags
     for handover in (False, True):
