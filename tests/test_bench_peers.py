@@ -67,6 +67,30 @@ def test_result_leaves_the_warm_up_out_and_the_table_compares_with_this_project(
         result("vime_ext", tiny, steps[:2], gpus=1, wall=1.0)
 
 
+def test_the_table_rebuilds_a_run_cut_off_before_its_result_from_its_metrics(tmp_path, capsys):
+    """A lease that ends as a run logs its last step leaves no result file (W2's streamed row, 2026-11-30):
+    ``--table`` makes that row from the run's metrics file, as the bench would have, and says so; a folder
+    without steps, or not a framework's, adds nothing."""
+    from tools.bench_peers import main
+
+    tiny = WORKLOADS["tiny"]  # 1 warm-up step, 2 timed
+    ours = result("vime_ext", tiny, [{"time/total": 5.0}] * 3, gpus=1, wall=9.0)
+    (tmp_path / "vime_ext.result.json").write_text(json.dumps(ours))
+    logged = tmp_path / "vime_ext_whole" / "vime_ext_tb"
+    logged.mkdir(parents=True)
+    (logged / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [
+        {"step": 0, "time/total": 9.0}, {"step": 0, "perf/tokens": 1.0},  # train.py's other lines are skipped
+        {"step": 1, "time/total": 10.0, "time/rollout": 6.0}, {"step": 2, "time/total": 12.0, "time/rollout": 7.0}]))
+    (tmp_path / "trl").mkdir()  # started, no step yet
+    (tmp_path / "engines").mkdir()  # not a framework's
+    assert main(["--table", "--out", str(tmp_path), "--workload", "tiny"]) == 0
+    rows = capsys.readouterr().out.strip().splitlines()
+    assert len(rows) == 4 and rows[2].startswith("| vime_ext | 5.00 |")
+    assert rows[3].startswith("| vime_ext_whole (cut off before its result, from its metrics file: 2 of 2 timed "
+                              "steps) | 11.00 |") and rows[3].endswith("| 2.20x |")
+    assert not (tmp_path / "vime_ext_whole.result.json").exists()  # the table only reads
+
+
 def test_trl_scores_a_completion_as_this_project_does_and_its_untimed_phases_show_as_such():
     """tools/bench_trl.py's reward is the bench plug-in's on the same text; a row from TRL's steps (which time the
     generation and the weight sync, not the log-prob and training passes apart) shows those as "-", not 0."""

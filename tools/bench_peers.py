@@ -177,6 +177,20 @@ def jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def vime_ext_steps(out: Path, name: str) -> list[dict]:
+    return [r for r in jsonl(out / name / "vime_ext_tb" / "metrics.jsonl") if "time/total" in r]
+
+
+def trl_steps(out: Path, name: str) -> list[dict]:
+    return jsonl(out / name / "trl_steps.jsonl")
+
+
+def verl_steps(out: Path, name: str) -> list[dict]:
+    from tools import bench_verl
+
+    return bench_verl.steps(out / name / "verl_metrics.jsonl")
+
+
 def run_vime_ext(name: str, workload: Workload, model_dir: Path, data: Path, out: Path, engine_memory: float,
                  time_limit_s: float, flags: tuple[str, ...] = ()) -> dict:
     import torch
@@ -189,7 +203,7 @@ def run_vime_ext(name: str, workload: Workload, model_dir: Path, data: Path, out
     return measure(name, workload,
                    lambda: run_command(name, command, out, time_limit_s,
                                        env={"VIME_EXT_LOG_DIR": str(out / name / "engines")}),
-                   lambda: [r for r in jsonl(out / name / "vime_ext_tb" / "metrics.jsonl") if "time/total" in r])
+                   lambda: vime_ext_steps(out, name))
 
 
 def run_trl(name: str, workload: Workload, model_dir: Path, data: Path, out: Path, engine_memory: float,
@@ -198,7 +212,7 @@ def run_trl(name: str, workload: Workload, model_dir: Path, data: Path, out: Pat
     command = [sys.executable, "tools/bench_trl.py", "--workload", workload.name, "--model-dir", str(model_dir),
                "--prompts", str(data), "--out", str(out / name), "--engine-memory", str(engine_memory)]
     return measure(name, workload, lambda: run_command(name, command, out, time_limit_s),
-                   lambda: jsonl(out / name / "trl_steps.jsonl"))
+                   lambda: trl_steps(out, name))
 
 
 def run_verl(name: str, workload: Workload, model_dir: Path, data: Path, out: Path, engine_memory: float,
@@ -211,14 +225,14 @@ def run_verl(name: str, workload: Workload, model_dir: Path, data: Path, out: Pa
                            "then install and source /tmp/gpu_site/env.sh)")
     (out / name).mkdir(parents=True, exist_ok=True)
     parquet = bench_verl.write_parquet(data, out / name / "prompts.parquet")
-    file_log = out / name / "verl_metrics.jsonl"
+    file_log = out / name / "verl_metrics.jsonl"  # verl_steps reads it
     file_log.unlink(missing_ok=True)
     command = [sys.executable, "-m", "verl.trainer.main_ppo",
                *bench_verl.overrides(workload, model_dir, parquet, out / name, engine_memory, bypass)]
     return measure(name, workload,
                    lambda: run_command(name, command, out, time_limit_s, first_on_path=[str(VERL_PATH), site],
                                        env={"VERL_FILE_LOGGER_PATH": str(file_log)}),
-                   lambda: bench_verl.steps(file_log))
+                   lambda: verl_steps(out, name))
 
 
 RUNNERS = {"vime_ext": run_vime_ext, "trl": run_trl, "verl": run_verl,
@@ -236,6 +250,29 @@ RUNNERS = {"vime_ext": run_vime_ext, "trl": run_trl, "verl": run_verl,
            "vime_ext_resident": functools.partial(run_vime_ext, flags=("--no-offload-train", "--no-offload-rollout")),
            # the hand-over without the optimizers' state: it stays on the GPU while the engine generates
            "vime_ext_state_resident": functools.partial(run_vime_ext, flags=("--no-offload-optimizer-state",))}
+
+
+def step_reader(framework: str) -> Callable[[Path, str], list[dict]]:
+    """Where a framework's run (a RUNNERS name, or NAME_again) logs its steps: its reader of ``OUT/<name>``."""
+    runner = RUNNERS[framework.removesuffix("_again")]
+    return {run_vime_ext: vime_ext_steps, run_trl: trl_steps, run_verl: verl_steps}[getattr(runner, "func", runner)]
+
+
+def cut_off_rows(out: Path, workload: Workload, have: set[str]) -> list[dict]:
+    """Rows of the runs in ``out`` that logged steps but wrote no result (a lease that ended mid-run, a killed
+    bench): each from its metrics file, as ``measure`` would have made it, marked as cut off."""
+    rows = []
+    for folder in sorted(p for p in out.iterdir() if p.is_dir() and p.name not in have):
+        if folder.name.removesuffix("_again") not in RUNNERS:
+            continue
+        try:
+            steps = step_reader(folder.name)(out, folder.name)
+        except FileNotFoundError:
+            continue
+        if steps:
+            rows.append({**result(folder.name, workload, steps, gpus=1, wall=float("nan"), stopped=True),
+                         "stopped_at_limit": False, "cut_off": True})
+    return rows
 
 
 def result(framework: str, workload: Workload, steps: list[dict], gpus: int, wall: float,
@@ -264,13 +301,14 @@ def failure(framework: str, error: Exception) -> dict:
 
 
 def name_cell(row: dict) -> str:
-    """The framework's name; for a run stopped at the time limit, how far it got."""
-    if not row.get("stopped_at_limit"):
+    """The framework's name; for a run stopped at the time limit or cut off before its result, how far it got."""
+    if not (row.get("stopped_at_limit") or row.get("cut_off")):
         return row["framework"]
     timed, warmup = row["timed_steps"], row["workload"]["warmup"]
     reached = (f"{timed} of {row['workload']['timed']} timed steps" if timed
                else f"no timed step; warm-up step {row['steps_logged']} of {warmup}")
-    return f"{row['framework']} (stopped at the time limit: {reached})"
+    why = "cut off before its result, from its metrics file" if row.get("cut_off") else "stopped at the time limit"
+    return f"{row['framework']} ({why}: {reached})"
 
 
 def table(results: list[dict]) -> str:
@@ -301,7 +339,9 @@ def main(argv=None) -> int:
     parser.add_argument("--engine-memory", type=float, default=0.5, help="vLLM's share of the GPU, for every one")
     parser.add_argument("--time-limit-s", type=float, default=TIME_LIMIT_S,
                         help="seconds a framework's run may take before it is stopped and its row says so")
-    parser.add_argument("--table", action="store_true", help="only print the table of the results in --out")
+    parser.add_argument("--table", action="store_true",
+                        help="only print the table of the results in --out, with rows made from the metrics of runs "
+                             "that were cut off before writing theirs (of --workload)")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     failed = []
@@ -326,6 +366,8 @@ def main(argv=None) -> int:
             print(f"{time.strftime('%H:%M:%S')} {name}: {figures.get('failed', 'done')}", flush=True)
             (args.out / f"{name}.result.json").write_text(json.dumps(figures, indent=1))
     results = [json.loads(p.read_text()) for p in sorted(args.out.glob("*.result.json"))]
+    if args.table:
+        results += cut_off_rows(args.out, WORKLOADS[args.workload], {r["framework"] for r in results})
     print(table(results))
     return 1 if failed else 0
 
