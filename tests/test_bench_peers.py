@@ -284,9 +284,7 @@ def test_the_rollout_client_bench_runs_whole_rollouts_against_a_stand_in_engine(
     for r in rounds:
         assert 0 < r["first_sample_s"] <= r["last_sample_s"] <= r["wall_s"] and r["client_cpu_s"] > 0
     # The stand-in's replies are vLLM's shape: the client parses them with and without log-probs
-    from vime_ext.engines.protocol import parse_generate_response
-
-    from vime_ext.engines.protocol import StreamedReply
+    from vime_ext.engines.protocol import StreamedReply, parse_generate_response
 
     reply = bench_rollout_client.canned_replies(4, 2000, stream_interval=3)[0]
     bodies = [json.loads(body % (b"r", b"[1, 2]")) for body in reply.body]

@@ -41,7 +41,7 @@ class CannedReply:
 
 
 def canned_replies(response_tokens: int, vocab: int, stream_interval: int, seed: int = 0) -> list[CannedReply]:
-    from vime_ext.engines.protocol import GenerateResult, stream_pieces
+    from vime_ext.engines.protocol import choice_pieces
 
     rng = random.Random(seed)
     replies = []
@@ -49,15 +49,16 @@ def canned_replies(response_tokens: int, vocab: int, stream_interval: int, seed:
         ids = [rng.randrange(1000, vocab) for _ in range(response_tokens)]
         content = [{"token_id": t, "logprob": -5 * rng.random(), "token": f"token_id:{t}", "bytes": None,
                     "top_logprobs": []} for t in ids]
-        bodies = []
+        bodies, pieces = [], []
         for logprobs in (None, {"content": content}):
+            choice = {"index": 0, "finish_reason": "length", "token_ids": ids, "logprobs": logprobs}
             body = {"request_id": "{REQUEST}", "output_mode": "tokens", "prompt_token_ids": "{PROMPT}",
-                    "choices": [{"index": 0, "finish_reason": "length", "token_ids": ids, "logprobs": logprobs}]}
+                    "choices": [choice]}
             bodies.append(json.dumps(body).replace('"{REQUEST}"', '"%s"').replace('"{PROMPT}"', "%s").encode())
-        result = GenerateResult(ids, [c["logprob"] for c in content], "length")
-        pieces = tuple(b"".join(stream_pieces("{REQUEST}", result, log_probs, stream_interval or None))
-                       .replace(b"{REQUEST}", b"%(id)s") for log_probs in (False, True))
-        replies.append(CannedReply(tuple(bodies), pieces))
+            # the same choice in pieces: streamed and whole replies carry the same log-prob entries
+            pieces.append(b"".join(choice_pieces("{REQUEST}", choice, stream_interval or None))
+                          .replace(b"{REQUEST}", b"%(id)s"))
+        replies.append(CannedReply(tuple(bodies), tuple(pieces)))
     return replies
 
 

@@ -171,7 +171,12 @@ def stream_pieces(request_id: str, result: GenerateResult, log_probs: bool = Tru
                   interval: int | None = None) -> list[bytes]:
     """A whole result as the events of a streamed reply: pieces of ``interval`` tokens (None: one piece, as the
     transformers backend answers ``"stream": true``), the finish reason on the last, then ``[DONE]``."""
-    choice = generate_response(request_id, [], result, log_probs)["choices"][0]
+    return choice_pieces(request_id, generate_response(request_id, [], result, log_probs)["choices"][0], interval)
+
+
+def choice_pieces(request_id: str, choice: dict, interval: int | None = None) -> list[bytes]:
+    """A whole reply's choice (vLLM's shape, whatever its log-prob entries hold) as the events of a streamed
+    reply: pieces of ``interval`` tokens (None: one piece), the finish reason on the last, then ``[DONE]``."""
     ids, entries = choice["token_ids"], (choice["logprobs"] or {}).get("content")
     size = interval or max(len(ids), 1)
     events = []
