@@ -289,9 +289,11 @@ grpo_from_sft() {
 # on the same GPU once GRPO has logged its first rollout (or ended), the SFT save's evaluation (the caller's
 # EVALUATE sft_sSEED WORK/seed_SEED/sft, logged to WORK/seed_SEED/sft_eval.log); then the RL save's (EVALUATE
 # rl_sSEED WORK/seed_SEED/rl). The SFT row exists even when GRPO fails, and the seed's last step is one evaluation
-# instead of two. Fails if any part did. Why the evaluation waits: engines on one GPU start one at a time, and
-# GRPO's, queued behind the evaluation's (MemUpdate's: a model and a reader), lost 2-3 minutes of RL_MINUTES
-# (4 x H200 runs of 2026-11-26 and 27).
+# instead of two. An SFT evaluation that fails beside GRPO runs once more after it, alone on the GPU (the
+# evaluations resume from their samples file): beside the 1.5B policy's GRPO trainer (105 GiB of an H200 at
+# 32,768-token micro-batches) its engines found no memory (MemUpdate, 2026-11-30). Fails if any part did. Why the
+# evaluation waits: engines on one GPU start one at a time, and GRPO's, queued behind the evaluation's
+# (MemUpdate's: a model and a reader), lost 2-3 minutes of RL_MINUTES (4 x H200 runs of 2026-11-26 and 27).
 grpo_beside_sft_eval() {
   local evaluate=$1 work=$2 seed=$3 script=$4 grpo sft_eval status=0
   local metrics=${work}/seed_${seed}/rl/tensorboard/metrics.jsonl
@@ -308,7 +310,11 @@ grpo_beside_sft_eval() {
   else
     echo "GRPO failed (exit ${status}): no SFT + RL evaluation for seed ${seed}" >&2
   fi
-  wait "${sft_eval}" || { echo "the SFT evaluation failed: ${work}/seed_${seed}/sft_eval.log" >&2; status=1; }
+  if ! wait "${sft_eval}"; then
+    echo "the SFT evaluation failed beside GRPO (${work}/seed_${seed}/sft_eval.log): again after it" >&2
+    "${evaluate}" "sft_s${seed}" "${work}/seed_${seed}/sft" || {
+      echo "the SFT evaluation failed again: no SFT row for seed ${seed}" >&2; status=1; }
+  fi
   return "${status}"
 }
 

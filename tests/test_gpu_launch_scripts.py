@@ -300,13 +300,14 @@ def test_seeds_share_gpus_in_turn_with_fixed_kv_caches(tmp_path):
     assert done.returncode == 2 and "RL_MAX_TOKENS=4096" in done.stderr and "MAX_MODEL_LEN=8192" in done.stderr
 
 
-@pytest.mark.parametrize("grpo_fails", [False, True])
-def test_the_sft_evaluation_starts_after_grpos_first_rollout(grpo_fails, tmp_path):
+@pytest.mark.parametrize("grpo_fails, sft_eval_fails", [(False, 0), (True, 0), (False, 1), (False, 2)])
+def test_the_sft_evaluation_starts_after_grpos_first_rollout(grpo_fails, sft_eval_fails, tmp_path):
     """grpo_beside_sft_eval (_common.sh, real) with GRPO and the evaluations as shell stand-ins: the SFT save's
     evaluation starts once GRPO has logged its first rollout, so that GRPO's engines do not queue behind the
     evaluation's, and runs while GRPO trains on; a GRPO run that fails before logging one still gets its SFT
-    evaluation, and no RL one."""
-    log, work = tmp_path / "order", tmp_path / "work"
+    evaluation, and no RL one. An SFT evaluation that fails beside GRPO (its engines out of memory) runs once more
+    after GRPO's own evaluation; failing again, the seed fails."""
+    log, work, tries = tmp_path / "order", tmp_path / "work", tmp_path / "sft_tries"
     (work / "seed_0").mkdir(parents=True)
     script = f"""
 source {ROOT}/_common.sh
@@ -316,12 +317,23 @@ grpo_from_sft() {{  # the engines start, a rollout is logged, training goes on
   mkdir -p "$2/seed_$3/rl/tensorboard" && echo '{{"step": 0}}' >"$2/seed_$3/rl/tensorboard/metrics.jsonl"
   echo grpo-rollout-0 >>{log}; sleep 6; echo grpo-end >>{log}
 }}
-evaluate() {{ echo "evaluate $1 $2" >>{log}; }}
+evaluate() {{
+  echo "evaluate $1 $2" >>{log}
+  if [ "$1" = sft_s0 ]; then echo x >>{tries}; [ "$(wc -l <{tries})" -gt {sft_eval_fails} ] || return 1; fi
+}}
 grpo_beside_sft_eval evaluate {work} 0 launch.sh --lr 1
 """
     done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
     order = log.read_text().splitlines()
-    if grpo_fails:
+    if sft_eval_fails:
+        assert order == ["grpo-start", "grpo-rollout-0", f"evaluate sft_s0 {work}/seed_0/sft", "grpo-end",
+                         f"evaluate rl_s0 {work}/seed_0/rl", f"evaluate sft_s0 {work}/seed_0/sft"]
+        assert "the SFT evaluation failed beside GRPO" in done.stderr
+        if sft_eval_fails == 1:
+            assert done.returncode == 0, done.stderr
+        else:
+            assert done.returncode != 0 and "failed again: no SFT row for seed 0" in done.stderr
+    elif grpo_fails:
         assert done.returncode != 0 and "GRPO failed (exit 3)" in done.stderr
         assert order == ["grpo-start", "grpo-failed", f"evaluate sft_s0 {work}/seed_0/sft"]
     else:
