@@ -11,7 +11,7 @@ from vime_ext.agent.chat_mask import ChatMasker, ChatTemplateError
 from vime_ext.agent.sample import Sample, Status
 from vime_ext.agent.tool_calls import ToolCall, parse_tool_calls
 from vime_ext.models.packaged import CHATML_TEMPLATE
-from vime_ext.rollout.sft_rollout import chat_sample
+from vime_ext.rollout.sft_rollout import chat_sample, mask_all
 from vime_ext.rollout.validate import RolloutError, check_sample
 
 NL = "{{ '\\n' }}"
@@ -178,3 +178,49 @@ def test_a_chat_masked_again_comes_from_the_cache_within_its_token_bound(qwen):
     before = len(renders)
     assert bounded(CHAT, TOOLS) == again and bounded(CHAT, TOOLS) == again
     assert len(renders) == before + 2 * once
+
+
+def test_chats_masked_on_several_threads_equal_those_masked_one_at_a_time(qwen):
+    """SFT's rollout masks a batch on threads (``mask_all``): every sample equals the one-at-a-time result, each
+    chat is cached once, and a chat that cannot be masked raises the error of the first such chat in order."""
+    tokenizer = with_template(qwen, TOOL_TEMPLATE)
+    chats = [[{**m, "content": f"{m['content']} ({i})"} if m["role"] == "user" else m for m in CHAT]
+             for i in range(24)]
+
+    def samples(batch):
+        return [Sample(prompt=chat, metadata={"tools": TOOLS}) for chat in batch]
+
+    alone, threaded = samples(chats), samples(chats)
+    one_by_one = ChatMasker(tokenizer)
+    for sample in alone:
+        chat_sample(sample, one_by_one)
+    masker = ChatMasker(tokenizer)
+    mask_all(threaded, masker, None, "error", threads=4)
+    fields = ("tokens", "loss_mask", "response_length", "rollout_log_probs", "turns", "metrics", "status")
+    assert [[getattr(s, f) for f in fields] for s in threaded] == [[getattr(s, f) for f in fields] for s in alone]
+    assert len(masker._cache) == 24 and masker._cached_tokens == one_by_one._cached_tokens
+    bad = samples(chats[:3] + [CHAT[:2]] + chats[3:6] + [CHAT[:1]])
+    with pytest.raises(RolloutError, match=r"no assistant message to train on \(roles: system, user\)"):
+        mask_all(bad, masker, None, "error", threads=4)
+
+
+def test_the_masking_bench_masks_the_same_chats_on_every_thread_count(qwen, tmp_path):
+    """tools/bench_sft_mask.py: a row per thread count, each the whole batch's tokens, with its speed-up."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text("".join(json.dumps({"messages": CHAT, "tools": TOOLS}) + "\n" for _ in range(6)))
+    tokenizer = with_template(qwen, TOOL_TEMPLATE)
+    tokenizer.save_pretrained(tmp_path / "tok")
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, str(root / "tools/bench_sft_mask.py"), "--chats", str(chats),
+                           "--tokenizer", str(tmp_path / "tok"), "--batch", "4", "--threads", "1", "3"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [json.loads(line) for line in done.stdout.splitlines()]
+    one = len(ChatMasker(tokenizer)(CHAT, TOOLS).sequences[0].tokens)
+    assert [(r["threads"], r["tokens"]) for r in rows] == [(1, 4 * one), (3, 4 * one)]
+    assert rows[0]["speed-up"] == 1.0 and rows[1]["speed-up"] > 0
