@@ -21,9 +21,9 @@ A chat is rendered 2 + 2 x (assistant turns) times, each time from its start, so
 training step of a small model (64 MemUpdate chats of ~1,200 tokens: 2.2 s, against SmolLM2's 0.85 s step on an
 H200; 2.6 s a step of the 1.5B model's first SFT pass, against its 3.4 s of training). Nearly all of it is the
 tokenizer's encoding, which lets go of Python's lock, so a masker may be called from several threads at once
-(``sft_rollout.mask_all``; its cache takes a lock). SFT runs several epochs over the same chats, so the masker keeps what it
-made, keyed by the chat, up to ``cache_tokens`` tokens in all (compact arrays, 5 bytes a token), and later epochs
-take it from there.
+(``sft_rollout.mask_all``; its cache takes a lock). SFT runs several epochs over the same chats, so the masker
+keeps what it made, keyed by the chat, up to ``cache_tokens`` tokens in all (compact arrays, 5 bytes a token),
+and later epochs take it from there.
 """
 
 import hashlib
