@@ -418,6 +418,12 @@ def test_the_smollm2_learning_recipe_chains_sft_rl_and_both_evaluations(tiny_hf_
     table = (work / "table/mem_agent_smollm2.md").read_text()
     assert "| base | 1 | 50.0 | 50.0 |" in table and "| ceiling: a reader that keeps only the novel's facts |" in table
     assert (work / "table/memory_audit.md").is_file()
+    # `all` evaluating the base model beside the seed: when that fails (too little memory), once more after them
+    failed = tmp_path / "base_failed"
+    evals = evaluations_of_all("examples/mem_agent/run-smollm2-gpu.sh",
+                               {**full, "SEEDS": "1", "STAND_IN_BASE_FAILS": str(failed)},
+                               tmp_path / "train_args.json.eval")
+    assert failed.is_file() and sorted(last(a, "--save-file") for a in evals) == ["base", "rl_s1", "sft_s1"]
     # A seed whose GRPO run fails (here train.py refuses its flags) still has its SFT model evaluated: that
     # evaluation does not wait for GRPO to succeed.
     calls = len((tmp_path / "train_args.json.eval").read_text().splitlines())
