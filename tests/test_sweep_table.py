@@ -66,3 +66,20 @@ def test_a_mem_update_variant_row_has_both_models_qa_delta_on_the_validation_que
     table = (tmp_path / "s.md").read_text()
     assert "| variant | SFT QA delta unseen (val) | SFT + RL QA delta unseen (val) |" in table
     assert f"| SFT_EPOCHS=2 | {sft['qa_delta_unseen']:+.3f} (64) | {rl['qa_delta_unseen']:+.3f} (64) |" in table
+
+
+def test_a_variant_whose_policy_broke_its_tool_calls_shows_its_unfinished_episodes(tmp_path):
+    """The 1.5B MemUpdate policy at lr 2e-5 (2026-11-30, seed 0): unfinished episodes rose from none to 98% of a
+    rollout; the row's mean over its 9 GRPO steps is 0.569, and MemAgent's rows (no such metric) show "-"."""
+    lease = RUN.parent / "mem_update_qwen1.5b_h200x2_val1"
+    run = tmp_path / "v0"
+    (run / "seed_0/rl/tensorboard").mkdir(parents=True)
+    (run / "seed_0/rl/tensorboard/metrics.jsonl").write_bytes(
+        gzip.decompress((lease / "rl_s0.metrics.jsonl.gz").read_bytes()))
+    broke, mem_agent = main(["--variant", f"RL_LR=2e-5={run}", "--variant", f"MEM_AGENT={RUN}",
+                             "--out", str(tmp_path / "s")])
+    assert broke["rl_steps"] == 9 and round(broke["unfinished"], 3) == 0.569
+    assert mem_agent["unfinished"] is None
+    table = (tmp_path / "s.md").read_text().splitlines()
+    unfinished = table[0].split(" | ").index("unfinished")
+    assert table[2].split(" | ")[unfinished] == "0.569" and table[3].split(" | ")[unfinished] == "-"

@@ -1,6 +1,7 @@
 """One row per variant of a knob sweep of either example's SmolLM2 recipe (``tools/gpu_learning.sh sweep``): the
 SFT and SFT + RL models' scores, and whether GRPO had anything to learn from (the share of groups whose samples all
-got the same reward, the mean |advantage|, the policy's entropy, its KL to the SFT model, the training reward).
+got the same reward, the mean |advantage|, the policy's entropy, its KL to the SFT model, MemUpdate's share of
+unfinished episodes, the training reward).
 
     python tools/sweep_table.py --variant "SFT_EPOCHS=1"=runs/sweep/v0 --variant ...=DIR --out runs/sweep/sweep
 
@@ -20,8 +21,10 @@ from statistics import mean
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tools.loop_efficiency import read_metrics  # noqa: E402
 
+# Means over a variant's GRPO steps. "unfinished" (MemUpdate's episodes with no final reply: "-" for MemAgent) is
+# how a policy that has learned to break its tool calls shows (the 1.5B policy at lr 2e-5, 2026-11-30).
 SIGNALS = {"uniform groups": "rollout/uniform_reward_groups", "|adv|": "rollout/advantage_abs_mean",
-           "entropy": "train/entropy", "KL": "train/kl"}
+           "entropy": "train/entropy", "KL": "train/kl", "unfinished": "rollout/unfinished"}
 
 
 def training_rows(path: Path) -> list[dict]:
