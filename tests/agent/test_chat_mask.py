@@ -199,6 +199,13 @@ def test_chats_masked_on_several_threads_equal_those_masked_one_at_a_time(qwen):
     fields = ("tokens", "loss_mask", "response_length", "rollout_log_probs", "turns", "metrics", "status")
     assert [[getattr(s, f) for f in fields] for s in threaded] == [[getattr(s, f) for f in fields] for s in alone]
     assert len(masker._cache) == 24 and masker._cached_tokens == one_by_one._cached_tokens
+    # A tokenizer whose file sets padding: its first call turns it off, before any thread starts
+    padded = with_template(qwen, TOOL_TEMPLATE)
+    padded.backend_tokenizer.enable_padding(pad_id=0)
+    again = samples(chats)
+    mask_all(again, ChatMasker(padded), None, "error", threads=4)
+    assert padded.backend_tokenizer.padding is None
+    assert [s.tokens for s in again] == [s.tokens for s in alone]
     bad = samples(chats[:3] + [CHAT[:2]] + chats[3:6] + [CHAT[:1]])
     with pytest.raises(RolloutError, match=r"no assistant message to train on \(roles: system, user\)"):
         mask_all(bad, masker, None, "error", threads=4)

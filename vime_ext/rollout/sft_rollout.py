@@ -109,11 +109,14 @@ def mask_all(samples: list[Sample], masker: ChatMasker, max_len: int | None, ove
     if threads is None:
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         threads = min(MASK_THREADS, cpus)
-    threads = min(threads, len(samples))
+    threads = min(threads, len(samples) - 1)
     if threads <= 1:
         for sample in samples:
             chat_sample(sample, masker, max_len, overlong)
         return
+    # The first chat alone: a fast tokenizer's first call may change its settings (padding or truncation that its
+    # file sets are turned off), which must not happen in two threads at once; later calls only read them.
+    chat_sample(samples[0], masker, max_len, overlong)
     with ThreadPoolExecutor(threads, thread_name_prefix="sft-mask") as pool:
-        for _ in pool.map(lambda sample: chat_sample(sample, masker, max_len, overlong), samples):
+        for _ in pool.map(lambda sample: chat_sample(sample, masker, max_len, overlong), samples[1:]):
             pass
