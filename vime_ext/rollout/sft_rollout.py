@@ -96,9 +96,9 @@ def generate_rollout(args: PluginArgs, rollout_id: int, data_source: DataSource,
 
 # Threads that mask chats at once: the tokenizer's encoding (nearly all of a chat's masking) runs outside Python's
 # lock, so they share the process's CPUs. 64 MemUpdate demonstrations under Qwen's template (135,971 tokens) took
-# 3.51 s one at a time, 1.51 s on two threads and 1.28 s on four (tools/bench_sft_mask.py, TOKENIZERS_PARALLELISM
-# off as the launch scripts set it; this project's 2-core CPU machine). A bound, since engines and trainers share
-# the host.
+# 2.67 s one at a time and 1.03 s on two threads (tools/bench_sft_mask.py, TOKENIZERS_PARALLELISM off as the launch
+# scripts set it; this project's 2-core CPU machine; 3.51 and 1.51 s in an earlier run). A bound, since engines and
+# trainers share the host.
 MASK_THREADS = 8
 
 
