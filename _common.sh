@@ -289,9 +289,8 @@ grpo_from_sft() {
 # on the same GPU once GRPO has logged its first rollout (or ended), the SFT save's evaluation (the caller's
 # EVALUATE sft_sSEED WORK/seed_SEED/sft, logged to WORK/seed_SEED/sft_eval.log); then the RL save's (EVALUATE
 # rl_sSEED WORK/seed_SEED/rl). The SFT row exists even when GRPO fails, and the seed's last step is one evaluation
-# instead of two. An SFT evaluation that fails beside GRPO runs once more after it, alone on the GPU (the
-# evaluations resume from their samples file): beside the 1.5B policy's GRPO trainer (105 GiB of an H200 at
-# 32,768-token micro-batches) its engines found no memory (MemUpdate, 2026-11-30). Fails if any part did. Why the
+# instead of two. An SFT evaluation that fails beside GRPO runs once more after it (again_if_failed). Fails if any
+# part did. Why the
 # evaluation waits: engines on one GPU start one at a time, and GRPO's, queued behind the evaluation's
 # (MemUpdate's: a model and a reader), lost 2-3 minutes of RL_MINUTES (4 x H200 runs of 2026-11-26 and 27).
 grpo_beside_sft_eval() {
@@ -310,12 +309,22 @@ grpo_beside_sft_eval() {
   else
     echo "GRPO failed (exit ${status}): no SFT + RL evaluation for seed ${seed}" >&2
   fi
-  if ! wait "${sft_eval}"; then
-    echo "the SFT evaluation failed beside GRPO (${work}/seed_${seed}/sft_eval.log): again after it" >&2
-    "${evaluate}" "sft_s${seed}" "${work}/seed_${seed}/sft" || {
-      echo "the SFT evaluation failed again: no SFT row for seed ${seed}" >&2; status=1; }
-  fi
+  again_if_failed "${sft_eval}" "the SFT evaluation" GRPO "${work}/seed_${seed}/sft_eval.log" \
+    "${evaluate}" "sft_s${seed}" "${work}/seed_${seed}/sft" ||
+    { echo "the SFT evaluation failed again: no SFT row for seed ${seed}" >&2; status=1; }
   return "${status}"
+}
+
+# again_if_failed PID WHAT BESIDE LOG COMMAND...: waits for PID, COMMAND started in the background beside BESIDE on
+# its GPU, its output in LOG; if it failed, says so and runs COMMAND once more, alone now, its output added to LOG.
+# Beside a trainer an evaluation's engines can find too little memory (the 1.5B MemUpdate policy's SFT and GRPO
+# held 105-128 GiB of an H200, 2026-11-30); evaluations resume from their samples file. Fails if that run fails.
+again_if_failed() {
+  local pid=$1 what=$2 beside=$3 log=$4
+  shift 4
+  wait "${pid}" && return 0
+  echo "${what} failed beside ${beside} (${log}): again, alone" >&2
+  "$@" >>"${log}" 2>&1
 }
 
 # sft_warm_start HF_DIR CHATS SAVE SEED LR EPOCHS [train.py flags]: supervised fine-tuning on demonstration chats

@@ -137,10 +137,14 @@ copy_base() {
   done
 }
 
+# base_on GPU: the base model's evaluation in a smaller share of GPU, beside the seeds
+base_on() {
+  CUDA_VISIBLE_DEVICES=$1 EVAL_ENGINE_MEMORY=0.25 evaluate base
+}
+
 # all ARGS...: prepare, then one seed per GPU at once (logs in WORK/seed_S.log) and, on the GPU with the fewest
-# seeds (the first where they divide evenly), the base model's evaluation in a smaller share of its GPU (its
-# longest length sets the time: it starts first; if it fails there, once more after the seeds, as MemUpdate's
-# rows without training), then the table
+# seeds (the first where they divide evenly), the base model's evaluation (its longest length sets the time: it
+# starts first; if it fails there, once more after the seeds: again_if_failed), then the table
 everything() {
   local base_pid="" ceiling_pid base_gpu
   prepare
@@ -148,17 +152,15 @@ everything() {
   if [ -n "${BASE_FROM:-}" ]; then  # the base model's rows from an earlier run's SAVE_DIR, on the same files
     copy_base "${BASE_FROM}"
   else
-    CUDA_VISIBLE_DEVICES=${base_gpu} EVAL_ENGINE_MEMORY=0.25 evaluate base >"${WORK}/base.log" 2>&1 &
+    base_on "${base_gpu}" >"${WORK}/base.log" 2>&1 &
     base_pid=$!
   fi
   ceiling >"${WORK}/ceiling.log" 2>&1 &
   ceiling_pid=$!
   local status=0
   seeds_on_gpus "$0" "${WORK}" "$@" || status=$?
-  if [ -n "${base_pid}" ] && ! wait "${base_pid}"; then
-    # beside the seeds its engine can find too little memory; alone on the GPU now (the evaluation resumes)
-    echo "the base model's evaluation failed beside the seeds (${WORK}/base.log): again after them" >&2
-    CUDA_VISIBLE_DEVICES=${base_gpu} EVAL_ENGINE_MEMORY=0.25 evaluate base >>"${WORK}/base.log" 2>&1 ||
+  if [ -n "${base_pid}" ]; then
+    again_if_failed "${base_pid}" "the base model's evaluation" "the seeds" "${WORK}/base.log" base_on "${base_gpu}" ||
       echo "the base model's evaluation failed again: ${WORK}/base.log" >&2
   fi
   wait "${ceiling_pid}" || echo "the ceiling failed: ${WORK}/ceiling.log" >&2

@@ -121,6 +121,11 @@ baselines() {
   EDIT="agent noop oracle" evaluate "base noop oracle"
 }
 
+# baselines_on GPU: the same on that GPU
+baselines_on() {
+  CUDA_VISIBLE_DEVICES=$1 baselines
+}
+
 # table: the rows over the seeds (results_table.py), then, with SFT + RL results, their seed-level test
 # (tools/seed_stats.py): SFT + RL against the best other row without RL at the level of seeds and question by
 # question, with the top 5% share, on the unseen questions and on all (TABLE_DIR/seed_stats_{unseen,all}.{md,json})
@@ -159,7 +164,7 @@ case "${STAGE}" in
       # fixed KV caches: the rows without training start with the seeds, beside them on the GPU with the fewest
       # seeds (their engines spoil no other's start), instead of after them
       echo "$(date +%T) the rows without training beside the seeds: ${WORK}/baselines.log"
-      CUDA_VISIBLE_DEVICES=${base_gpu} baselines >"${WORK}/baselines.log" 2>&1 & base_pid=$!
+      baselines_on "${base_gpu}" >"${WORK}/baselines.log" 2>&1 & base_pid=$!
     fi
     status=0
     seeds_on_gpus "$0" "${WORK}" "$@" || status=$?
@@ -167,11 +172,10 @@ case "${STAGE}" in
       mkdir -p "${RESULTS}"
       for row in "${BASE_FROM}"/{base,noop,oracle}.*; do if [ -e "${row}" ]; then cp "${row}" "${RESULTS}/"; fi; done
     elif [ -n "${base_pid}" ]; then
-      # beside the seeds their engines can find too little memory: then once more after them (resumable)
-      wait "${base_pid}" || { echo "the rows without training failed beside the seeds (${WORK}/baselines.log):" \
-        "again after them" >&2; CUDA_VISIBLE_DEVICES=${base_gpu} baselines; }
+      again_if_failed "${base_pid}" "the rows without training" "the seeds" "${WORK}/baselines.log" \
+        baselines_on "${base_gpu}"
     else
-      CUDA_VISIBLE_DEVICES=${base_gpu} baselines
+      baselines_on "${base_gpu}"
     fi
     table
     all_status "${status}" ;;
