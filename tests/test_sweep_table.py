@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 from statistics import mean
 
-from tools.sweep_table import main
+from tools.sweep_table import main, reward_limits
 
 RUN = Path(__file__).resolve().parents[1] / "records/mem_agent_smollm2_h200x4_run4"
 
@@ -83,3 +83,16 @@ def test_a_variant_whose_policy_broke_its_tool_calls_shows_its_unfinished_episod
     table = (tmp_path / "s.md").read_text().splitlines()
     unfinished = table[0].split(" | ").index("unfinished")
     assert table[2].split(" | ")[unfinished] == "0.569" and table[3].split(" | ")[unfinished] == "-"
+
+
+def test_the_reward_axis_holds_every_reward_also_below_zero():
+    """MemUpdate's rewards are QA gains: the 1.5B sweep of 2026-12-01 moved between -0.085 and +0.046, which the
+    former fixed 0 to 1 axis cut off below 0 and flattened above."""
+    sweep = RUN.parent / "mem_update_qwen1.5b_h200x2_sweep1"
+    rows = [{"per step": {"reward": [json.loads(line)["rollout/reward_mean"]
+                                     for line in gzip.decompress((sweep / f"{v}_rl.metrics.jsonl.gz").read_bytes())
+                                     .decode().splitlines()]}} for v in ("v0", "v1")]
+    rewards = [x for r in rows for x in r["per step"]["reward"]]
+    low, high = reward_limits(rows)
+    assert low < min(rewards) < -0.08 and 0.04 < max(rewards) < high < 0.06
+    assert reward_limits([{"per step": {"reward": [0.2, 0.6]}}]) == (-0.03, 0.63)  # MemAgent's: from 0

@@ -73,6 +73,15 @@ def variant_row(name: str, run: Path) -> dict:
     return row
 
 
+def reward_limits(rows: list[dict]) -> tuple[float, float]:
+    """The reward axis: from the lowest reward (or 0) to the highest (or 0), with a margin. MemUpdate's rewards
+    are QA gains, small and often below 0, which a fixed 0 to 1 axis would flatten or cut off."""
+    values = [v for r in rows for v in r["per step"]["reward"] if v is not None]
+    low, high = min(values + [0.0]), max(values + [0.0])
+    margin = 0.05 * (high - low) or 0.05
+    return low - margin, high + margin
+
+
 def plot(rows: list[dict], path: Path) -> None:
     """Per GRPO step: the training reward, and the share of groups whose samples all got one reward (what GRPO
     cannot learn from), a line per variant."""
@@ -88,12 +97,14 @@ def plot(rows: list[dict], path: Path) -> None:
             values = [(i, v) for i, v in enumerate(r["per step"][key]) if v is not None]
             if values:
                 ax.plot(*zip(*values), marker="o", markersize=3, label=r["variant"] or "(the recipe)")
-    for ax, title in zip(axes, ("training reward", "share of groups of one reward")):
+    for ax, title, limits in zip(axes, ("training reward", "share of groups of one reward"),
+                                 (reward_limits(rows), (-0.02, 1.02))):
         ax.set_xlabel("GRPO step")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(title)
-        ax.set_ylim(-0.02, 1.02)
+        ax.set_ylim(*limits)
         ax.grid(alpha=0.3)
+    axes[0].axhline(0.0, color="grey", linewidth=0.8)
     # Below the plots, a variant a line: a variant's name is its variables, often wider than a plot. The figure
     # grows by the legend's height, which the plots leave free.
     handles, labels = axes[0].get_legend_handles_labels()

@@ -93,7 +93,7 @@ class Trainer:
                 if config.eval.eval_interval and (rollout_id + 1) % config.eval.eval_interval == 0:
                     self.evaluate(rollout_id + 1)
                 if recovery.out_of_time(rollout_id) and rollout_id + 1 < config.data.num_rollout:
-                    saved = f"; saved as iteration {rollout_id + 1}" if config.checkpoint.save else ""
+                    saved = f"; saved as iteration {rollout_id + 1}" if "time/save" in m else ""  # as it happened
                     tqdm.write(f"--exit-duration-in-mins {config.checkpoint.exit_duration_in_mins:g}: stopping "
                                f"after rollout {rollout_id + 1} of {config.data.num_rollout}{saved}")
                     break

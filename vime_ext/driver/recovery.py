@@ -31,13 +31,17 @@ class Recovery:
         self.initial_data: dict | None = None  # the data position the run started from, for a restart without save
         self.positions: dict[int, dict] = {}  # the data position before each rollout drew its prompts
         self.last_rollout: int | None = None  # --exit-duration-in-mins: the step the run stops after
+        self.asked: int | None = None  # the last rollout whose time out_of_time has looked at
 
     def out_of_time(self, rollout_id: int) -> bool:
-        """Whether rollout ``rollout_id`` is the last one --exit-duration-in-mins allows. Decided once, at the
-        first step that ends past the limit, so that the step the run stops after is the one it saves."""
+        """Whether rollout ``rollout_id`` is the last one --exit-duration-in-mins allows. The clock is read at the
+        first question about a rollout (the save's, after its training) and later questions get the same answer:
+        the step's hand-over and logging may cross the limit, and a loop that then stopped would stop unsaved."""
         limit = self.config.checkpoint.exit_duration_in_mins
-        if self.last_rollout is None and limit is not None and time.monotonic() - self.started >= 60 * limit:
-            self.last_rollout = rollout_id
+        if self.asked != rollout_id:
+            self.asked = rollout_id
+            if self.last_rollout is None and limit is not None and time.monotonic() - self.started >= 60 * limit:
+                self.last_rollout = rollout_id
         return self.last_rollout == rollout_id
 
     def save_if_due(self, rollout_id: int, times: dict[str, float]) -> None:
