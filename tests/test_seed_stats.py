@@ -56,3 +56,19 @@ def test_a_seed_that_dropped_an_item_is_an_error_not_a_smaller_mean(tmp_path):
     (tmp_path / "bad.jsonl").write_text('{"_id": "a", "delta": 1}\n{"_id": "b"}\n')
     with pytest.raises(ValueError, match=r"bad.jsonl:2: no field 'delta'"):
         main(["--key", "delta", "--model", f"RL={tmp_path}/bad.jsonl"])
+
+
+def test_runs_that_wrote_the_same_questions_to_folders_of_their_own_pair_up_by_file_and_line(tmp_path):
+    """A sweep's variants each prepare their data in their own folder (2026-12-01: the 1.5B MemUpdate sweep), so
+    the same question's id differs by folder; its prompt says whether it is the same question."""
+    def write(name: str, folder: str, deltas: list[float], prompts: list[str]):
+        (tmp_path / name).write_text("".join(
+            json.dumps({"_id": f"/runs/{folder}/data/val.jsonl:{i + 1}#0", "prompt": p, "delta": d}) + "\n"
+            for i, (d, p) in enumerate(zip(deltas, prompts))))
+    write("a.jsonl", "v0", [0.1, 0.2], ["When?", "Where?"])
+    write("b.jsonl", "v1", [0.0, 0.0], ["When?", "Where?"])
+    result = main(["--key", "delta", "--model", f"A={tmp_path}/a.jsonl", "--model", f"B={tmp_path}/b.jsonl"])
+    assert result["items"] == 2 and result["paired"]["gain"] == 2
+    write("c.jsonl", "v2", [0.0, 0.0], ["When?", "Who?"])  # line 2 holds another question there
+    with pytest.raises(ValueError, match=r"c.jsonl:2: item val.jsonl:2#0's prompt differs from the one at .*a.jsonl:2"):
+        main(["--key", "delta", "--model", f"A={tmp_path}/a.jsonl", "--model", f"C={tmp_path}/c.jsonl"])

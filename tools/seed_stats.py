@@ -16,11 +16,15 @@ the difference of two (``qa_after_unseen-qa_before_unseen``). Printed, and with 
   the summed gain that the top 5% of items carry (a gain made by a few items is not a learned skill).
 
 Every item must be in every file: a seed that dropped an item is an error that names it, not a smaller mean.
+An item is known by its id without the folder of its data file (``val_eval.jsonl:6#0``): runs that wrote the same
+questions to folders of their own (a sweep's variants) are compared item by item, and an item whose prompt
+differs between files is an error, not a pair.
 """
 
 import argparse
 import glob
 import gzip
+import hashlib
 import json
 import math
 import statistics
@@ -30,11 +34,18 @@ from pathlib import Path
 from scipy import stats
 
 
-def read_items(path: Path, key: str) -> dict[str, float]:
+def item_id(row: dict) -> str:
+    """``_id`` without the folders of the data file it names (``/run/v1/data/val.jsonl:6#0`` -> ``val.jsonl:6#0``)."""
+    return str(row["_id"]).rpartition("/")[2]
+
+
+def read_items(path: Path, key: str, prompts: dict[str, tuple[str, str]] | None = None) -> dict[str, float]:
     """Item id -> the key's value, from one seed's rows (gzipped as the records keep them, or not); a line that is
-    not JSON or lacks a field is named."""
+    not JSON or lacks a field is named. ``prompts`` (item id -> the first file's prompt digest and place) is
+    shared by every file read, so that an id whose prompt differs from another file's is named."""
     first, _, second = key.partition("-")
     values = {}
+    prompts = {} if prompts is None else prompts
     text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -43,7 +54,13 @@ def read_items(path: Path, key: str) -> dict[str, float]:
             row = json.loads(line)
             fields = {**row.get("metrics", {}), **row}  # an evaluation's row keeps the reward's figures in metrics
             value = float(fields[first]) - (float(fields[second]) if second else 0.0)
-            values[str(row["_id"])] = value
+            item = item_id(row)
+            values[item] = value
+            if "prompt" in row:
+                digest = hashlib.sha256(json.dumps(row["prompt"], sort_keys=True).encode()).hexdigest()
+                seen, where = prompts.setdefault(item, (digest, f"{path}:{number}"))
+                if seen != digest:
+                    raise ValueError(f"{path}:{number}: item {item}'s prompt differs from the one at {where}")
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}:{number}: not valid JSON ({err.msg})") from None
         except KeyError as err:
@@ -128,7 +145,7 @@ def main(argv=None) -> dict:
                         help="one file per seed; the first model is compared with the best of the others")
     parser.add_argument("--out", type=Path, help="the figures as JSON too")
     args = parser.parse_args(argv)
-    models = {}
+    models, prompts = {}, {}
     for spec in args.model:
         name, sep, pattern = spec.partition("=")
         files = sorted(glob.glob(pattern))
@@ -136,7 +153,7 @@ def main(argv=None) -> dict:
             parser.error(f"--model {spec!r}: write NAME=GLOB")
         if not files:
             parser.error(f"--model {spec!r}: no file matches {pattern}")
-        models[name] = [read_items(Path(f), args.key) for f in files]
+        models[name] = [read_items(Path(f), args.key, prompts) for f in files]
     result = compare(models)
     print(report(result, args.key))
     if args.out:
