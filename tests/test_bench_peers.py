@@ -47,6 +47,9 @@ def test_the_gpu_command_passes_train_py_s_parser(tmp_path, tiny_hf_dirs):
     assert GpuSharing.from_config(resident, on_gpu=True).mode is Mode.RESIDENT
     state = parse_train_args(real[3:] + list(RUNNERS["vime_ext_state_resident"].keywords["flags"]))
     assert not state.cluster.offload_optimizer_state and state.cluster.offload_train
+    ahead = parse_train_args(real[3:] + list(RUNNERS["vime_ext_async"].keywords["flags"]))
+    assert ahead.rollout.async_training and ahead.rollout.max_staleness == 1
+    assert GpuSharing.from_config(ahead, on_gpu=True).mode is Mode.RESIDENT
 
 
 def test_result_leaves_the_warm_up_out_and_the_table_compares_with_this_project():

@@ -249,7 +249,10 @@ RUNNERS = {"vime_ext": run_vime_ext, "trl": run_trl, "verl": run_verl,
            # trainer and engine resident side by side: no hand-over between steps
            "vime_ext_resident": functools.partial(run_vime_ext, flags=("--no-offload-train", "--no-offload-rollout")),
            # the hand-over without the optimizers' state: it stays on the GPU while the engine generates
-           "vime_ext_state_resident": functools.partial(run_vime_ext, flags=("--no-offload-optimizer-state",))}
+           "vime_ext_state_resident": functools.partial(run_vime_ext, flags=("--no-offload-optimizer-state",)),
+           # one step off-policy (--max-staleness 1): rollout n + 1 generates while step n trains, engine and trainer
+           # resident side by side; another algorithm than the others' on-policy steps, so a row of its own
+           "vime_ext_async": functools.partial(run_vime_ext, flags=("--async-training", "--max-staleness", "1"))}
 
 
 def step_reader(framework: str) -> Callable[[Path, str], list[dict]]:
