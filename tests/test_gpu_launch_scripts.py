@@ -659,7 +659,7 @@ def test_a_mem_update_sweep_chooses_on_the_validation_questions(tiny_hf_dirs, tm
     env = {"VIME_EXT_OUT": str(out), "HF_CKPT": str(model), "STAND_IN_GPUS": "2", "CONVERSATIONS": "6",
            "N_TEST": "2", "N_VAL": "1", "EVAL_NUM": "3", "MEMUP_RETRIEVER": "bm25", "READER": "base",
            "SWEEP_EXAMPLE": "mem_update", "SWEEP_GPUS": "1", "SWEEP_PER_GPU": "2", "MEM_UPDATE_ENV": "RL_ROLLOUTS=3",
-           "SWEEP_VARIANTS": "SFT_EPOCHS=2; MEMUP_ANSWER_NOTE=0 RL_ENTROPY_COEF=0.01"}
+           "SWEEP_VARIANTS": "SFT_EPOCHS=2; MEMUP_ANSWER_NOTE=0 MEMUP_RATIONALE=1 RL_ENTROPY_COEF=0.01"}
     record = tmp_path / "train_args.json"
     full = {**os.environ, **env, "PATH": f"{stand_ins(tmp_path, record)}{os.pathsep}{os.environ['PATH']}"}
     full.pop("CUDA_VISIBLE_DEVICES", None)
@@ -671,6 +671,9 @@ def test_a_mem_update_sweep_chooses_on_the_validation_questions(tiny_hf_dirs, tm
     creates = {v: (data / "sft.jsonl").read_text().count('"operation": "create"') for v, data in
                (("v0", root / "data"), ("v1", root / "v1/data"))}
     assert creates["v0"] > 0 and creates["v1"] == 0  # demonstrations without the answer note
+    rationales = {v: (data / "sft.jsonl").read_text().count("Answering it, ") for v, data in
+                  (("v0", root / "data"), ("v1", root / "v1/data"))}
+    assert rationales["v0"] == 0 and rationales["v1"] > 0  # and with the rationale before the first edit
     calls = [json.loads(line) for line in (tmp_path / "train_args.json.all").read_text().splitlines()]
     sft = {Path(last(c, "--save")).parts[-3]: c for c in calls if "--loss-type" in c}
     grpo = {Path(last(c, "--save")).parts[-3]: c for c in calls if "--loss-type" not in c}
@@ -683,7 +686,7 @@ def test_a_mem_update_sweep_chooses_on_the_validation_questions(tiny_hf_dirs, tm
     assert sorted(Path(last(a, "--save-dir")).relative_to(root).as_posix() for a in evals) == [
         "v0/eval_val", "v0/eval_val", "v1/eval_val", "v1/eval_val"]
     assert {Path(last(a, "--test-data")).name for a in evals} == {"val_eval.jsonl"}
-    assert "| MEMUP_ANSWER_NOTE=0 RL_ENTROPY_COEF=0.01 |" in (root / "sweep.md").read_text()
+    assert "| MEMUP_ANSWER_NOTE=0 MEMUP_RATIONALE=1 RL_ENTROPY_COEF=0.01 |" in (root / "sweep.md").read_text()
     assert all(last(c, "--vllm-kv-cache-memory-bytes") == str(8 * 2**30) for c in [*grpo.values(), *evals])
     log = (out / "learning.log").read_text()
     assert "start v0 (GPU 1) SFT_EPOCHS=2" in log and "start v1 (GPU 1) MEMUP_ANSWER_NOTE=0" in log

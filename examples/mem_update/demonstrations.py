@@ -19,16 +19,26 @@ the search returned are acted on, by the ids and texts it returned. The calls, i
 5. ``delete_memory``: noise memories that the search returned (at most two);
 6. a final reply without a call.
 
+``--rationale`` puts one sentence before the first call after the search, in the same reply: the month the
+question asks about (when it names one), then each evidence memory's date, id and text as the results showed
+them ("The question asks about February 2023. Answering it, from 20 February, 2023: s4-andrew-1, "Andrew
+travelled to Hanoi.""). Without it, the SFT policies (135M and 1.5B) learned to update the first search result:
+on the validation questions that name a month, 30 of 30 updates (the demonstrations: 123 of 295), so a wrong
+session's fact whenever another session ranked first (docs/mem_update.md). The sentence writes the date before
+the id, so that the id follows from the date matching the question.
+
 The tool results are the real ones, so the demonstration is what the policy would see in a rollout; the chat,
 the system and user prompts and the tool list are ``rollout.py``'s. One chat per line (``--input-key messages``,
 tools under ``tools``), from the training split only (``prepare_data.py``'s split and seed):
 
     python -m examples.mem_update.demonstrations --locomo data/mem_update/locomo_generated.json \\
-        --out data/mem_update/sft.jsonl [--retriever embedding|bm25] [--n-test 3] [--seed 42] [--no-answer-note]
+        --out data/mem_update/sft.jsonl [--retriever embedding|bm25] [--n-test 3] [--seed 42] [--no-answer-note] \\
+        [--rationale]
 """
 
 import argparse
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +52,9 @@ from vime_ext.agent.sample import Sample
 from vime_ext.agent.tool_calls import tool_message
 
 FINAL = "The store is ready: the facts this question needs are stated with their dates, and the noise is gone."
+INCOMPLETE = "The results do not hold all that it needs, so its facts stay as they are."
+ASKED_MONTH = re.compile(r"\b(January|February|March|April|May|June|July|August|September|October|November|December)"
+                         r",? (\d{4})\b")
 MAX_DELETES = 2
 SEARCH_K = 10  # the demonstrated search's top_k: what the episode can act on
 
@@ -53,6 +66,29 @@ class Demonstration:
     namespace: str  # the played-out store, kept for a reward to read (STORE.drop it after)
 
 
+@dataclass(frozen=True)
+class Played:
+    calls: list[tuple[ToolCall, dict]]  # each call and its real result, in order
+    rationale: str  # the sentence --rationale puts before the first call after the search
+
+
+def _day(memory) -> str:
+    """The date shown beside a memory, without its time ("5:30 pm on 18 November, 2022" -> "18 November, 2022")."""
+    return str(memory.metadata.get("date", "")).split(" on ")[-1]
+
+
+def rationale(question: str, evidence: list) -> str:
+    """What the first reply after the search says: the month asked about, then each evidence memory as the results
+    showed it, its date first; or that the results lack part of what the question needs (``evidence`` empty)."""
+    if not evidence:
+        return INCOMPLETE
+    month = ASKED_MONTH.search(question)
+    asked = f"The question asks about {month.group(1)} {month.group(2)}. " if month else ""
+    found = "; and ".join(f"from {_day(m)}: {m.id}, {json.dumps(m.content, ensure_ascii=False)}" if _day(m)
+                          else f"{m.id}, {json.dumps(m.content, ensure_ascii=False)}" for m in evidence)
+    return f"{asked}Answering it, {found}"  # each text quoted with its own full stop
+
+
 def _call(name: str, **arguments) -> ToolCall:
     return ToolCall(name, arguments)
 
@@ -62,10 +98,9 @@ def _evidence(memory) -> set[str]:
     return set(memory.metadata.get("evidence", []))
 
 
-def plan_and_play(conversation: Conversation, item: dict, box: ToolBox,
-                  answer_note: bool = True) -> list[tuple[ToolCall, dict]]:
-    """The calls for ``item`` (chosen as the module says; step 4 only with ``answer_note``) and each one's real
-    result, in order."""
+def plan_and_play(conversation: Conversation, item: dict, box: ToolBox, answer_note: bool = True) -> Played:
+    """The calls for ``item`` (chosen as the module says; step 4 only with ``answer_note``), each one's real result,
+    and the rationale of what the search showed."""
     played = []
 
     def play(call: ToolCall) -> dict:
@@ -86,9 +121,10 @@ def plan_and_play(conversation: Conversation, item: dict, box: ToolBox,
     # the reader, so the episode leaves the evidence as it is.
     if len(evidence) < sum(1 for m in box.namespace.memories() if _evidence(m) & set(item["evidence"])):
         evidence = []
+    why = rationale(item["question"], evidence)
     kept, text = [], {}
     for memory in evidence:
-        day = str(memory.metadata.get("date", "")).split(" on ")[-1]
+        day = _day(memory)
         text[memory.id] = memory.content
         if day and day not in memory.content:
             text[memory.id] = play(_call("manage_memory", operation="update", memory_id=memory.id,
@@ -103,13 +139,14 @@ def plan_and_play(conversation: Conversation, item: dict, box: ToolBox,
     noise = [m.id for m in shown if m.id in box.namespace and not _evidence(m) & asked]  # merges removed some
     for memory_id in noise[:MAX_DELETES]:
         play(_call("delete_memory", memory_id=memory_id, reason="says nothing any question needs"))
-    return played
+    return Played(played, why)
 
 
 def demonstration(conversation: Conversation, item: dict, settings: MemUpdateSettings,
-                  answer_note: bool = True) -> Demonstration:
+                  answer_note: bool = True, with_rationale: bool = False) -> Demonstration:
     """One episode for ``item``: its chat (system, user, then a call and its result per turn, then the final
-    reply), played on a fresh namespace of the conversation's memories."""
+    reply; ``with_rationale``: the rationale opens the reply after the search's result), played on a fresh
+    namespace of the conversation's memories."""
     namespace = STORE.create(conversation.memories)
     box = ToolBox(namespace, make_retriever(settings.retriever))
     slot = Sample(prompt=item["question"], metadata={"memories": conversation.memories})
@@ -119,16 +156,20 @@ def demonstration(conversation: Conversation, item: dict, settings: MemUpdateSet
     except BaseException:
         STORE.drop(namespace.name)
         raise
-    for call, result in played:
-        messages += [{"role": "assistant", "content": None, "tool_calls": [
+    texts = [None] * len(played.calls) + [FINAL]  # each reply's words before its call (the last: no call)
+    if with_rationale:
+        texts[1] = played.rationale if texts[1] is None else f"{played.rationale} {texts[1]}"
+    for (call, result), text in zip(played.calls, texts):
+        messages += [{"role": "assistant", "content": text, "tool_calls": [
                          {"type": "function", "function": {"name": call.name, "arguments": call.arguments}}]},
                      tool_message(result)]
-    messages.append({"role": "assistant", "content": FINAL})
-    return Demonstration(messages, [call.name for call, _ in played], namespace.name)
+    messages.append({"role": "assistant", "content": texts[-1]})
+    return Demonstration(messages, [call.name for call, _ in played.calls], namespace.name)
 
 
 def write_demonstrations(locomo: str | Path, out: str | Path, settings: MemUpdateSettings, n_test: int = 3,
-                         seed: int = 42, n_val: int = 0, answer_note: bool = True) -> tuple[Path, dict[str, int]]:
+                         seed: int = 42, n_val: int = 0, answer_note: bool = True,
+                         with_rationale: bool = False) -> tuple[Path, dict[str, int]]:
     """Demonstrations for every QA item of the training split (prepare_data.py's, from the same ``n_test``,
     ``seed`` and ``n_val``); returns the path and the calls per tool."""
     conversations, _ = load_locomo(locomo)
@@ -139,7 +180,7 @@ def write_demonstrations(locomo: str | Path, out: str | Path, settings: MemUpdat
     with out.open("w", encoding="utf-8") as f:
         for conversation in train:
             for k, item in enumerate(conversation.qa):
-                demo = demonstration(conversation, item, settings, answer_note)
+                demo = demonstration(conversation, item, settings, answer_note, with_rationale)
                 STORE.drop(demo.namespace)
                 for name in demo.calls:
                     counts[name] = counts.get(name, 0) + 1
@@ -159,9 +200,12 @@ def main(argv=None) -> None:
     parser.add_argument("--seed", type=int, default=42, help="the split's seed (as prepare_data.py)")
     parser.add_argument("--no-answer-note", dest="answer_note", action="store_false",
                         help="leave out the note that states the question and its evidence (step 4)")
+    parser.add_argument("--rationale", action="store_true",
+                        help="open the reply after the search with the month asked about and the evidence's "
+                             "dates, ids and texts")
     args = parser.parse_args(argv)
     path, counts = write_demonstrations(args.locomo, args.out, MemUpdateSettings(retriever=args.retriever),
-                                        args.n_test, args.seed, args.n_val, args.answer_note)
+                                        args.n_test, args.seed, args.n_val, args.answer_note, args.rationale)
     print(f"{path}: calls per tool {json.dumps(counts)}")
 
 

@@ -29,7 +29,9 @@
 # conversation (unseen); the reward is over MEMUP_REWARD_QUESTIONS (both). MEMUP_SCORER=proxy trains on the
 # proxy scorer instead, which the fourth run found to disagree with the reader (+0.2 against -0.016).
 # MEMUP_ANSWER_NOTE=0: SFT's demonstrations without their note that restates the question and its evidence
-# (demonstrations.py --no-answer-note; a variable of the data, so a sweep variant prepares its own).
+# (demonstrations.py --no-answer-note); MEMUP_RATIONALE=1: with a sentence before the first edit that names the
+# month asked about and the evidence by its date (--rationale). Variables of the data: a sweep variant that sets
+# one prepares its own.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 STAGE=${1:?usage: run-smollm2-gpu.sh prepare|seed|base|table|all [train.py flags for the GRPO run]}
@@ -77,7 +79,8 @@ open(sys.argv[2], "w").writelines(sorted(random.Random(0).sample(lines, n), key=
   done
   python -m examples.mem_update.demonstrations --locomo "${DATA_ROOT}/locomo_generated.json" \
     --out "${DATA_ROOT}/sft.jsonl" --retriever "${MEMUP_RETRIEVER:-embedding}" --n-test "${N_TEST}" \
-    --n-val "${N_VAL}" --seed 42 $([ "${MEMUP_ANSWER_NOTE:-1}" = 0 ] && echo --no-answer-note)
+    --n-val "${N_VAL}" --seed 42 $([ "${MEMUP_ANSWER_NOTE:-1}" = 0 ] && echo --no-answer-note) \
+    $([ "${MEMUP_RATIONALE:-0}" = 1 ] && echo --rationale)
   echo "$(date +%T) prepare: done"
 }
 

@@ -133,3 +133,50 @@ def test_without_the_answer_note_the_episode_is_the_same_less_its_create(locomo,
     calls = [m["tool_calls"][0]["function"] for r in read_chats(out) for m in r.prompt if m.get("tool_calls")]
     assert calls and not any(c["arguments"].get("operation") == "create" for c in calls)
     assert len(STORE) == 0
+
+
+def test_the_rationale_names_the_asked_month_then_each_evidence_by_its_date(locomo, tiny_hf_dirs, tmp_path):
+    """--rationale: the same calls, and the reply after the search opens with the month the question names and
+    each evidence memory's date, id and text as the results showed them (or that the results lack part of what
+    it needs). Among questions that name a month are some whose evidence is not the first result: there the
+    sentence carries what the first-result habit of the SFT policies misses. The rationale is trained and the
+    calls after it still parse."""
+    from examples.mem_update.demonstrations import ASKED_MONTH, INCOMPLETE, main
+
+    months = not_first = incomplete = 0
+    for conversation in load_locomo(locomo)[0]:
+        for item in conversation.qa:
+            plain, said = (demonstration(conversation, item, SETTINGS, with_rationale=w) for w in (False, True))
+            STORE.drop(plain.namespace), STORE.drop(said.namespace)
+            assert [m.get("tool_calls") for m in said.messages] == [m.get("tool_calls") for m in plain.messages]
+            opening = said.messages[4]["content"]  # system, user, the search, its result, then this reply
+            differ = [i for i, (a, b) in enumerate(zip(said.messages, plain.messages)) if a != b]
+            assert differ == [4] and opening.endswith(plain.messages[4]["content"] or "")  # the rest as it was
+            results = json.loads(said.messages[3]["content"])["results"]
+            updated = [c["function"]["arguments"]["memory_id"] for m in said.messages for c in m.get("tool_calls") or []
+                       if c["function"]["arguments"].get("operation") == "update"]
+            if not updated:
+                incomplete += opening.startswith(INCOMPLETE)
+                continue
+            month = ASKED_MONTH.search(item["question"])
+            assert opening.startswith("The question asks about ") == bool(month)
+            assert not month or opening.startswith(f"The question asks about {month.group(1)} {month.group(2)}. ")
+            shown = {r["id"]: r for r in results}
+            for memory_id in updated:
+                day = shown[memory_id]["date"].split(" on ")[-1]
+                assert f"from {day}: {memory_id}, {json.dumps(shown[memory_id]['content'])}" in opening
+                if month:
+                    assert month.group(1) in day and month.group(2) in day  # the evidence is of the month asked
+            months += bool(month)
+            not_first += bool(month) and results[0]["id"] != updated[0]
+    assert months > 10 and not_first > 3 and incomplete > 0, (months, not_first, incomplete)
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_hf_dirs["qwen3"])  # Qwen's real tokenizer
+    (sequence,) = ChatMasker(tokenizer)(said.messages, TOOLS).sequences
+    trained = tokenizer.decode([t for t, m in zip(sequence.tokens, sequence.mask) if m])
+    assert [c.name for r in trained.split("<|im_end|>")[:-1] for c in parse_tool_calls(r)] == said.calls
+    assert said.messages[4]["content"] in trained
+    out = tmp_path / "sft.jsonl"
+    main(["--locomo", str(locomo), "--out", str(out), "--retriever", "bm25", "--n-test", "2", "--n-val", "1",
+          "--rationale"])
+    assert all(r.prompt[4]["content"] for r in read_chats(out)) and len(STORE) == 0
