@@ -497,14 +497,15 @@ def test_the_mem_update_smollm2_recipe_chains_sft_rl_and_both_evaluations(tiny_h
         assert last(a, "--reader-model") == str(model) and last(a, "--test-data") == str(data / "test_eval.jsonl")
         assert last(a, "--model-path").startswith(str(work / "seed_2")) and last(a, "--save-dir") == str(work / "eval")
         assert last(a, "--edit") == "agent" and last(a, "--reader-replies-file") == replies
-    # the rows without training, with a reader of another folder: the base model, no-op and oracle, each episode
-    # scoring 3 unseen questions of its conversation beside the one it was shown
+    # the rows without training, with a reader of another folder: the base model, no-op, oracle and demonstrated,
+    # each episode scoring 3 unseen questions of its conversation beside the one it was shown
     reader = tiny_hf_dirs["llama"]
     evals = evaluations_of_all("examples/mem_update/run-smollm2-gpu.sh", {**full, "READER": str(reader)},
                                tmp_path / "train_args.json.eval", stage="base")
-    (a,) = evals  # one run, the three rows in turn on its engines
-    assert after(a, "--edit", 3) == ["agent", "noop", "oracle"] and last(a, "--reader-model") == str(reader)
-    assert after(a, "--save-file", 3) == ["base", "noop", "oracle"]
+    (a,) = evals  # one run, the four rows in turn on its engines
+    assert after(a, "--edit", 4) == ["agent", "noop", "oracle", "demonstrated"]
+    assert after(a, "--save-file", 4) == ["base", "noop", "oracle", "demonstrated"] and \
+        last(a, "--reader-model") == str(reader)
     # one seed a GPU, no KV_CACHE_GIB: vLLM sizes the caches from the shares
     assert all(last(a, "--reader-memory") == "0.15" and last(a, "--vllm-gpu-memory-utilization") == "0.25"
                and "--vllm-kv-cache-memory-bytes" not in a for a in evals)

@@ -4,39 +4,76 @@
 - ``noop``: the store is left as it is (doing nothing: the row a learned editor must beat);
 - ``oracle``: for every question the episode is scored on (the one shown and ``memup_extra_questions`` others of
   the conversation), a memory stating the question and its gold answer is added: the most an edit can give the
-  reader, the ceiling of the table.
+  reader, the ceiling of the table;
+- ``demonstrated``: the episode SFT's demonstrations play for the question shown (``demonstrations.py``, with
+  its answer note), through the same tools: what imitating them perfectly would score. It knows which memories
+  are evidence and which are noise from the data's labels (``evidence``, ``asked_evidence``), which a policy
+  does not: a reference row, like the oracle, not a baseline to beat.
 
-Neither asks the engine anything; the episode ends finished, with the agent's counters (no calls).
+None asks the engine anything; the episode ends finished, with the agent's counters.
 """
 
 from dataclasses import replace
 
+from examples.mem_update.demonstrations import plan_and_play
+from examples.mem_update.retrieval import make_retriever
 from examples.mem_update.rollout import episode_metrics
 from examples.mem_update.settings import MemUpdateSettings
 from examples.mem_update.store import STORE
-from examples.mem_update.tools import ERROR_KINDS, TOOLS
+from examples.mem_update.tools import CHANGES_STORE, ERROR_KINDS, TOOLS, ToolBox
 from vime_ext.agent.sample import Status
 
 
-def _episode(sample, added: list[str]):
+def _namespace(sample):
     memories = sample.metadata.get("memories")
     if not isinstance(memories, list) or not memories:
         raise ValueError(f"sample {sample.index}: metadata['memories'] must list the initial memories")
-    namespace = STORE.create(memories, prefix="baseline")
-    for content in added:
-        namespace.create(content, source="oracle")
-    no_calls = {tool["function"]["name"]: 0 for tool in TOOLS}
-    metrics = {**sample.metrics, **episode_metrics(namespace, 0, no_calls, dict.fromkeys(ERROR_KINDS, 0), len(added))}
+    return STORE.create(memories, prefix="baseline")
+
+
+def _episode(sample, namespace, edits: int, calls: dict[str, int] | None = None):
+    """The finished episode on ``namespace``, with the agent's counters: ``calls`` by tool (a reply each, then the
+    final one), none by default."""
+    calls = calls or {tool["function"]["name"]: 0 for tool in TOOLS}
+    turns = sum(calls.values()) + 1 if any(calls.values()) else 0
+    metrics = {**sample.metrics, **episode_metrics(namespace, turns, calls, dict.fromkeys(ERROR_KINDS, 0), edits)}
     return replace(sample, metadata={**sample.metadata, "memory_namespace": namespace.name, "finished": True},
                    metrics=metrics, response="", status=Status.COMPLETED)
 
 
+def _added(sample, contents: list[str]):
+    namespace = _namespace(sample)
+    for content in contents:
+        namespace.create(content, source="oracle")
+    return _episode(sample, namespace, len(contents))
+
+
 async def noop(args, sample, sampling_params, evaluation: bool = False):
-    return _episode(sample, [])
+    return _added(sample, [])
 
 
 async def oracle(args, sample, sampling_params, evaluation: bool = False):
     settings = MemUpdateSettings.from_args(args)
     extra = sample.metadata.get("extra_qa", [])[:settings.extra_questions]
     questions = [(str(sample.prompt), str(sample.label))] + [(q["question"], q["answer"]) for q in extra]
-    return _episode(sample, [f"{question} {answer}" for question, answer in questions])
+    return _added(sample, [f"{question} {answer}" for question, answer in questions])
+
+
+async def demonstrated(args, sample, sampling_params, evaluation: bool = False):
+    settings = MemUpdateSettings.from_args(args)
+    asked = sample.metadata.get("asked_evidence")
+    if asked is None or "evidence" not in sample.metadata:
+        raise ValueError(f"sample {sample.index}: no 'evidence' or 'asked_evidence' in its metadata, which the "
+                         "demonstrated row reads; prepare the data again (examples/mem_update/prepare_data.py)")
+    namespace = _namespace(sample)
+    try:
+        box = ToolBox(namespace, make_retriever(settings.retriever), seed=sample.index)
+        played = plan_and_play({"question": str(sample.prompt), "evidence": sample.metadata["evidence"]},
+                               set(asked), box, where=f"sample {sample.index}")
+    except BaseException:
+        STORE.drop(namespace.name)
+        raise
+    calls = {tool["function"]["name"]: 0 for tool in TOOLS}
+    for call, _ in played.calls:
+        calls[call.name] += 1
+    return _episode(sample, namespace, sum(n for name, n in calls.items() if name in CHANGES_STORE), calls)

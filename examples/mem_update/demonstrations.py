@@ -98,19 +98,19 @@ def _evidence(memory) -> set[str]:
     return set(memory.metadata.get("evidence", []))
 
 
-def plan_and_play(conversation: Conversation, item: dict, box: ToolBox, answer_note: bool = True) -> Played:
-    """The calls for ``item`` (chosen as the module says; step 4 only with ``answer_note``), each one's real result,
-    and the rationale of what the search showed."""
+def plan_and_play(item: dict, asked: set[str], box: ToolBox, answer_note: bool = True, where: str = "") -> Played:
+    """The calls for ``item`` (its ``question`` and ``evidence``; chosen as the module says, step 4 only with
+    ``answer_note``; ``asked``: the dia_ids any question of the conversation names, a memory of none being noise),
+    each one's real result, and the rationale of what the search showed. ``where`` names the item in errors."""
     played = []
 
     def play(call: ToolCall) -> dict:
         result = box.run(call)
         if result.error:
-            raise ValueError(f"{conversation.sample_id}: demonstration call {call} failed: {result.content}")
+            raise ValueError(f"{where}: demonstration call {call} failed: {result.content}")
         played.append((call, result.content))
         return result.content
 
-    asked = {e for qa in conversation.qa for e in qa["evidence"]}
     found = play(_call("search_memory", query=item["question"], top_k=SEARCH_K))["results"]
     # Only memories the search showed are acted on: an id the chat never showed is one the policy cannot know
     # (the first demonstrations updated evidence memories that no result had shown; the model trained on them
@@ -152,7 +152,8 @@ def demonstration(conversation: Conversation, item: dict, settings: MemUpdateSet
     slot = Sample(prompt=item["question"], metadata={"memories": conversation.memories})
     messages = episode_messages(slot, settings, len(namespace))
     try:
-        played = plan_and_play(conversation, item, box, answer_note)
+        asked = {e for qa in conversation.qa for e in qa["evidence"]}
+        played = plan_and_play(item, asked, box, answer_note, conversation.sample_id)
     except BaseException:
         STORE.drop(namespace.name)
         raise

@@ -3,11 +3,12 @@
 # episodes (Qwen <tool_call> sequences played on the real store and tools), then GRPO with the example's reward
 # through this example's Qwen3-4B launch script (its variables scaled to the small model), then QA before and
 # after the agent's edits on held-out conversations, scored by a fixed reader (READER, an engine of its own) for
-# every model, beside the rows without a policy (no-op: the store untouched; oracle: the gold answers added).
+# every model, beside the rows without a policy (no-op: the store untouched; oracle: the gold answers added;
+# demonstrated: SFT's demonstrated episodes, what perfect imitation scores).
 # Stages:
 #   bash examples/mem_update/run-smollm2-gpu.sh prepare       # conversations, the split, SFT chats
 #   SEED=0 bash examples/mem_update/run-smollm2-gpu.sh seed   # on one GPU: SFT, GRPO from it, both evaluated
-#   bash examples/mem_update/run-smollm2-gpu.sh base          # the base model, no-op and oracle evaluated
+#   bash examples/mem_update/run-smollm2-gpu.sh base          # the base model and the rows without a policy
 #   bash examples/mem_update/run-smollm2-gpu.sh table         # base / SFT / SFT + RL over the seeds: .md .json
 #   SEEDS="0 1" bash examples/mem_update/run-smollm2-gpu.sh all   # prepare, a seed per GPU at once, base, table
 #                                                                 # (BASE_FROM=DIR: base copied from a RESULTS;
@@ -118,10 +119,10 @@ one_seed() {
     "${MEM_UPDATE_DIR}/run-qwen3-4b-train.sh" "${reader[@]}" "$@"
 }
 
-# the rows without training, on one policy engine and one reader: the base model, nobody editing (no-op) and the
-# gold answers added (oracle)
+# the rows without training, on one policy engine and one reader: the base model, nobody editing (no-op), the
+# gold answers added (oracle) and SFT's demonstrated episodes (demonstrated; labels known, as the oracle's)
 baselines() {
-  EDIT="agent noop oracle" evaluate "base noop oracle"
+  EDIT="agent noop oracle demonstrated" evaluate "base noop oracle demonstrated"
 }
 
 # baselines_on GPU: the same on that GPU
@@ -135,7 +136,8 @@ baselines_on() {
 table() {
   local name key
   models_with_results "${RESULTS}/%s.json" "no-op (store untouched)=noop" base=base "SFT=sft_s*" \
-    "SFT + RL=rl_s*" "oracle (gold answers added)=oracle"
+    "SFT + RL=rl_s*" "demonstrated (SFT's episodes, labels known)=demonstrated" \
+    "oracle (gold answers added)=oracle"
   python -m examples.mem_update.results_table --results "${RESULTS}" "${MODEL_ARGS[@]}" \
     --out "${TABLE_DIR}/mem_update_smollm2"
   models_with_results "%s" "SFT + RL=${RESULTS}/rl_s*.samples.jsonl" "SFT=${RESULTS}/sft_s*.samples.jsonl" \
@@ -173,7 +175,7 @@ case "${STAGE}" in
     seeds_on_gpus "$0" "${WORK}" "$@" || status=$?
     if [ -n "${BASE_FROM:-}" ]; then  # the rows without training from an earlier run's RESULTS, same files
       mkdir -p "${RESULTS}"
-      for row in "${BASE_FROM}"/{base,noop,oracle}.*; do if [ -e "${row}" ]; then cp "${row}" "${RESULTS}/"; fi; done
+      for row in "${BASE_FROM}"/{base,noop,oracle,demonstrated}.*; do if [ -e "${row}" ]; then cp "${row}" "${RESULTS}/"; fi; done
     elif [ -n "${base_pid}" ]; then
       again_if_failed "${base_pid}" "the rows without training" "the seeds" "${WORK}/baselines.log" \
         baselines_on "${base_gpu}"

@@ -455,6 +455,39 @@ def test_the_noop_and_oracle_edits_are_the_floor_and_the_ceiling():
     assert EDITS["noop"].endswith("baselines.noop") and EDITS["oracle"].endswith("baselines.oracle")
 
 
+def test_the_demonstrated_row_plays_sft_s_episode_through_the_tools(tmp_path):
+    """baselines.demonstrated: the episode demonstrations.py writes for the question shown, played on the
+    sample's own memories from its prepared metadata (the question's evidence and the conversation's), so its
+    store is the demonstration's store and its score what perfect imitation would get."""
+    from examples.mem_update.baselines import demonstrated
+    from examples.mem_update.demonstrations import demonstration
+
+    path = tmp_path / "locomo.json"
+    path.write_text(json.dumps(generate_locomo(1, seed=0)))
+    (conversation,), _ = load_locomo(path)
+    records = prompt_records([conversation], extra_questions=2)
+    args = plugin_args([], {"memup_retriever": "bm25", "memup_extra_questions": 2})
+    deltas = []
+    for k, record in enumerate(records):
+        assert record["metadata"]["asked_evidence"] == sorted({e for q in conversation.qa for e in q["evidence"]})
+        slot = Sample(prompt=record["prompt"], label=record["label"], index=k, metadata=record["metadata"])
+        episode = asyncio.run(demonstrated(args, slot, None))
+        demo = demonstration(conversation, conversation.qa[k], MemUpdateSettings(retriever="bm25"))
+        # the same calls, so the same store as the demonstration left
+        assert {name: int(episode.metrics[f"calls_{name}"]) for name in set(demo.calls)} == \
+            {name: demo.calls.count(name) for name in set(demo.calls)}
+        assert [m.content for m in STORE.get(episode.metadata["memory_namespace"]).memories()] == \
+            [m.content for m in STORE.get(demo.namespace).memories()]
+        STORE.drop(demo.namespace)
+        assert episode.metadata["finished"] and episode.metrics["tool_errors"] == 0
+        deltas.append(asyncio.run(reward(args, episode))["performance_delta"])
+    assert len(STORE) == 0 and len(deltas) > 10 and sum(deltas) / len(deltas) > 0.05, deltas
+    stale = Sample(prompt="Where?", label="Oslo", index=9, metadata={"memories": MEMORIES, "evidence": ["D1:1"]})
+    with pytest.raises(ValueError, match="sample 9: no 'evidence' or 'asked_evidence'.*prepare the data again"):
+        asyncio.run(demonstrated(args, stale, None))
+    assert len(STORE) == 0
+
+
 # ---- data ---------------------------------------------------------------------------------------------------
 
 def test_locomo_loader_split_and_bad_records(tmp_path):
@@ -579,9 +612,9 @@ def test_the_evaluation_scores_with_a_fixed_reader_and_counts_each_tool(tmp_path
 
 
 def test_the_baseline_rows_run_through_the_evaluation_as_a_user_runs_them(tiny_hf_dirs, tmp_path, monkeypatch):
-    """eval_mem_update.py --edit noop oracle end to end (an engine is served, as for any model; neither edit asks
-    it anything): every episode is scored, none failed (an episode with no sequence is evaluated, not refused),
-    doing nothing changes no score and the oracle raises it."""
+    """eval_mem_update.py --edit noop oracle demonstrated end to end (an engine is served, as for any model; no
+    edit asks it anything): every episode is scored, none failed (an episode with no sequence is evaluated, not
+    refused), doing nothing changes no score and the oracle and the demonstrations raise it."""
     from examples.mem_update.eval_mem_update import main as evaluate_edits
     from examples.mem_update.prepare_data import main as prepare
 
@@ -589,15 +622,16 @@ def test_the_baseline_rows_run_through_the_evaluation_as_a_user_runs_them(tiny_h
     prepare(["--generate", "--num-conversations", "3", "--n-test", "1", "--out-dir", str(tmp_path / "data")])
     episodes = len((tmp_path / "data" / "test.jsonl").read_text().splitlines())
     # both rows in one run, on one engine, each its own files (named for the edits)
-    rows = dict(zip(("noop", "oracle"), evaluate_edits([
+    rows = dict(zip(("noop", "oracle", "demonstrated"), evaluate_edits([
         "--model-path", str(tiny_hf_dirs["llama"]), "--test-data", str(tmp_path / "data" / "test.jsonl"),
-        "--save-dir", str(tmp_path / "out"), "--edit", "noop", "oracle", "--engine-backend", "hf"])))
+        "--save-dir", str(tmp_path / "out"), "--edit", "noop", "oracle", "demonstrated", "--engine-backend", "hf"])))
     for edit, row in rows.items():
         assert row["edit"] == edit and row["episodes"] == episodes and row["failed"] == 0.0
         assert json.loads((tmp_path / "out" / f"{edit}.json").read_text()) == row
         assert len((tmp_path / "out" / f"{edit}.samples.jsonl").read_text().splitlines()) == episodes
     assert rows["noop"]["qa_delta"] == 0.0 and rows["noop"]["reward"] == 0.0
     assert rows["oracle"]["qa_after"] > rows["oracle"]["qa_before"] == rows["noop"]["qa_before"]
+    assert rows["demonstrated"]["qa_delta"] > 0 and rows["demonstrated"]["tool_calls"] > 1
 
 
 def test_the_evaluations_reader_takes_the_engines_vllm_flags_in_a_share_of_its_own():
