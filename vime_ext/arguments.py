@@ -39,10 +39,11 @@ class CheckpointConfig:
     load: str | None = _help("resume from this save directory (or iter_* directory) when it holds a checkpoint")
     save: str | None = _help("save directory for torch_dist checkpoints")
     save_interval: int | None = _help("save every N rollouts (and after the last)")
-    exit_duration_in_mins: float | None = _help("stop after the first rollout step that ends this many minutes "
-                                                "after train.py started (its start-up counted), saving that step "
-                                                "when --save is set; a later run with --load goes on from it. "
-                                                "megatron's flag: a job that must end before its time slot does")
+    exit_duration_in_mins: float | None = _help("stop after the first rollout step whose training ends this many "
+                                                "minutes after train.py started (its start-up counted), saving "
+                                                "that step when --save is set; a later run with --load goes on "
+                                                "from it. megatron's flag: a job that must end before its time "
+                                                "slot does")
     save_keep_last: int | None = _help("keep only the newest N saved iterations (each holds the full optimizer "
                                        "state); the one a run resumed from is kept too. Default: keep all")
     no_save_optim: bool = _help("save weights, RNG state and data position but not the optimizer state (12 of a "
