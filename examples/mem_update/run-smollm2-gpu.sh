@@ -175,7 +175,9 @@ case "${STAGE}" in
     seeds_on_gpus "$0" "${WORK}" "$@" || status=$?
     if [ -n "${BASE_FROM:-}" ]; then  # the rows without training from an earlier run's RESULTS, same files
       mkdir -p "${RESULTS}"
-      for row in "${BASE_FROM}"/{base,noop,oracle,demonstrated}.*; do if [ -e "${row}" ]; then cp "${row}" "${RESULTS}/"; fi; done
+      for row in "${BASE_FROM}"/{base,noop,oracle,demonstrated}.*; do
+        if [ -e "${row}" ]; then cp "${row}" "${RESULTS}/"; fi
+      done
     elif [ -n "${base_pid}" ]; then
       again_if_failed "${base_pid}" "the rows without training" "the seeds" "${WORK}/baselines.log" \
         baselines_on "${base_gpu}"
