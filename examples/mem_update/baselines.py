@@ -1,5 +1,5 @@
 """Edits made without the policy, as generate plug-ins the evaluation runs in the agent's place
-(``eval_mem_update.py --edit noop|oracle``), scored by the same reward:
+(``eval_mem_update.py --edit noop|oracle|demonstrated``), scored by the same reward:
 
 - ``noop``: the store is left as it is (doing nothing: the row a learned editor must beat);
 - ``oracle``: for every question the episode is scored on (the one shown and ``memup_extra_questions`` others of
