@@ -6,7 +6,8 @@
   the conversation), a memory stating the question and its gold answer is added: the most an edit can give the
   reader, the ceiling of the table;
 - ``demonstrated``: the episode SFT's demonstrations play for the question shown (``demonstrations.py``, with
-  its answer note), through the same tools: what imitating them perfectly would score. It knows which memories
+  its answer note unless ``memup_answer_note`` is 0, as the recipe's data), through the same tools: what
+  imitating them perfectly would score. It knows which memories
   are evidence and which are noise from the data's labels (``evidence``, ``asked_evidence``), which a policy
   does not: a reference row, like the oracle, not a baseline to beat.
 
@@ -69,7 +70,8 @@ async def demonstrated(args, sample, sampling_params, evaluation: bool = False):
     try:
         box = ToolBox(namespace, make_retriever(settings.retriever), seed=sample.index)
         played = plan_and_play({"question": str(sample.prompt), "evidence": sample.metadata["evidence"]},
-                               set(asked), box, where=f"sample {sample.index}")
+                               set(asked), box, answer_note=bool(settings.answer_note),
+                               where=f"sample {sample.index}")
     except BaseException:
         STORE.drop(namespace.name)
         raise

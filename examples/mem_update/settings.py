@@ -44,6 +44,9 @@ class MemUpdateSettings:
     unfinished_reward: float | None = None  # no final message (turn cap or token budget): None = scored as usual
     error_reward: float = -0.1  # when scoring raises (the reader's engine failed, the namespace is gone)
     first_reply_prefix: str = ""  # the policy's first reply starts with this (masked), e.g. an opened tool call
+    # 1 or 0: SFT's demonstrations with or without their answer note (demonstrations.py --no-answer-note, set from
+    # MEMUP_ANSWER_NOTE as the recipe's data is); the demonstrated row (baselines.py) plays the same episodes
+    answer_note: int = 1
 
     @classmethod
     def from_args(cls, args) -> "MemUpdateSettings":
@@ -63,6 +66,8 @@ class MemUpdateSettings:
             raise ValueError("memup_top_k, memup_max_turns and memup_max_context_tokens must be positive")
         if settings.efficiency_min > settings.efficiency_max:
             raise ValueError("memup_efficiency_min is above memup_efficiency_max")
+        if settings.answer_note not in (0, 1):
+            raise ValueError(f"memup_answer_note {settings.answer_note!r} is not 0 or 1")
         return settings
 
 

@@ -482,6 +482,18 @@ def test_the_demonstrated_row_plays_sft_s_episode_through_the_tools(tmp_path):
         assert episode.metadata["finished"] and episode.metrics["tool_errors"] == 0
         deltas.append(asyncio.run(reward(args, episode))["performance_delta"])
     assert len(STORE) == 0 and len(deltas) > 10 and sum(deltas) / len(deltas) > 0.05, deltas
+    # memup_answer_note 0 (MEMUP_ANSWER_NOTE=0, as the data's demonstrations then are): the episodes less the note
+    plain = plugin_args([], {"memup_retriever": "bm25", "memup_answer_note": 0})
+    creates = {note: 0 for note in (0, 1)}
+    for k, record in enumerate(records):
+        for note, settings in ((0, plain), (1, args)):
+            episode = asyncio.run(demonstrated(settings, Sample(prompt=record["prompt"], label=record["label"],
+                                                                index=k, metadata=record["metadata"]), None))
+            creates[note] += int(episode.metrics["calls_manage_memory"])
+            STORE.drop(episode.metadata["memory_namespace"])
+    assert 0 < creates[0] < creates[1]
+    with pytest.raises(ValueError, match="memup_answer_note 2 is not 0 or 1"):
+        MemUpdateSettings.from_args(plugin_args([], {"memup_answer_note": 2}))
     stale = Sample(prompt="Where?", label="Oslo", index=9, metadata={"memories": MEMORIES, "evidence": ["D1:1"]})
     with pytest.raises(ValueError, match="sample 9: no 'evidence' or 'asked_evidence'.*prepare the data again"):
         asyncio.run(demonstrated(args, stale, None))
