@@ -42,7 +42,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from examples.mem_update.locomo import Conversation, load_locomo, split
+from examples.mem_update.locomo import MONTHS, Conversation, load_locomo, session_day, split
 from examples.mem_update.retrieval import make_retriever
 from examples.mem_update.rollout import episode_messages
 from examples.mem_update.settings import MemUpdateSettings
@@ -53,8 +53,7 @@ from vime_ext.agent.tool_calls import tool_message
 
 FINAL = "The store is ready: the facts this question needs are stated with their dates, and the noise is gone."
 INCOMPLETE = "The results do not hold all that it needs, so its facts stay as they are."
-ASKED_MONTH = re.compile(r"\b(January|February|March|April|May|June|July|August|September|October|November|December)"
-                         r",? (\d{4})\b")
+ASKED_MONTH = re.compile(rf"\b({'|'.join(MONTHS)}),? (\d{{4}})\b")
 MAX_DELETES = 2
 SEARCH_K = 10  # the demonstrated search's top_k: what the episode can act on
 
@@ -73,8 +72,8 @@ class Played:
 
 
 def _day(memory) -> str:
-    """The date shown beside a memory, without its time ("5:30 pm on 18 November, 2022" -> "18 November, 2022")."""
-    return str(memory.metadata.get("date", "")).split(" on ")[-1]
+    """The date shown beside a memory, without its time."""
+    return session_day(str(memory.metadata.get("date", "")))
 
 
 def rationale(question: str, evidence: list) -> str:
@@ -152,8 +151,7 @@ def demonstration(conversation: Conversation, item: dict, settings: MemUpdateSet
     slot = Sample(prompt=item["question"], metadata={"memories": conversation.memories})
     messages = episode_messages(slot, settings, len(namespace))
     try:
-        asked = {e for qa in conversation.qa for e in qa["evidence"]}
-        played = plan_and_play(item, asked, box, answer_note, conversation.sample_id)
+        played = plan_and_play(item, set(conversation.asked_evidence), box, answer_note, conversation.sample_id)
     except BaseException:
         STORE.drop(namespace.name)
         raise

@@ -34,6 +34,16 @@ class Conversation:
     memories: list[dict[str, Any]]
     qa: list[dict[str, Any]]  # question, answer (str), category (int), evidence (list of dia_ids)
 
+    @property
+    def asked_evidence(self) -> list[str]:
+        """The dia_ids any of its questions names, sorted: a memory of none of them is noise to every question."""
+        return sorted({e for q in self.qa for e in q["evidence"]})
+
+
+def session_day(date: str) -> str:
+    """A session's date without its time ("5:30 pm on 18 November, 2022" -> "18 November, 2022")."""
+    return date.split(" on ")[-1]
+
 
 def _session(key: str, suffix: str) -> int | None:
     match = re.fullmatch(rf"session_(\d+){suffix}", key)
@@ -149,7 +159,7 @@ def prompt_records(conversations: list[Conversation], extra_questions: int = 3, 
     rng = random.Random(seed)
     records = []
     for conversation in conversations:
-        asked = sorted({e for q in conversation.qa for e in q["evidence"]})
+        asked = conversation.asked_evidence
         for k, item in enumerate(conversation.qa):
             others = [q for j, q in enumerate(conversation.qa) if j != k]
             extra = rng.sample(others, min(extra_questions, len(others)))
@@ -174,8 +184,8 @@ _JOBS = ["nurse", "carpenter", "teacher", "software tester", "chef", "librarian"
 _FILLER = ["{a} had a busy week at work.", "{a} watched a movie with friends.", "{a} felt tired after a long day.",
            "{a} cooked dinner for the family.", "{a} went for a walk in the park.", "{a} caught up on sleep.",
            "{a} called an old friend.", "{a} cleaned the apartment."]
-_MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
-           "November", "December"]
+MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
+          "November", "December"]
 
 
 def _unused(rng: random.Random, values: list[str], used: set[str]) -> str:
@@ -195,7 +205,7 @@ def _facts(rng: random.Random, speaker: str, other: str, date: str,
     instrument, city, hobby, job = (_unused(rng, values, used.get(kind, set())) for kind, values in
                                     (("instrument", _INSTRUMENTS), ("city", _CITIES), ("hobby", _HOBBIES),
                                      ("job", _JOBS)))
-    day = date.split(" on ")[-1]
+    day = session_day(date)
     month = day.split(" ", 1)[-1].replace(",", "")  # "26 January, 2023" -> "January 2023"
     chosen = rng.sample([
         ("pet", pet, f"I adopted a {pet} and named it {pet_name}!", f"{speaker} adopted a {pet} named {pet_name}.",
@@ -277,7 +287,7 @@ def generate_locomo(num_conversations: int = 10, sessions: int = 4, filler: int 
             # December has its third in January of the next year, so that "new" means later)
             month = c % 12 + s
             date = f"{rng.randint(1, 11)}:{rng.choice(['00', '15', '30', '45'])} pm on {rng.randint(1, 28)} " \
-                   f"{_MONTHS[month % 12]}, {2022 + month // 12}"
+                   f"{MONTHS[month % 12]}, {2022 + month // 12}"
             conversation[f"session_{s}_date_time"] = date
             turns, per_speaker = [], {a: [], b: []}
             for speaker, other in ((a, b), (b, a)):
@@ -296,7 +306,7 @@ def generate_locomo(num_conversations: int = 10, sessions: int = 4, filler: int 
             observation[f"session_{s}_observation"] = per_speaker
             summaries[f"session_{s}_summary"] = " ".join(f for p in per_speaker.values() for f, _ in p)
             events[f"events_session_{s}"] = {**{k: [f for f, _ in v] for k, v in per_speaker.items()},
-                                             "date": date.split(" on ")[-1]}
+                                             "date": session_day(date)}
         out.append({"sample_id": f"gen-{c}", "conversation": conversation, "observation": observation,
                     "session_summary": summaries, "event_summary": events, "qa": _date_repeated(qa)})
     return out
