@@ -22,6 +22,13 @@ unseen), of one of two scorers, each reading the ``memup_top_k`` memories retrie
   (``--rm-replies-file``; the evaluation's ``--reader-replies-file``); else the policy itself, through the
   rollout's router.
 
+With ``memup_reward_signal: likelihood`` the reward's QA is instead the reader's probability of the gold answer
+as its reply (``answer_likelihood``: exp of the mean log-prob of the answer's tokens, from the engine's prompt
+log-probs), over the same questions and retrieved memories; the QA metrics stay the scorer's, and
+likelihood_before / likelihood_after are logged beside them. F1 changes only when an edit changes the reader's
+greedy answer, so most of a GRPO group's episodes tie on it; the likelihood moves with any edit that makes the
+answer more or less likely.
+
 The before and after stores are the namespace's snapshot and its final state, both real; the namespace is
 dropped here. An unfinished episode (no final reply) is scored the same way, as published, unless
 ``memup_unfinished_reward`` fixes its reward. When scoring raises (the reader's engine failed, say), the reward
@@ -78,35 +85,59 @@ def _tokenizer(path: str):
     return AutoTokenizer.from_pretrained(path)
 
 
-async def reader_score(args, settings: MemUpdateSettings, question: str, answer: str,
-                       retrieved: list[Memory]) -> float:
-    """The reader's answer from the retrieved memories, scored by token F1."""
+def _reader_prompt(args, settings: MemUpdateSettings, question: str, retrieved: list[Memory]):
+    """The reader's tokenizer and its prompt's token ids: the question and the retrieved memories."""
     listing = "\n".join(f"- {m.content}" + (f" ({m.metadata['date']})" if m.metadata.get("date") else "")
                         for m in retrieved) or "(none)"
-    fixed = getattr(args, "rm_url", None)
-    tokenizer = _tokenizer(reader_tokenizer(settings, args)) if fixed else args.tokenizer
+    tokenizer = _tokenizer(reader_tokenizer(settings, args)) if getattr(args, "rm_url", None) else args.tokenizer
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": READER.format(memories=listing, question=question)}], tokenize=False,
         add_generation_prompt=True)
-    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    return tokenizer, tokenizer(prompt, add_special_tokens=False)["input_ids"]
+
+
+async def _ask_reader(args, ids: list[int], params: SamplingParams):
+    if getattr(args, "rm_url", None):  # one reply per distinct prompt: an unchanged store scores the same
+        return await FIXED_REPLIES.ask(args, ids, params)
+    return await args.rollout_client.generate(ids, params)
+
+
+async def reader_score(args, settings: MemUpdateSettings, question: str, answer: str,
+                       retrieved: list[Memory]) -> float:
+    """The reader's answer from the retrieved memories, scored by token F1."""
+    tokenizer, ids = _reader_prompt(args, settings, question, retrieved)
     params = SamplingParams(temperature=0.0, max_new_tokens=settings.reader_max_tokens, log_probs=False)
-    if fixed:  # one reply per distinct prompt: an unchanged store scores the same before and after
-        result = await FIXED_REPLIES.ask(args, ids, params)
-    else:
-        result = await args.rollout_client.generate(ids, params)
+    result = await _ask_reader(args, ids, params)
     reply = tokenizer.decode(result.token_ids, skip_special_tokens=True)
     return token_f1(reply.strip().split("\n")[0], answer)  # the first line: the answer, not what follows
 
 
+async def answer_likelihood(args, settings: MemUpdateSettings, question: str, answer: str,
+                            retrieved: list[Memory]) -> float:
+    """The reader's probability of the gold answer as its reply to the same prompt: exp of the mean log-prob of
+    the answer's tokens (in (0, 1]; an answer without tokens scores EMPTY_ANSWER_SCORE, as the proxy's does)."""
+    tokenizer, ids = _reader_prompt(args, settings, question, retrieved)
+    answer_ids = tokenizer(str(answer), add_special_tokens=False)["input_ids"]
+    if not answer_ids:
+        return EMPTY_ANSWER_SCORE
+    params = SamplingParams(temperature=0.0, max_new_tokens=1, log_probs=False, prompt_log_probs=True)
+    result = await _ask_reader(args, ids + answer_ids, params)
+    return float(np.exp(np.mean(result.prompt_log_probs[-len(answer_ids):])))
+
+
 async def qa_scores(args, settings: MemUpdateSettings, questions: list[tuple[str, str]],
-                    memories: list[Memory]) -> list[float]:
-    """Each question's score from the memories retrieved for it."""
+                    memories: list[Memory], likelihood: bool = False) -> list[float]:
+    """Each question's score from the memories retrieved for it (``likelihood``: the answer's likelihood)."""
     retriever = make_retriever(settings.retriever)
     scores = []
     for question, answer in questions:
         retrieved = [m for m, _ in retriever.search(question, memories, settings.top_k)]
-        scores.append(proxy_score(answer, retrieved) if settings.scorer == "proxy"
-                      else await reader_score(args, settings, question, answer, retrieved))
+        if likelihood:
+            scores.append(await answer_likelihood(args, settings, question, answer, retrieved))
+        elif settings.scorer == "proxy":
+            scores.append(proxy_score(answer, retrieved))
+        else:
+            scores.append(await reader_score(args, settings, question, answer, retrieved))
     return scores
 
 
@@ -133,12 +164,18 @@ async def reward(args, sample) -> dict:
         questions = [(str(sample.prompt), str(sample.label))] + [(q["question"], q["answer"]) for q in extra]
         if settings.reward_questions == "unseen" and not extra:
             raise ValueError("memup_reward_questions is unseen, but the sample has no other questions (extra_qa)")
-        each = {"before": await qa_scores(args, settings, questions, list(namespace.initial)),
-                "after": await qa_scores(args, settings, questions, namespace.memories())}
+        stores = {"before": list(namespace.initial), "after": namespace.memories()}
+        each = {when: await qa_scores(args, settings, questions, store) for when, store in stores.items()}
         groups = {"seen": slice(0, 1), "unseen": slice(1, None), "both": slice(None)}
         scores = {(group, when): float(np.mean(values[groups[group]])) for when, values in each.items()
                   for group in ("seen", "unseen") if values[groups[group]]}
-        before, after = (float(np.mean(each[when][groups[settings.reward_questions]])) for when in ("before", "after"))
+        rewarded = groups[settings.reward_questions]
+        before, after = (float(np.mean(each[when][rewarded])) for when in ("before", "after"))
+        likely = {}
+        if settings.reward_signal == "likelihood":
+            likely = {when: float(np.mean((await qa_scores(args, settings, questions, store,
+                                                           likelihood=True))[rewarded]))
+                      for when, store in stores.items()}
         factor = efficiency(len(namespace.initial), len(namespace), _mean_chars(namespace.initial),
                             _mean_chars(namespace.memories()), settings)
     except Exception as err:  # noqa: BLE001 (as published: a reward that cannot be computed is a small penalty)
@@ -148,13 +185,14 @@ async def reward(args, sample) -> dict:
         return {"reward": value, "memory_reward": value, "reward_error": 1.0, "unfinished": float(not finished)}
     finally:
         STORE.drop(name)
-    value = (after - before) * factor
+    value = ((likely["after"] - likely["before"]) if likely else (after - before)) * factor
     if not finished and settings.unfinished_reward is not None:
         value = settings.unfinished_reward
     metrics = {"reward": value, "memory_reward": value, "qa_before": before, "qa_after": after,
                "performance_delta": after - before, "efficiency": factor, "unfinished": float(not finished),
                "reward_error": 0.0}
     metrics.update({f"qa_{when}_{group}": score for (group, when), score in scores.items()})
+    metrics.update({f"likelihood_{when}": score for when, score in likely.items()})
     category = CATEGORIES.get(sample.metadata.get("category"))
     if category:
         metrics.update({category: value, f"{category}_qa_before": before, f"{category}_qa_after": after})

@@ -29,6 +29,8 @@
 # Each episode scores the question it was shown and MEMUP_EXTRA_QUESTIONS (3) other questions of its
 # conversation (unseen); the reward is over MEMUP_REWARD_QUESTIONS (both). MEMUP_SCORER=proxy trains on the
 # proxy scorer instead, which the fourth run found to disagree with the reader (+0.2 against -0.016).
+# MEMUP_REWARD_SIGNAL=likelihood: GRPO's reward is the gain in the reader's probability of the gold answer
+# instead of its F1 (which ties most of a group's episodes); every row is still scored by F1.
 # MEMUP_ANSWER_NOTE=0: SFT's demonstrations without their note that restates the question and its evidence
 # (demonstrations.py --no-answer-note); MEMUP_RATIONALE=1: with a sentence before the first edit that names the
 # month asked about and the evidence by its date (--rationale). Variables of the data: a sweep variant that sets

@@ -17,6 +17,7 @@ from vime_ext.agent.settings import settings_from_args
 
 SCORERS = ("proxy", "reader")
 REWARD_QUESTIONS = ("seen", "unseen", "both")
+REWARD_SIGNALS = ("qa", "likelihood")
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,11 @@ class MemUpdateSettings:
     # Which questions the reward's QA is over: the one the agent was shown (seen), the others (unseen), or all
     # equally (both). Every episode logs the seen and the unseen QA apart whichever it is.
     reward_questions: str = "both"
+    # What the reward's gain is measured in: qa (the scorer's QA, as published) or likelihood (the reader's
+    # probability of the gold answer after its prompt: the geometric mean over the answer's tokens). F1 moves only
+    # when the reader's greedy answer changes, so most GRPO groups tie; the likelihood moves with every edit that
+    # makes the answer more or less likely. The QA metrics are the scorer's either way.
+    reward_signal: str = "qa"
     size_cap: int | None = None  # None: the episode's starting memory count
     size_floor: float = 0.1
     density_max: float = 1.2
@@ -59,6 +65,11 @@ class MemUpdateSettings:
             raise ValueError("memup_reward_questions unseen needs memup_extra_questions of 1 or more")
         if settings.scorer not in SCORERS:
             raise ValueError(f"memup_scorer {settings.scorer!r} is not one of {SCORERS}")
+        if settings.reward_signal not in REWARD_SIGNALS:
+            raise ValueError(f"memup_reward_signal {settings.reward_signal!r} is not one of {REWARD_SIGNALS}")
+        if settings.reward_signal == "likelihood" and settings.scorer != "reader":
+            raise ValueError("memup_reward_signal likelihood is the reader's probability of the answer: it needs "
+                             "memup_scorer reader")
         if settings.scorer == "reader" and getattr(args, "rm_url", None) and not reader_tokenizer(settings, args):
             raise ValueError("--rm-url names the reader, a model served elsewhere; give its tokenizer (an HF dir) "
                              "as memup_reader_tokenizer")

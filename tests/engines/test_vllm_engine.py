@@ -157,6 +157,38 @@ def test_a_streamed_reply_is_the_whole_reply_in_pieces(vllm_engine, smollm2_dir)
     assert streamed.finish_reason == whole.finish_reason == "stop" and streamed.token_ids == whole.token_ids
 
 
+def test_prompt_log_probs_are_the_models_own(vllm_engine, smollm2_dir):
+    """SamplingParams.prompt_log_probs on vLLM: a chat prompt followed by an answer, each token's log-prob given
+    those before it, as transformers' forward pass of the same weights gives it (fp32 on both sides); the
+    transformers backend's are the same figures (MemUpdate's likelihood reward reads either)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from vime_ext.engines.hf_engine import HFEngine
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    prompt = prompt_token_ids(tokenizer, [{"role": "user", "content": "When did Omar travel to Oslo?"}])
+    prompt += tokenizer("On 3 June 2023.", add_special_tokens=False)["input_ids"]
+    params = SamplingParams(temperature=0.0, max_new_tokens=1, log_probs=False, prompt_log_probs=True)
+
+    async def ask():
+        client = RolloutClient(vllm_engine.url, stream=True)
+        try:
+            return await client.generate(prompt, params)
+        finally:
+            await client.close()
+
+    served = asyncio.run(ask()).prompt_log_probs
+    model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32)
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt])).logits[0, :-1]
+    expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(prompt[1:])[:, None])[:, 0]
+    assert len(served) == len(prompt) and math.isnan(served[0])
+    diffs = (torch.tensor(served[1:]) - expected).abs()
+    assert diffs.max() < 1e-3, f"vLLM against transformers: max |diff| {diffs.max():.2e} nats"
+    in_process = HFEngine(str(smollm2_dir), device="cpu").generate_batch([prompt], params)[0].prompt_log_probs
+    assert in_process[1:] == pytest.approx(expected.tolist(), abs=1e-4)
+
+
 def test_weight_update_reaches_the_engine(vllm_engine, smollm2_dir, tmp_path):
     """After the trainer pushes perturbed weights, the engine generates differently, reports the new version,
     and its log-probs match the Megatron model that holds those weights."""

@@ -385,6 +385,35 @@ def test_reward_compares_the_real_before_and_after():
     assert len(STORE) == count
 
 
+def test_the_likelihood_reward_is_the_readers_probability_of_the_answer(smollm2_dir):
+    """memup_reward_signal likelihood: the reward's gain is in the fixed reader's probability of the gold answer
+    (SmolLM2-135M served by the transformers backend), the QA metrics stay F1. An episode that edits nothing gets
+    exactly 0; writing the answer's date into the store makes the answer more likely, and the reward is that gain
+    times the efficiency."""
+    from vime_ext.engines.servers import EngineConfig, launch_engine, wait_until_serving
+
+    with pytest.raises(ValueError, match="needs memup_scorer reader"):
+        MemUpdateSettings.from_args(plugin_args([], {"memup_reward_signal": "likelihood"}))
+    engine = launch_engine(EngineConfig(str(smollm2_dir), backend="hf", env={"OMP_NUM_THREADS": "1"}))
+    try:
+        wait_until_serving([engine], timeout_s=300)
+        args = plugin_args([RolloutConfig(rm_url=engine.url, rm_hf_checkpoint=str(smollm2_dir))],
+                           {"memup_retriever": "bm25", "memup_scorer": "reader", "memup_reward_signal": "likelihood"})
+
+        def add_date(tools):
+            call(tools, "manage_memory", operation="update", memory_id="a",
+                 content="On 8 May 2023 Caroline adopted a dog named Rex.")
+        noop, better = (asyncio.run(reward(args, _episode_sample(edit))) for edit in (lambda tools: None, add_date))
+    finally:
+        engine.stop()
+    assert noop["reward"] == 0.0 and noop["likelihood_before"] == noop["likelihood_after"]
+    assert 0 < better["likelihood_before"] < better["likelihood_after"] <= 1
+    assert better["reward"] == pytest.approx((better["likelihood_after"] - better["likelihood_before"])
+                                             * better["efficiency"])
+    # the QA beside it is the reader's F1, as without the setting
+    assert better["performance_delta"] == better["qa_after"] - better["qa_before"]
+
+
 def test_a_reward_that_cannot_be_computed_is_the_error_reward(smollm2_dir, caplog):
     """As published: -0.1 when scoring fails (here the reader's engine is unreachable, after the client's
     retries); logged, counted, and the namespace still dropped."""

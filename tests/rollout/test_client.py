@@ -1,6 +1,7 @@
 """RolloutClient against real transformers engines (two processes): concurrency, failover, bad input."""
 
 import asyncio
+import math
 
 import pytest
 import torch
@@ -82,6 +83,35 @@ def test_greedy_is_deterministic_and_respects_max_tokens(engines, tiny_hf_dirs):
 
     a, b = asyncio.run(run())
     assert a.token_ids == b.token_ids and len(a.token_ids) <= 5
+
+
+def test_prompt_log_probs_are_the_models_own_and_come_with_streamed_clients_too(engines, tiny_hf_dirs):
+    """SamplingParams.prompt_log_probs: each prompt token's log-prob given those before it (NaN for the first), as
+    the model's own forward pass gives it, through a whole-reply and a streaming client alike (the latter asks
+    for a whole reply: the prompt's log-probs come only with one)."""
+    from transformers import AutoModelForCausalLM
+
+    urls, _ = engines
+    prompt = prompts(tiny_hf_dirs, 1)[0]
+    params = SamplingParams(temperature=0.0, max_new_tokens=1, log_probs=False, prompt_log_probs=True)
+    model = AutoModelForCausalLM.from_pretrained(tiny_hf_dirs["llama"], dtype=torch.float32)
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt])).logits[0, :-1]
+    expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(prompt[1:])[:, None])[:, 0].tolist()
+    for stream in (False, True):
+        result = asyncio.run(_generate(urls[0], prompt, params, stream))
+        assert len(result.prompt_log_probs) == len(prompt) and math.isnan(result.prompt_log_probs[0])
+        assert result.prompt_log_probs[1:] == pytest.approx(expected, abs=1e-4)
+    without = asyncio.run(_generate(urls[0], prompt, SamplingParams(temperature=0.0, max_new_tokens=1)))
+    assert without.prompt_log_probs == []  # not asked for, not sent
+
+
+async def _generate(url, prompt, params, stream=False):
+    client = RolloutClient(url, stream=stream)
+    try:
+        return await client.generate(prompt, params)
+    finally:
+        await client.close()
 
 
 def test_bad_requests_are_refused_with_the_reason(engines, tiny_hf_dirs):

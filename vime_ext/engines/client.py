@@ -76,10 +76,13 @@ class RolloutClient:
         if self.gate is None:
             return await self._generate_once(token_ids, params, request_id, session_id)
         tokens, log_probs, versions, segment = [], [], [], 0
+        first_prompt_log_probs: list[float] = []
         while True:
             version = await self.gate.wait_open()
             rest = replace(params, max_new_tokens=params.max_new_tokens - len(tokens))
             result = await self._generate_once(list(token_ids) + tokens, rest, f"{request_id}-{segment}", session_id)
+            if not segment:  # a later segment's prompt holds the reply so far
+                first_prompt_log_probs = result.prompt_log_probs
             tokens += result.token_ids
             log_probs += result.log_probs
             versions += [version] * len(result.token_ids)
@@ -91,11 +94,13 @@ class RolloutClient:
             self.gate.interruptions += 1
             segment += 1
         return GenerateResult(tokens, log_probs, result.finish_reason, prompt_length=len(token_ids),
-                              extra=result.extra, versions=versions)
+                              extra=result.extra, versions=versions, prompt_log_probs=first_prompt_log_probs)
 
     async def _generate_once(self, token_ids: list[int], params: SamplingParams, request_id: str,
                              session_id: str | None) -> GenerateResult:
-        body = generate_request(token_ids, params, request_id, stream=self.stream)
+        # The prompt's log-probs come with a whole reply only (a streamed one would carry them in its first piece)
+        stream = self.stream and not params.prompt_log_probs
+        body = generate_request(token_ids, params, request_id, stream=stream)
         headers = {"X-Session-ID": session_id} if session_id else None
         start = next(self._next_url)
         errors = []
@@ -105,7 +110,7 @@ class RolloutClient:
                 try:
                     async with self.session().post(url + GENERATE_ROUTE, json=body, headers=headers) as response:
                         status = response.status
-                        if status < 400 and self.stream:
+                        if status < 400 and stream:
                             reply = StreamedReply(params.log_probs)
                             async for data in response.content.iter_any():
                                 if reply.feed(data):
@@ -118,7 +123,8 @@ class RolloutClient:
                     errors.append(f"{url}: {type(err).__name__}: {err}")
                 else:
                     if status < 400:
-                        result = answer if self.stream else parse_generate_response(answer, params.log_probs)
+                        result = answer if stream else parse_generate_response(
+                            answer, params.log_probs, list(token_ids) if params.prompt_log_probs else None)
                         result.prompt_length = len(token_ids)  # vLLM's whole replies leave the prompt out
                         return result
                     if status < 500:

@@ -169,7 +169,8 @@ async def _ask(url: str, token_ids: list[int], params: SamplingParams) -> Genera
 
 def _copy(result: GenerateResult) -> GenerateResult:
     return replace(result, token_ids=list(result.token_ids), log_probs=list(result.log_probs),
-                   extra=dict(result.extra), versions=list(result.versions))
+                   extra=dict(result.extra), versions=list(result.versions),
+                   prompt_log_probs=list(result.prompt_log_probs))
 
 
 # The process's replies: reward functions of one rollout process share them.

@@ -12,6 +12,7 @@ as the trainer computes them. Weight updates use vLLM's RL routes with the
 import argparse
 import asyncio
 import contextlib
+import math
 import threading
 from dataclasses import dataclass
 
@@ -120,7 +121,19 @@ class HFEngine:
             if finish == "length" and aborted and len(tokens) < params.max_new_tokens:
                 finish = "abort"
             results.append(GenerateResult(tokens, lps, finish, prompt_length=len(prompts[row])))
+        if params.prompt_log_probs:
+            with self._lock:
+                for row, prompt in enumerate(prompts):
+                    results[row].prompt_log_probs = self._prompt_log_probs(prompt)
         return results
+
+    def _prompt_log_probs(self, prompt: list[int]) -> list[float]:
+        """Each prompt token's log-prob given those before it, from the raw logits (as vLLM's prompt log-probs),
+        NaN for the first."""
+        ids = torch.tensor([prompt], device=self.device)
+        logits = self.model(input_ids=ids).logits[0, :-1].float()
+        values = torch.log_softmax(logits, dim=-1).gather(1, ids[0, 1:, None])[:, 0]
+        return [math.nan] + values.cpu().tolist()
 
 
     def pause(self, abort: bool) -> None:

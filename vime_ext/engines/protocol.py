@@ -32,6 +32,9 @@ class SamplingParams:
     # The engine's log-prob of each sampled token. Off, the reply carries none and the result holds NaN per token
     # ("not recorded"): vLLM's API server then builds far smaller answers (--no-rollout-log-probs).
     log_probs: bool = True
+    # The engine's log-prob of each prompt token given the tokens before it (the first has none: NaN): how likely
+    # a fixed model finds a given text after a prompt, e.g. a gold answer (MemUpdate's likelihood reward).
+    prompt_log_probs: bool = False
 
     def validate(self) -> None:
         if not 0.0 <= self.temperature <= 100.0:
@@ -53,6 +56,8 @@ class SamplingParams:
             params["seed"] = self.seed
         if self.ignore_eos:
             params["ignore_eos"] = True
+        if self.prompt_log_probs:
+            params["prompt_logprobs"] = 0  # the prompt's own token at each position, no alternatives
         return params
 
     @classmethod
@@ -61,7 +66,8 @@ class SamplingParams:
                    max_new_tokens=int(params.get("max_tokens") or 16), stop=tuple(params.get("stop") or ()),
                    stop_token_ids=tuple(params.get("stop_token_ids") or ()), seed=params.get("seed"),
                    ignore_eos=bool(params.get("ignore_eos", False)),
-                   log_probs=params.get("logprobs") is not None)
+                   log_probs=params.get("logprobs") is not None,
+                   prompt_log_probs=params.get("prompt_logprobs") is not None)
 
 
 @dataclass
@@ -74,6 +80,8 @@ class GenerateResult:
     # The weight version that sampled each token, where the client knows it (--partial-rollout: a request
     # interrupted by a push continues under the new weights, so one reply can span versions).
     versions: list[int] = field(default_factory=list)
+    # With SamplingParams.prompt_log_probs: one per prompt token, NaN for the first.
+    prompt_log_probs: list[float] = field(default_factory=list)
 
 
 def generate_request(token_ids: list[int], params: SamplingParams, request_id: str, stream: bool = False) -> dict:
@@ -84,16 +92,30 @@ def generate_request(token_ids: list[int], params: SamplingParams, request_id: s
             "output_mode": "tokens", "stream": stream}
 
 
-def parse_generate_response(body: dict, log_probs: bool = True) -> GenerateResult:
-    """The reply to a request that asked for log-probs (``log_probs``) or not (NaN per token then)."""
+def parse_generate_response(body: dict, log_probs: bool = True,
+                            prompt_ids: list[int] | None = None) -> GenerateResult:
+    """The reply to a request that asked for log-probs (``log_probs``) or not (NaN per token then); with
+    ``prompt_ids`` (the request's prompt, which asked for them) the prompt's log-probs too."""
     try:
         choice = body["choices"][0]
         token_ids = list(choice["token_ids"])
         values = choice_log_probs(choice) if log_probs else None
+        prompt_values = prompt_log_probs_of(body["prompt_logprobs"], prompt_ids) if prompt_ids is not None else []
     except (KeyError, IndexError, TypeError) as err:
         raise ValueError(f"malformed generate response ({err!r}): {str(body)[:300]}") from err
-    return checked_result("generate response", token_ids, values, choice.get("finish_reason") or "stop",
-                          prompt_length=len(body.get("prompt_token_ids") or []))
+    result = checked_result("generate response", token_ids, values, choice.get("finish_reason") or "stop",
+                            prompt_length=len(body.get("prompt_token_ids") or []))
+    result.prompt_log_probs = prompt_values
+    return result
+
+
+def prompt_log_probs_of(entries: list, prompt_ids: list[int]) -> list[float]:
+    """vLLM's ``prompt_logprobs`` (per prompt token a dict by token id, the first null) as each prompt token's
+    log-prob, NaN for the first."""
+    if len(entries) != len(prompt_ids):
+        raise ValueError(f"{len(entries)} prompt log-probs for a prompt of {len(prompt_ids)} tokens")
+    return [math.nan if entry is None else float(entry[str(token)]["logprob"])
+            for token, entry in zip(prompt_ids, entries)]
 
 
 def choice_log_probs(choice: dict) -> list[float]:
@@ -205,5 +227,7 @@ def generate_response(request_id: str, prompt_ids: list[int], result: GenerateRe
         }],
         "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(result.token_ids),
                   "total_tokens": len(prompt_ids) + len(result.token_ids)},
+        "prompt_logprobs": [None if math.isnan(lp) else {str(t): {"logprob": lp, "rank": None, "decoded_token": None}}
+                            for t, lp in zip(prompt_ids, result.prompt_log_probs)] or None,
     }
 
