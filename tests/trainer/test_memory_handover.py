@@ -55,6 +55,9 @@ def test_views_survive_and_zeroed_buffers_come_back_zero():
     stats = handover.release([view], zeroed=[grads])
     assert buffer.untyped_storage().nbytes() == 0 and grads.untyped_storage().nbytes() == 0
     assert stats.copied_gb * 2**30 == 48 and stats.released_gb * 2**30 == 72  # only the kept one is copied
+    # the release's seconds split: the copies, and (on CUDA only) the memory's return to the driver
+    assert 0 < stats.copy_s <= stats.seconds and stats.return_s == 0.0
+    assert {"handover_copy_s", "handover_return_s"} <= set(stats.metrics())
     handover.restore()
     assert torch.equal(buffer, torch.arange(12, dtype=torch.float32)) and torch.equal(view, buffer[4:8].view(2, 2))
     assert torch.equal(grads, torch.zeros(6))

@@ -50,10 +50,16 @@ class HandoverStats:
     copied_gb: float = 0.0
     released_gb: float = 0.0
     seconds: float = 0.0
+    # Of ``seconds`` in a release: the copies to the host (until the device is done), and giving the freed memory
+    # back to the driver (Python's garbage collection, CUDA IPC's, the allocator's cache). A release that copies
+    # nothing still pays the second, which is what a hand-over costs beyond its bytes.
+    copy_s: float = 0.0
+    return_s: float = 0.0
     skipped: list[str] = field(default_factory=list)  # storages that cannot be freed in place (not resizable)
 
     def metrics(self) -> dict[str, float]:
         return {"handover_gb": self.released_gb, "handover_copied_gb": self.copied_gb, "handover_s": self.seconds,
+                "handover_copy_s": self.copy_s, "handover_return_s": self.return_s,
                 "handover_skipped": float(len(self.skipped))}
 
 
@@ -119,17 +125,20 @@ class MemoryHandover:
                 stats.copied_gb += slot.nbytes / GiB
             newly.append(slot)
         _synchronize()
+        stats.copy_s = time.perf_counter() - start
         for slot in newly:
             slot.storage.resize_(0)
             stats.released_gb += slot.nbytes / GiB
         self._released += [slot for slot in newly if slot.policy != "state"]
         self._state_released += [slot for slot in newly if slot.policy == "state"]
+        returned = time.perf_counter()
         if torch.cuda.is_available():
             # Memory shared with an engine over CUDA IPC (the weight push) is only freed once torch collects
             # the handles the engine has closed; until then the allocator cannot give it back to the driver.
             gc.collect()
             torch.cuda.ipc_collect()
             torch.cuda.empty_cache()
+            stats.return_s = time.perf_counter() - returned
             # What keeps the engines from waking, named in the log before they try. Pinned memory is reserved
             # but not allocated, so below the report's floor the (slow, per-block) snapshot is not taken.
             if torch.cuda.memory_reserved() - torch.cuda.memory_allocated() >= PINNED_REPORT_GIB * GiB:
