@@ -125,13 +125,25 @@ async def answer_likelihood(args, settings: MemUpdateSettings, question: str, an
     return float(np.exp(np.mean(result.prompt_log_probs[-len(answer_ids):])))
 
 
-async def qa_scores(args, settings: MemUpdateSettings, questions: list[tuple[str, str]],
-                    memories: list[Memory], likelihood: bool = False) -> list[float]:
-    """Each question's score from the memories retrieved for it (``likelihood``: the answer's likelihood)."""
+def retrieve_for(settings: MemUpdateSettings, questions: list[tuple[str, str]],
+                 memories: list[Memory]) -> list[list[Memory]]:
+    """The ``memup_top_k`` memories retrieved for each question."""
     retriever = make_retriever(settings.retriever)
+    return [[m for m, _ in retriever.search(question, memories, settings.top_k)] for question, _ in questions]
+
+
+async def qa_scores(args, settings: MemUpdateSettings, questions: list[tuple[str, str]],
+                    memories: list[Memory]) -> list[float]:
+    """Each question's score from the memories retrieved for it."""
+    return await scores_of(args, settings, questions, retrieve_for(settings, questions, memories))
+
+
+async def scores_of(args, settings: MemUpdateSettings, questions: list[tuple[str, str]],
+                    found: list[list[Memory]], likelihood: bool = False) -> list[float]:
+    """Each question's score from its retrieved memories (``found``, in the same order); ``likelihood``: the
+    reader's likelihood of its answer instead."""
     scores = []
-    for question, answer in questions:
-        retrieved = [m for m, _ in retriever.search(question, memories, settings.top_k)]
+    for (question, answer), retrieved in zip(questions, found, strict=True):
         if likelihood:
             scores.append(await answer_likelihood(args, settings, question, answer, retrieved))
         elif settings.scorer == "proxy":
@@ -164,8 +176,10 @@ async def reward(args, sample) -> dict:
         questions = [(str(sample.prompt), str(sample.label))] + [(q["question"], q["answer"]) for q in extra]
         if settings.reward_questions == "unseen" and not extra:
             raise ValueError("memup_reward_questions is unseen, but the sample has no other questions (extra_qa)")
-        stores = {"before": list(namespace.initial), "after": namespace.memories()}
-        each = {when: await qa_scores(args, settings, questions, store) for when, store in stores.items()}
+        # what each question retrieves from the store before and after: scored for QA, and for the likelihood
+        found = {"before": retrieve_for(settings, questions, list(namespace.initial)),
+                 "after": retrieve_for(settings, questions, namespace.memories())}
+        each = {when: await scores_of(args, settings, questions, retrieved) for when, retrieved in found.items()}
         groups = {"seen": slice(0, 1), "unseen": slice(1, None), "both": slice(None)}
         scores = {(group, when): float(np.mean(values[groups[group]])) for when, values in each.items()
                   for group in ("seen", "unseen") if values[groups[group]]}
@@ -173,9 +187,9 @@ async def reward(args, sample) -> dict:
         before, after = (float(np.mean(each[when][rewarded])) for when in ("before", "after"))
         likely = {}
         if settings.reward_signal == "likelihood":
-            likely = {when: float(np.mean((await qa_scores(args, settings, questions, store,
+            likely = {when: float(np.mean((await scores_of(args, settings, questions, retrieved,
                                                            likelihood=True))[rewarded]))
-                      for when, store in stores.items()}
+                      for when, retrieved in found.items()}
         factor = efficiency(len(namespace.initial), len(namespace), _mean_chars(namespace.initial),
                             _mean_chars(namespace.memories()), settings)
     except Exception as err:  # noqa: BLE001 (as published: a reward that cannot be computed is a small penalty)

@@ -131,8 +131,8 @@ class MemoryHandover:
             stats.released_gb += slot.nbytes / GiB
         self._released += [slot for slot in newly if slot.policy != "state"]
         self._state_released += [slot for slot in newly if slot.policy == "state"]
-        returned = time.perf_counter()
         if torch.cuda.is_available():
+            returned = time.perf_counter()
             # Memory shared with an engine over CUDA IPC (the weight push) is only freed once torch collects
             # the handles the engine has closed; until then the allocator cannot give it back to the driver.
             gc.collect()
