@@ -207,6 +207,8 @@ class GpuSharing:
         runs, the ranks release the weights, and the engines wake their KV cache (the order that never holds
         two full sets of memory at once)."""
         if not self.engines_sleep or manager is None:
+            if self.on_gpu and len(ranks):  # the step's peak, as the hand-over below logs it
+                memory.update(max_over_ranks(ranks.memory(), "train"))
             times["weight_sync"] = push()
             return
         if not (self.releases_memory() and len(ranks)):

@@ -96,10 +96,11 @@ def test_the_colocated_hand_over_never_holds_two_full_sets_of_memory(base):
                                    ["--colocate", "--no-offload-train", "--no-offload-rollout"]])
 def test_engines_that_do_not_sleep_only_receive_the_push(base, flags):
     sharing = GpuSharing.from_config(parse_train_args(base + flags), on_gpu=True)
-    both, times = Recorder(), {}
-    sharing.to_trainer(both, both, times, {})
-    sharing.to_engines(lambda: both.calls.append("push") or 0.1, both, both, times, {})
-    assert both.calls == ["push"] and times == {"weight_sync": 0.1}
+    both, times, memory = Recorder(), {}, {}
+    sharing.to_trainer(both, both, times, memory)
+    sharing.to_engines(lambda: both.calls.append("push") or 0.1, both, both, times, memory)
+    assert both.calls == ["ranks.memory", "push"] and times == {"weight_sync": 0.1}
+    assert memory == {"train_allocated_gb": 2.0}  # the step's memory, logged in every mode
 
 
 def test_start_up_hand_overs(base):

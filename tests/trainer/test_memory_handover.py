@@ -4,9 +4,11 @@ that never let go. PPO with a KL reference, so the policy, its optimizer, the re
 go through it. On the CPU the storages are freed and refilled in host memory; on CUDA (run on a GPU machine) the
 same code frees device memory, with megatron-core's DDP buffers and optimizer."""
 
+import gc
 import json
 import subprocess
 import sys
+import weakref
 
 import pytest
 import torch
@@ -14,9 +16,21 @@ import torch
 from tests import dist_workers
 from tests.train.test_optimizer_resume import DISTRIBUTED, OFFLOAD, OFFLOAD_NEEDS_CUDA, trainer_flags
 from vime_ext.trainer.launch import run_on_ranks
+from vime_ext.trainer import memory_handover
 from vime_ext.trainer.memory_handover import MemoryHandover, describe_pinned_segments
 
 PPO = ["--advantage-estimator", "ppo", "--kl-coef", "0.05", "--critic-lr", "1e-3"]
+
+
+@pytest.fixture(autouse=True)
+def unfrozen():
+    """A release freezes the process's start-up objects (``collect_garbage``); in the test process that would be
+    whatever the earlier tests left alive, so each test here starts and ends unfrozen."""
+    gc.unfreeze()
+    memory_handover._frozen = False
+    yield
+    gc.unfreeze()
+    memory_handover._frozen = False
 
 
 @pytest.mark.parametrize("cuda_flags,flags", [
@@ -57,12 +71,41 @@ def test_views_survive_and_zeroed_buffers_come_back_zero():
     assert stats.copied_gb * 2**30 == 48 and stats.released_gb * 2**30 == 72  # only the kept one is copied
     # the release's seconds split: the copies, and (on CUDA only) the memory's return to the driver
     assert 0 < stats.copy_s <= stats.seconds and stats.return_s == 0.0
-    assert {"handover_copy_s", "handover_return_s"} <= set(stats.metrics())
+    assert {"handover_copy_s", "handover_return_s", "handover_collect_s"} <= set(stats.metrics())
     handover.restore()
     assert torch.equal(buffer, torch.arange(12, dtype=torch.float32)) and torch.equal(view, buffer[4:8].view(2, 2))
     assert torch.equal(grads, torch.zeros(6))
     view.add_(1)  # the view still writes into the buffer's (new) memory
     assert buffer[4].item() == 5.0
+
+
+def test_the_first_release_freezes_start_up_objects_and_later_garbage_is_still_collected():
+    """A release collects garbage (a tensor kept alive only by a reference cycle holds memory the allocator cannot
+    return); the first one freezes what is alive then, so later ones scan only what was made since, and a cycle
+    made after the freeze is still collected by the next release."""
+    start_up = [object() for _ in range(1000)]  # alive at the first release: frozen
+    handover = MemoryHandover("cpu")
+    weights = torch.ones(8)
+    stats = handover.release([weights])
+    assert gc.get_freeze_count() >= len(start_up) and stats.collect_s > 0
+    handover.restore()
+
+    class Node:
+        pass
+
+    node = Node()
+    node.self, node.tensor = node, torch.ones(1024)  # garbage only a collection finds
+    freed = weakref.ref(node.tensor)
+    gc.disable()  # no automatic collection gets to it first
+    try:
+        del node
+        assert freed() is not None
+        handover.release([weights])
+        assert freed() is None
+    finally:
+        gc.enable()
+    handover.restore()
+    assert torch.equal(weights, torch.ones(8))
 
 
 def test_optimizer_state_comes_back_only_when_asked_for():
