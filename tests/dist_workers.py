@@ -1,5 +1,6 @@
 """Functions run on spawned ranks by the tests; each writes what it measured to a JSON file in ``out_dir``."""
 
+import gc
 import json
 import math
 from pathlib import Path
@@ -516,6 +517,10 @@ def handover_step(out_dir: str, flags: list[str], handover: bool) -> None:
         actor.restore_memory()
         report["second_round_copied_gb"] = third["handover_copied_gb"]
         report["first_round_copied_gb"] = first["handover_copied_gb"] + second["handover_copied_gb"]
+        # The first release froze the rank's start-up objects (memory_handover.collect_garbage); the collections'
+        # seconds, for a reader (not asserted: a timing)
+        report["start_up_frozen"] = gc.get_freeze_count() > 0
+        report["collect_s"] = [r["handover_collect_s"] for r in (first, second, third)]
     result = _train_on(actor, config, layout, seed=1)
     if handover:  # the step put it back
         report["state_back_after_step"] = all(t.untyped_storage().nbytes() > 0 for t in state)

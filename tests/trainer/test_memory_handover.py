@@ -49,7 +49,7 @@ def test_training_after_a_handover_equals_training_without(cuda_flags, flags, ti
     else:  # the optimizer's state is not brought back with the rest, only by the next step
         assert moved["state_away_after_restore"] and moved["state_back_after_step"]
         assert moved["released_gb"] == pytest.approx(moved["restored_gb"] + moved["state_gb"])
-    assert moved["restored_gb"] > 0
+    assert moved["restored_gb"] > 0 and moved["start_up_frozen"]
     # The reference model is copied out once; later rounds copy only what training changes.
     assert 0 < moved["second_round_copied_gb"] < moved["first_round_copied_gb"]
     before, after = (torch.load(tmp_path / f"{tag}_weights.pt") for tag in ("plain", "handover"))
