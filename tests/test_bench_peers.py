@@ -47,8 +47,10 @@ def test_the_gpu_command_passes_train_py_s_parser(tmp_path, tiny_hf_dirs):
     assert GpuSharing.from_config(resident, on_gpu=True).mode is Mode.RESIDENT
     state = parse_train_args(real[3:] + list(RUNNERS["vime_ext_state_resident"].keywords["flags"]))
     assert not state.cluster.offload_optimizer_state and state.cluster.offload_train
-    ahead = parse_train_args(real[3:] + list(RUNNERS["vime_ext_async"].keywords["flags"]))
+    ahead = parse_train_args(vime_ext_command(WORKLOADS["w1"], tiny_hf_dirs["qwen3"], tmp_path / "p.jsonl", tmp_path,
+                                              gpu=True, flags=RUNNERS["vime_ext_async"].keywords["flags"])[3:])
     assert ahead.rollout.async_training and ahead.rollout.max_staleness == 1
+    assert ahead.data.num_rollout == WORKLOADS["w1"].steps + 1  # its last step, with nothing beside it, untimed
     assert GpuSharing.from_config(ahead, on_gpu=True).mode is Mode.RESIDENT
 
 
