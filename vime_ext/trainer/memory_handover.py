@@ -186,8 +186,8 @@ class MemoryHandover:
 def collect_garbage() -> None:
     """A full garbage collection that scans only what the process made since its first call here. The first call
     collects, then freezes what survives (``gc.freeze``): the imported modules, the model, the optimizer, half a
-    million objects in a trainer rank, which a full collection otherwise walks each time (0.2 s on a 2-core CPU, and
-    a release runs two a step). Garbage made later, the weight push's IPC handles among it, is still collected;
+    million objects in a trainer rank, which a full collection otherwise walks each time (0.2 s on a 2-core CPU; a
+    colocated step runs two releases). Garbage made later, the weight push's IPC handles among it, is still collected;
     what was alive at the first call is never examined again, so it is only freed by reference counting: a rank's
     start-up objects live as long as the rank (vLLM freezes its engine's start-up objects the same way)."""
     global _frozen
