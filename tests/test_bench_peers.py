@@ -47,6 +47,8 @@ def test_the_gpu_command_passes_train_py_s_parser(tmp_path, tiny_hf_dirs):
     assert GpuSharing.from_config(resident, on_gpu=True).mode is Mode.RESIDENT
     state = parse_train_args(real[3:] + list(RUNNERS["vime_ext_state_resident"].keywords["flags"]))
     assert not state.cluster.offload_optimizer_state and state.cluster.offload_train
+    halved = parse_train_args(real[3:] + list(RUNNERS["vime_ext_state_resident_mb8k"].keywords["flags"]))
+    assert not halved.cluster.offload_optimizer_state and halved.trainer.max_tokens_per_gpu == 8192  # the later flag
     ahead = parse_train_args(vime_ext_command(WORKLOADS["w1"], tiny_hf_dirs["qwen3"], tmp_path / "p.jsonl", tmp_path,
                                               gpu=True, flags=RUNNERS["vime_ext_async"].keywords["flags"])[3:])
     assert ahead.rollout.async_training and ahead.rollout.max_staleness == 1

@@ -24,7 +24,8 @@ project's run with ``--no-rollout-log-probs`` (the engine answers token ids only
 four API-server processes on its engine, ``vime_ext_whole`` with ``--rollout-stream-interval 0`` (whole replies,
 the default until 2026-11-30: ``vime_ext`` streams them in pieces of 64 tokens), ``vime_ext_resident`` with trainer
 and engine resident (``--no-offload-train --no-offload-rollout``), ``vime_ext_state_resident`` with the optimizers'
-state left on the GPU at each hand-over (``--no-offload-optimizer-state``), ``vime_ext_async`` one step
+state left on the GPU at each hand-over (``--no-offload-optimizer-state``; ``vime_ext_state_resident_mb8k`` the
+same with micro-batches of 8,192 tokens, so that W2's state fits beside the activations), ``vime_ext_async`` one step
 off-policy (``--async-training --max-staleness 1``, one rollout more, the last step untimed);
 ``verl_bypass`` is verl in its bypass mode (the rollout's log-probs as the old ones, no separate pass).
 """
@@ -260,6 +261,11 @@ RUNNERS = {"vime_ext": run_vime_ext, "trl": run_trl, "verl": run_verl,
            "vime_ext_resident": functools.partial(run_vime_ext, flags=("--no-offload-train", "--no-offload-rollout")),
            # the hand-over without the optimizers' state: it stays on the GPU while the engine generates
            "vime_ext_state_resident": functools.partial(run_vime_ext, flags=("--no-offload-optimizer-state",)),
+           # the same with micro-batches of half the tokens: at W2 the state (45 GiB) beside the activations of
+           # 16,384 tokens (at least 73 GiB) and the weights and gradients (15 GiB) is more than an H200 holds
+           # (records/peers_w2_h200x2_run1: out of memory at 133 GiB allocated)
+           "vime_ext_state_resident_mb8k": functools.partial(
+               run_vime_ext, flags=("--no-offload-optimizer-state", "--max-tokens-per-gpu", "8192")),
            # one step off-policy (--max-staleness 1): rollout n + 1 generates while step n trains, engine and trainer
            # resident side by side; another algorithm than the others' on-policy steps, so a row of its own
            "vime_ext_async": functools.partial(run_vime_ext, flags=("--async-training", "--max-staleness", "1"))}
