@@ -95,7 +95,30 @@ def test_the_table_rebuilds_a_run_cut_off_before_its_result_from_its_metrics(tmp
     assert len(rows) == 4 and rows[2].startswith("| vime_ext | 5.00 |")
     assert rows[3].startswith("| vime_ext_whole (cut off before its result, from its metrics file: 2 of 2 timed "
                               "steps) | 11.00 |") and rows[3].endswith("| 2.20x |")
-    assert not (tmp_path / "vime_ext_whole.result.json").exists()  # the table only reads
+    assert not (tmp_path / "vime_ext_whole.result.json").exists()  # the table writes no result
+    assert (tmp_path / "phases.png").read_bytes().startswith(b"\x89PNG")  # and draws the rows
+
+
+def test_the_phase_plot_stacks_sequential_phases_and_sets_overlapping_ones_side_by_side(tmp_path, monkeypatch):
+    """The sync row's phases end to end (its rest grey), the async row's from 0 each (they overlap: their sum is
+    above the step), a failed row left out."""
+    import matplotlib.axes
+
+    from tools.bench_peers import failure, plot
+
+    tiny = WORKLOADS["tiny"]
+    sync = result("vime_ext", tiny, [{"time/total": 10.0, "time/rollout": 6.0, "time/train": 3.0}] * 3, 1, 9.0)
+    ahead = result("vime_ext_async", tiny, [{"time/total": 7.0, "time/rollout": 6.5, "time/train": 5.0}] * 3, 1, 9.0)
+    bars = []
+    original = matplotlib.axes.Axes.barh
+    monkeypatch.setattr(matplotlib.axes.Axes, "barh", lambda self, y, width, left=0.0, **kw: bars.append(
+        (y, width, left)) or original(self, y, width, left=left, **kw))
+    plot([sync, ahead, failure("trl", RuntimeError("no vLLM"))], tmp_path / "phases.png")
+    assert (tmp_path / "phases.png").read_bytes().startswith(b"\x89PNG")
+    drawn = [b for b in bars if b[1] > 0]
+    # rows bottom-up: the async row (y near 0), then the sync row (y = 1)
+    assert sorted((w, left) for y, w, left in drawn if y == 1) == [(1.0, 9.0), (3.0, 6.0), (6.0, 0.0)]
+    assert sorted((w, left) for y, w, left in drawn if y != 1) == [(5.0, 0.0), (6.5, 0.0)]
 
 
 def test_trl_scores_a_completion_as_this_project_does_and_its_untimed_phases_show_as_such():

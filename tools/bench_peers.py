@@ -1,7 +1,7 @@
 """One fixed GRPO workload, timed the same way for every framework that runs it, and one table.
 
     python tools/bench_peers.py --workload w1 --model-dir DIR --out OUT [--frameworks vime_ext]
-    python tools/bench_peers.py --table OUT                   # the table of the results already in OUT
+    python tools/bench_peers.py --table --out OUT             # the table of the results already in OUT
 
 A workload is fixed in everything that decides the work: the prompts (exactly ``prompt_tokens`` tokens each, the
 same file for every framework), samples per prompt, responses of exactly ``response_tokens`` tokens
@@ -12,7 +12,7 @@ shape, 8 x 8 samples of 2,048 tokens. ``tiny``: a CPU smoke of the same path.
 
 Per framework: median seconds per step over the timed steps (after ``warmup`` steps), trained tokens per second
 per GPU (samples x (prompt + response) tokens / step seconds / GPUs), the phase split where the framework logs it,
-and peak GPU memory. Each run writes ``OUT/<name>.result.json``; the table reads them all. A run stopped at
+and peak GPU memory. Each run writes ``OUT/<name>.result.json``; the table reads them all, and ``OUT/phases.png`` draws its rows as bars of their phases. A run stopped at
 ``--time-limit-s`` keeps the steps it logged: its row says how many of the timed steps it reached.
 
 Frameworks: ``vime_ext`` (``train.py``, colocated on one GPU, engine asleep while the trainer trains) and ``trl``
@@ -348,6 +348,53 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def plot(results: list[dict], path: Path) -> None:
+    """A bar a framework: its median step split into the phases it times apart; what it does not time apart (TRL's
+    log-probs and training, any framework's own work between phases) is the bar's grey rest. A framework whose
+    phases overlap (``--async-training``: generation beside training, a push waiting for the rollout in flight)
+    gets a thin bar per phase from 0 and a black mark at its step instead. Frameworks that did not finish are left
+    out."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in results if "failed" not in r]
+    if not rows:
+        return
+    fig, ax = plt.subplots(figsize=(9, 0.55 * len(rows) + 1.6))
+    colors = dict(zip([n for n, _ in PHASES], plt.get_cmap("tab10").colors))
+    labelled = set()
+
+    def bar(y, width, left, color, label, height=0.8):
+        ax.barh(y, width, left=left, height=height, color=color, label=None if label in labelled else label)
+        labelled.add(label)
+
+    for y, r in enumerate(reversed(rows)):
+        timed = [(name, r["phases"][name] or 0.0) for name, _ in PHASES]
+        if sum(seconds for _, seconds in timed) > 1.05 * r["step_s"]:  # overlapping phases: side by side
+            height = 0.8 / len(timed)
+            for i, (name, seconds) in enumerate(timed):
+                bar(y + 0.4 - height * (i + 0.5), seconds, 0.0, colors[name], name, height)
+            ax.plot([r["step_s"]] * 2, [y - 0.45, y + 0.45], color="black", linewidth=2)
+        else:
+            left = 0.0
+            for name, seconds in timed:
+                bar(y, seconds, left, colors[name], name)
+                left += seconds
+            bar(y, max(r["step_s"] - left, 0.0), left, "lightgrey", "not timed apart")
+        ax.text(r["step_s"], y, f" {r['step_s']:.1f} s", va="center", fontsize=8)
+    ax.set_yticks(range(len(rows)), [r["framework"] for r in reversed(rows)])
+    workload = rows[0]["workload"]
+    ax.set_xlabel(f"seconds a step (median of {workload['timed']} after {workload['warmup']} warm-up), "
+                  f"workload {workload['name']}")
+    ax.set_xlim(0, max(r["step_s"] for r in rows) * 1.15)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=len(PHASES) + 1, fontsize=7, frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="w1")
@@ -360,7 +407,7 @@ def main(argv=None) -> int:
                         help="seconds a framework's run may take before it is stopped and its row says so")
     parser.add_argument("--table", action="store_true",
                         help="only print the table of the results in --out, with rows made from the metrics of runs "
-                             "that were cut off before writing theirs (of --workload)")
+                             "that were cut off before writing theirs (of --workload), and draw them (phases.png)")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     failed = []
@@ -388,6 +435,7 @@ def main(argv=None) -> int:
     if args.table:
         results += cut_off_rows(args.out, WORKLOADS[args.workload], {r["framework"] for r in results})
     print(table(results))
+    plot(results, args.out / "phases.png")  # the same rows, as bars of their phases
     return 1 if failed else 0
 
 
