@@ -99,6 +99,17 @@ def test_the_table_rebuilds_a_run_cut_off_before_its_result_from_its_metrics(tmp
     assert (tmp_path / "phases.png").read_bytes().startswith(b"\x89PNG")  # and draws the rows
 
 
+def test_the_trl_rows_run_with_and_without_its_default_gradient_checkpointing(tmp_path):
+    """TRL's GRPOConfig recomputes activations by default; the trl_no_checkpointing row asks it not to (both ran
+    the tiny workload on this CPU by hand, TRL 1.16 from the GPU wheel set: their trl_settings.json say so)."""
+    from tools import bench_trl
+
+    base = ["--model-dir", str(tmp_path), "--prompts", str(tmp_path / "p.jsonl"), "--out", str(tmp_path)]
+    assert bench_trl.build_parser().parse_args(base).gradient_checkpointing
+    flags = RUNNERS["trl_no_checkpointing"].keywords["flags"]
+    assert not bench_trl.build_parser().parse_args(base + list(flags)).gradient_checkpointing
+
+
 def test_the_phase_plot_stacks_sequential_phases_and_sets_overlapping_ones_side_by_side(tmp_path, monkeypatch):
     """The sync row's phases end to end (its rest grey), the async row's from 0 each (they overlap: their sum is
     above the step), a failed row left out."""

@@ -777,3 +777,8 @@ def test_the_peers_stage_makes_the_model_then_runs_the_bench_and_the_engine_path
     assert last(bench, "--workload") == workload == last(path, "--workload")
     assert bench[bench.index("--frameworks") + 1:bench.index("--time-limit-s")] == ["vime_ext", "trl", "vime_ext"]
     assert path[0] == "tools/bench_generate_path.py" and last(path, "--model-dir") == model
+    calls.unlink()  # PEERS_ENGINE_PATH=0: no engine path after the bench (this python makes no model: made again)
+    done = subprocess.run(["bash", str(ROOT / "tools/gpu_recipe.sh"), "peers"], env={**env, "PEERS_ENGINE_PATH": "0"},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and [json.loads(line)[0] for line in calls.read_text().splitlines()] == [
+        "tools/make_random_hf.py", "tools/bench_peers.py"]

@@ -27,7 +27,8 @@ and engine resident (``--no-offload-train --no-offload-rollout``), ``vime_ext_st
 state left on the GPU at each hand-over (``--no-offload-optimizer-state``; ``vime_ext_state_resident_mb8k`` the
 same with micro-batches of 8,192 tokens, so that W2's state fits beside the activations), ``vime_ext_async`` one step
 off-policy (``--async-training --max-staleness 1``, one rollout more, the last step untimed);
-``verl_bypass`` is verl in its bypass mode (the rollout's log-probs as the old ones, no separate pass).
+``verl_bypass`` is verl in its bypass mode (the rollout's log-probs as the old ones, no separate pass);
+``trl_no_checkpointing`` is TRL without the gradient checkpointing its ``GRPOConfig`` turns on by default.
 """
 
 import argparse
@@ -218,10 +219,10 @@ def run_vime_ext(name: str, workload: Workload, model_dir: Path, data: Path, out
 
 
 def run_trl(name: str, workload: Workload, model_dir: Path, data: Path, out: Path, engine_memory: float,
-            time_limit_s: float) -> dict:
+            time_limit_s: float, flags: tuple[str, ...] = ()) -> dict:
     (out / name).mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "tools/bench_trl.py", "--workload", workload.name, "--model-dir", str(model_dir),
-               "--prompts", str(data), "--out", str(out / name), "--engine-memory", str(engine_memory)]
+               "--prompts", str(data), "--out", str(out / name), "--engine-memory", str(engine_memory), *flags]
     return measure(name, workload, lambda: run_command(name, command, out, time_limit_s),
                    lambda: trl_steps(out, name))
 
@@ -247,6 +248,8 @@ def run_verl(name: str, workload: Workload, model_dir: Path, data: Path, out: Pa
 
 
 RUNNERS = {"vime_ext": run_vime_ext, "trl": run_trl, "verl": run_verl,
+           # TRL without GRPOConfig's default gradient checkpointing: its fastest training where memory allows
+           "trl_no_checkpointing": functools.partial(run_trl, flags=("--no-gradient-checkpointing",)),
            # verl without its separate old-log-prob pass (bench_verl.BYPASS), as this project's trainer skips it
            "verl_bypass": functools.partial(run_verl, bypass=True),
            # the engines answer token ids only (no --use-tis, no trainer-vs-engine metrics; TRL's runner records

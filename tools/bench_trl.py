@@ -12,7 +12,9 @@ lr 1e-6, the bench's hash reward on the completion text. On a GPU, vLLM colocate
 at level 2, weights dropped). On the CPU (the ``tiny`` workload), transformers' ``generate``: a smoke of this path.
 
 What TRL keeps that this project does not: bf16 weights and Adam states (``bf16=True`` trains the bf16 model),
-where megatron keeps fp32 masters; its own loss default (``loss_type``), named in the figures it writes.
+where megatron keeps fp32 masters; its own loss default (``loss_type``), named in the figures it writes. TRL's
+``GRPOConfig`` turns gradient checkpointing on by default (its backward recomputes the forward; this project's
+trainer recomputes nothing unless asked): ``--no-gradient-checkpointing`` runs without it, where memory allows.
 Phases: TRL's own profiling contexts (``vLLM.generate``, ``sync_weights``); the rest of a step is the
 log-prob and training passes, which it does not time apart.
 """
@@ -55,14 +57,20 @@ class Timings:
         return current
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="w1")
     parser.add_argument("--model-dir", type=Path, required=True)
     parser.add_argument("--prompts", type=Path, required=True, help="bench_peers' prompt file")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--engine-memory", type=float, default=0.5, help="vLLM's share of the GPU")
-    args = parser.parse_args(argv)
+    parser.add_argument("--no-gradient-checkpointing", dest="gradient_checkpointing", action="store_false",
+                        help="train without recomputing activations (GRPOConfig's default recomputes them)")
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
 
     import torch
     from datasets import Dataset
@@ -107,13 +115,14 @@ def main(argv=None) -> int:
         save_strategy="no", shuffle_dataset=False, use_vllm=gpu, vllm_mode="colocate",
         vllm_gpu_memory_utilization=args.engine_memory, vllm_enable_sleep_mode=gpu,
         generation_kwargs={"ignore_eos": True} if gpu else {"min_new_tokens": workload.response_tokens},
-        use_cpu=not gpu)
+        gradient_checkpointing=args.gradient_checkpointing, use_cpu=not gpu)
     trainer = GRPOTrainer(model=str(args.model_dir), reward_funcs=hash_reward, args=config,
                           train_dataset=Dataset.from_list([{"prompt": p} for p in prompts] * workload.steps),
                           callbacks=[StepTimes()])
     trainer.train()
     (args.out / "trl_settings.json").write_text(json.dumps(
         {"trl": __import__("trl").__version__, "loss_type": config.loss_type, "bf16_weights_and_adam": gpu,
+         "gradient_checkpointing": config.gradient_checkpointing, "micro_batch": micro,
          "vllm_sleep_level": 2 if gpu else None, "generation": "vllm colocate" if gpu else "transformers",
          # whether TRL asked vLLM for each token's log-prob (as vime_ext does unless --no-rollout-log-probs)
          "vllm_importance_sampling_correction": getattr(config, "vllm_importance_sampling_correction", None)}))
