@@ -108,6 +108,8 @@ def test_the_trl_rows_run_with_and_without_its_default_gradient_checkpointing(tm
     assert bench_trl.build_parser().parse_args(base).gradient_checkpointing
     flags = RUNNERS["trl_no_checkpointing"].keywords["flags"]
     assert not bench_trl.build_parser().parse_args(base + list(flags)).gradient_checkpointing
+    larger = bench_trl.build_parser().parse_args(base + list(RUNNERS["trl_no_checkpointing_mb16"].keywords["flags"]))
+    assert not larger.gradient_checkpointing and larger.micro_batch == 16 and WORKLOADS["w1"].prompts * 8 % 16 == 0
 
 
 def test_the_phase_plot_stacks_sequential_phases_and_sets_overlapping_ones_side_by_side(tmp_path, monkeypatch):

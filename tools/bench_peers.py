@@ -28,7 +28,8 @@ state left on the GPU at each hand-over (``--no-offload-optimizer-state``; ``vim
 same with micro-batches of 8,192 tokens, so that W2's state fits beside the activations), ``vime_ext_async`` one step
 off-policy (``--async-training --max-staleness 1``, one rollout more, the last step untimed);
 ``verl_bypass`` is verl in its bypass mode (the rollout's log-probs as the old ones, no separate pass);
-``trl_no_checkpointing`` is TRL without the gradient checkpointing its ``GRPOConfig`` turns on by default.
+``trl_no_checkpointing`` is TRL without the gradient checkpointing its ``GRPOConfig`` turns on by default
+(``_mb16``: and passes of 16 completions, not 8).
 """
 
 import argparse
@@ -250,6 +251,9 @@ def run_verl(name: str, workload: Workload, model_dir: Path, data: Path, out: Pa
 RUNNERS = {"vime_ext": run_vime_ext, "trl": run_trl, "verl": run_verl,
            # TRL without GRPOConfig's default gradient checkpointing: its fastest training where memory allows
            "trl_no_checkpointing": functools.partial(run_trl, flags=("--no-gradient-checkpointing",)),
+           # and with passes of 16 completions, not 8 (W1: 20,480 tokens a pass, this project's 16,384)
+           "trl_no_checkpointing_mb16": functools.partial(run_trl, flags=("--no-gradient-checkpointing",
+                                                                         "--micro-batch", "16")),
            # verl without its separate old-log-prob pass (bench_verl.BYPASS), as this project's trainer skips it
            "verl_bypass": functools.partial(run_verl, bypass=True),
            # the engines answer token ids only (no --use-tis, no trainer-vs-engine metrics; TRL's runner records

@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--engine-memory", type=float, default=0.5, help="vLLM's share of the GPU")
     parser.add_argument("--no-gradient-checkpointing", dest="gradient_checkpointing", action="store_false",
                         help="train without recomputing activations (GRPOConfig's default recomputes them)")
+    parser.add_argument("--micro-batch", type=int, default=8,
+                        help="completions a forward and backward pass (per_device_train_batch_size); it must divide "
+                             "the workload's prompts x samples")
     return parser
 
 
@@ -80,7 +83,9 @@ def main(argv=None) -> int:
     workload = WORKLOADS[args.workload]
     gpu = torch.cuda.is_available()
     completions = workload.prompts * workload.samples
-    micro = min(8, completions)
+    micro = min(args.micro_batch, completions)
+    if completions % micro:
+        raise SystemExit(f"--micro-batch {args.micro_batch} does not divide the workload's {completions} completions")
     prompts = [json.loads(line)["prompt"] for line in args.prompts.read_text().splitlines()]
     timings = Timings()
     timings.install()
