@@ -2,6 +2,7 @@
 tokenizer, this project's GPU command passes train.py's parser, and a run's per-step metrics become its figures
 and the table."""
 
+import functools
 import json
 
 import pytest
@@ -24,35 +25,40 @@ def test_w1_prompts_are_exactly_256_qwen_tokens(tmp_path):
 
 
 def test_the_gpu_command_passes_train_py_s_parser(tmp_path, tiny_hf_dirs):
-    command = vime_ext_command(WORKLOADS["w1"], tmp_path / "model", tmp_path / "p.jsonl", tmp_path, gpu=True)
-    args = build_parser().parse_args(command[3:])
+    from vime_ext.arguments import parse_train_args
+    from vime_ext.engines.servers import split_vllm_args
+    from vime_ext.gpu_sharing import GpuSharing, Mode
+
+    def command_of(runner: str | None, model=tmp_path / "model") -> list[str]:
+        """The command a runner runs (its flags given to vime_ext_command, as run_vime_ext does), train.py's part."""
+        flags = RUNNERS[runner].keywords["flags"] if runner else ()
+        return vime_ext_command(WORKLOADS["w1"], model, tmp_path / "p.jsonl", tmp_path, gpu=True, flags=flags)[3:]
+
+    own, engine = split_vllm_args(command_of(None))
+    args = build_parser().parse_args(own)
     assert (args.rollout_batch_size, args.n_samples_per_prompt, args.rollout_max_response_len) == (32, 8, 1024)
     assert args.global_batch_size == 256 and args.num_rollout == 7 and args.colocate and not args.use_kl_loss
     assert args.rollout_log_probs  # as TRL asks vLLM for them; the second row of this project goes without
-    bare = build_parser().parse_args(command[3:] + list(RUNNERS["vime_ext_no_log_probs"].keywords["flags"]))
-    assert not bare.rollout_log_probs
-    from vime_ext.engines.servers import split_vllm_args
-
-    own, engine = split_vllm_args(command[3:] + list(RUNNERS["vime_ext_4_api_servers"].keywords["flags"]))
+    # TRL's engine settings: asleep at level 2, prefill in chunks of 4,096 tokens
+    assert args.engine_sleep_level == 2 and engine == ["--max-num-batched-tokens", "4096"]
+    assert args.rollout_stream_interval == 64  # the default: replies in pieces
+    assert not build_parser().parse_args(split_vllm_args(command_of("vime_ext_no_log_probs"))[0]).rollout_log_probs
+    own, engine = split_vllm_args(command_of("vime_ext_4_api_servers"))
     assert engine[-2:] == ["--api-server-count", "4"] and build_parser().parse_args(own).colocate
-    assert build_parser().parse_args(command[3:]).rollout_stream_interval == 64  # the default: replies in pieces
-    assert build_parser().parse_args(command[3:] + list(RUNNERS["vime_ext_whole"].keywords["flags"])) \
-        .rollout_stream_interval == 0
-    from vime_ext.arguments import parse_train_args
-    from vime_ext.gpu_sharing import GpuSharing, Mode
+    assert build_parser().parse_args(split_vllm_args(command_of("vime_ext_whole"))[0]).rollout_stream_interval == 0
 
     (tmp_path / "p.jsonl").write_text('{"prompt": "x", "label": ""}\n')
-    real = vime_ext_command(WORKLOADS["w1"], tiny_hf_dirs["qwen3"], tmp_path / "p.jsonl", tmp_path, gpu=True)
-    resident = parse_train_args(real[3:] + list(RUNNERS["vime_ext_resident"].keywords["flags"]))
+    real = functools.partial(command_of, model=tiny_hf_dirs["qwen3"])
+    resident = parse_train_args(real("vime_ext_resident"))  # resident engines never sleep: no level asked for
     assert GpuSharing.from_config(resident, on_gpu=True).mode is Mode.RESIDENT
-    state = parse_train_args(real[3:] + list(RUNNERS["vime_ext_state_resident"].keywords["flags"]))
+    state = parse_train_args(real("vime_ext_state_resident"))
     assert not state.cluster.offload_optimizer_state and state.cluster.offload_train
-    halved = parse_train_args(real[3:] + list(RUNNERS["vime_ext_state_resident_mb8k"].keywords["flags"]))
+    halved = parse_train_args(real("vime_ext_state_resident_mb8k"))
     assert not halved.cluster.offload_optimizer_state and halved.trainer.max_tokens_per_gpu == 8192  # the later flag
-    ahead = parse_train_args(vime_ext_command(WORKLOADS["w1"], tiny_hf_dirs["qwen3"], tmp_path / "p.jsonl", tmp_path,
-                                              gpu=True, flags=RUNNERS["vime_ext_async"].keywords["flags"])[3:])
+    ahead = parse_train_args(real("vime_ext_async"))
     assert ahead.rollout.async_training and ahead.rollout.max_staleness == 1
     assert ahead.data.num_rollout == WORKLOADS["w1"].steps + 1  # its last step, with nothing beside it, untimed
+    assert ahead.cluster.engine_sleep_level == 1  # resident engines never sleep: no level asked for
     assert GpuSharing.from_config(ahead, on_gpu=True).mode is Mode.RESIDENT
 
 

@@ -109,8 +109,9 @@ def write_prompts(tokenizer, workload: Workload, path: Path, seed: int = 0) -> P
 
 def vime_ext_command(workload: Workload, model_dir: Path, data: Path, out: Path, gpu: bool,
                      flags: tuple[str, ...] = ()) -> list[str]:
-    """This project's run of the workload: colocated on one GPU (the engine asleep while the trainer trains), one
-    optimizer step per rollout, no KL, the bench's reward and ignore_eos generate; then ``flags``. With
+    """This project's run of the workload: colocated on one GPU (the engine asleep at level 2 while the trainer
+    trains, with TRL's engine settings), one optimizer step per rollout, no KL, the bench's reward and ignore_eos
+    generate; then ``flags``. With
     ``--async-training`` one rollout more than the workload's steps: the run's last step has no rollout to generate
     beside it, so it is left untimed (``ASYNC_EXTRA_STEPS``)."""
     samples = workload.prompts * workload.samples
@@ -123,11 +124,19 @@ def vime_ext_command(workload: Workload, model_dir: Path, data: Path, out: Path,
                "--custom-rm-path", "tools.bench_plugins.reward", "--lr", "1e-6",
                "--tensorboard-dir", str(out / "vime_ext_tb")]
     if gpu:
-        command += ["--colocate", "--bf16", "--use-dynamic-batch-size", "--max-tokens-per-gpu", "16384"]
+        command += ["--colocate", "--bf16", "--use-dynamic-batch-size", "--max-tokens-per-gpu", "16384",
+                    *TRL_ENGINE_SETTINGS]
+        if not any(f in flags for f in ("--async-training", "--no-offload-rollout")):  # engines that sleep
+            command += ["--engine-sleep-level", "2"]  # as TRL's: the weights dropped, the push brings them back
     else:  # the CPU smoke: the transformers engine, in this process
         command += ["--engine-backend", "hf", "--no-ray"]
     return command + list(flags)
 
+
+# vLLM settings where this project's engine defaults differ from the engine TRL 1.16 builds in its process
+# (trl/generation/vllm_generation.py): prefill in chunks of 4,096 tokens, not the API server's 8,192. Both run the
+# 256 sequences at once, with CUDA graphs, in the same memory share; TRL sleeps at level 2 (above).
+TRL_ENGINE_SETTINGS = ("--vllm-max-num-batched-tokens", "4096")
 
 # An asynchronous run's steps after the workload's: the last step trains on a rollout made during the one before
 # and generates nothing beside it (5.8 s against 17-19 s on W1), so it is run but not timed.
