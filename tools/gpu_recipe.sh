@@ -446,7 +446,8 @@ case "${STAGE}" in
   peers)
     # tools/bench_peers.py's PEERS_WORKLOAD (w1, default: the random Qwen3-0.6B shape; w2: Qwen3-4B) on this GPU,
     # PEERS in order (default: this project, then with whole replies, and TRL, about 21 min at W1: 7 min each;
-    # add vime_ext_resident, vime_ext_4_api_servers, verl, which needs the wheel set's --verl part, 4-6 min
+    # add trl_no_checkpointing(_mb16) for TRL's fastest setting, vime_ext_resident, vime_ext_4_api_servers, or
+    # bench_peers.py's other rows, and verl, which needs the wheel set's --verl part, 4-6 min
     # to start and about 100 s a step, so PEERS_TIME_LIMIT_S=1200 for its 7 steps, and vime_ext again for the
     # drift when a lease has room), then the engine-only path (PEERS_ENGINE_PATH=0 leaves it out: about 6 min at
     # W1); into OUT/peers_<workload>, progress in OUT/peers.log. A framework stopped at the limit keeps the steps
