@@ -16,7 +16,6 @@ import torch
 from tests import dist_workers
 from tests.train.test_optimizer_resume import DISTRIBUTED, OFFLOAD, OFFLOAD_NEEDS_CUDA, trainer_flags
 from vime_ext.trainer.launch import run_on_ranks
-from vime_ext.trainer import memory_handover
 from vime_ext.trainer.memory_handover import MemoryHandover, describe_pinned_segments
 
 PPO = ["--advantage-estimator", "ppo", "--kl-coef", "0.05", "--critic-lr", "1e-3"]
@@ -27,10 +26,8 @@ def unfrozen():
     """A release freezes the process's start-up objects (``collect_garbage``); in the test process that would be
     whatever the earlier tests left alive, so each test here starts and ends unfrozen."""
     gc.unfreeze()
-    memory_handover._frozen = False
     yield
     gc.unfreeze()
-    memory_handover._frozen = False
 
 
 @pytest.mark.parametrize("cuda_flags,flags", [

@@ -190,14 +190,9 @@ def collect_garbage() -> None:
     colocated step runs two releases). Garbage made later, the weight push's IPC handles among it, is still collected;
     what was alive at the first call is never examined again, so it is only freed by reference counting: a rank's
     start-up objects live as long as the rank (vLLM freezes its engine's start-up objects the same way)."""
-    global _frozen
     gc.collect()
-    if not _frozen:
+    if not gc.get_freeze_count():  # nothing frozen yet: this is the first call
         gc.freeze()
-        _frozen = True
-
-
-_frozen = False  # collect_garbage has frozen this process's start-up objects
 
 
 def _synchronize() -> None:
