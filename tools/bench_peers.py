@@ -12,8 +12,9 @@ shape, 8 x 8 samples of 2,048 tokens. ``tiny``: a CPU smoke of the same path.
 
 Per framework: median seconds per step over the timed steps (after ``warmup`` steps), trained tokens per second
 per GPU (samples x (prompt + response) tokens / step seconds / GPUs), the phase split where the framework logs it,
-and peak GPU memory. Each run writes ``OUT/<name>.result.json``; the table reads them all, and ``OUT/phases.png`` draws its rows as bars of their phases. A run stopped at
-``--time-limit-s`` keeps the steps it logged: its row says how many of the timed steps it reached.
+and peak GPU memory. Each run writes ``OUT/<name>.result.json``; the table reads them all, and ``OUT/phases.png``
+draws its rows as bars of their phases. A run stopped at ``--time-limit-s`` keeps the steps it logged: its row says
+how many of the timed steps it reached.
 
 Frameworks: ``vime_ext`` (``train.py``, colocated on one GPU, engine asleep while the trainer trains) and ``trl``
 (``tools/bench_trl.py``: TRL's ``GRPOTrainer``, vLLM colocated in its process, asleep while it trains; needs
@@ -111,9 +112,8 @@ def vime_ext_command(workload: Workload, model_dir: Path, data: Path, out: Path,
                      flags: tuple[str, ...] = ()) -> list[str]:
     """This project's run of the workload: colocated on one GPU (the engine asleep at level 2 while the trainer
     trains, with TRL's engine settings), one optimizer step per rollout, no KL, the bench's reward and ignore_eos
-    generate; then ``flags``. With
-    ``--async-training`` one rollout more than the workload's steps: the run's last step has no rollout to generate
-    beside it, so it is left untimed (``ASYNC_EXTRA_STEPS``)."""
+    generate; then ``flags``. With ``--async-training`` one rollout more than the workload's steps: the run's last
+    step has no rollout to generate beside it, so it is left untimed (``ASYNC_EXTRA_STEPS``)."""
     samples = workload.prompts * workload.samples
     rollouts = workload.steps + (ASYNC_EXTRA_STEPS if "--async-training" in flags else 0)
     command = [sys.executable, "-m", "vime_ext.train", "--hf-checkpoint", str(model_dir), "--prompt-data", str(data),
