@@ -55,6 +55,8 @@ def test_the_gpu_command_passes_train_py_s_parser(tmp_path, tiny_hf_dirs):
     assert not state.cluster.offload_optimizer_state and state.cluster.offload_train
     halved = parse_train_args(real("vime_ext_state_resident_mb8k"))
     assert not halved.cluster.offload_optimizer_state and halved.trainer.max_tokens_per_gpu == 8192  # the later flag
+    larger = parse_train_args(real("vime_ext_mb32k"))
+    assert larger.trainer.max_tokens_per_gpu == 32768 and larger.cluster.offload_optimizer_state
     ahead = parse_train_args(real("vime_ext_async"))
     assert ahead.rollout.async_training and ahead.rollout.max_staleness == 1
     assert ahead.data.num_rollout == WORKLOADS["w1"].steps + 1  # its last step, with nothing beside it, untimed

@@ -26,7 +26,8 @@ four API-server processes on its engine, ``vime_ext_whole`` with ``--rollout-str
 the default until 2026-11-30: ``vime_ext`` streams them in pieces of 64 tokens), ``vime_ext_resident`` with trainer
 and engine resident (``--no-offload-train --no-offload-rollout``), ``vime_ext_state_resident`` with the optimizers'
 state left on the GPU at each hand-over (``--no-offload-optimizer-state``; ``vime_ext_state_resident_mb8k`` the
-same with micro-batches of 8,192 tokens, so that W2's state fits beside the activations), ``vime_ext_async`` one step
+same with micro-batches of 8,192 tokens, so that W2's state fits beside the activations), ``vime_ext_mb32k`` with
+micro-batches of 32,768 tokens (the default 16,384), ``vime_ext_async`` one step
 off-policy (``--async-training --max-staleness 1``, one rollout more, the last step untimed);
 ``verl_bypass`` is verl in its bypass mode (the rollout's log-probs as the old ones, no separate pass);
 ``trl_no_checkpointing`` is TRL without the gradient checkpointing its ``GRPOConfig`` turns on by default
@@ -282,6 +283,11 @@ RUNNERS = {"vime_ext": run_vime_ext, "trl": run_trl, "verl": run_verl,
            # (records/peers_w2_h200x2_run1: out of memory at 133 GiB allocated)
            "vime_ext_state_resident_mb8k": functools.partial(
                run_vime_ext, flags=("--no-offload-optimizer-state", "--max-tokens-per-gpu", "8192")),
+           # micro-batches of twice the tokens: at the 0.6B shape small passes wait on megatron-core's per-layer
+           # Python work, not the GPU (records/performance_log.md, runs H: 72 ms a 4,096-token pass for 31 ms of
+           # kernels); whether W1's 16,384-token passes still do is what this row measures. 32,768 tokens trained
+           # in 76.7 GiB on one GPU with nothing else on it (the same log, the largest micro-batch that fits)
+           "vime_ext_mb32k": functools.partial(run_vime_ext, flags=("--max-tokens-per-gpu", "32768")),
            # one step off-policy (--max-staleness 1): rollout n + 1 generates while step n trains, engine and trainer
            # resident side by side; another algorithm than the others' on-policy steps, so a row of its own
            "vime_ext_async": functools.partial(run_vime_ext, flags=("--async-training", "--max-staleness", "1"))}
