@@ -16,16 +16,18 @@ import torch
 from tests import dist_workers
 from tests.train.test_optimizer_resume import DISTRIBUTED, OFFLOAD, OFFLOAD_NEEDS_CUDA, trainer_flags
 from vime_ext.trainer.launch import run_on_ranks
-from vime_ext.trainer.memory_handover import COLLECT_SLACK_BYTES, MemoryHandover, describe_pinned_segments
+from vime_ext.trainer import memory_handover
+from vime_ext.trainer.memory_handover import MemoryHandover, describe_pinned_segments
 
 PPO = ["--advantage-estimator", "ppo", "--kl-coef", "0.05", "--critic-lr", "1e-3"]
 
 
 @pytest.fixture(autouse=True)
-def unfrozen():
+def unfrozen(monkeypatch):
     """A release freezes the process's start-up objects (``collect_garbage``); in the test process that would be
     whatever the earlier tests left alive, so each test here starts and ends unfrozen."""
     gc.unfreeze()
+    monkeypatch.setattr(memory_handover, "_frozen", False)
     yield
     gc.unfreeze()
 
@@ -105,66 +107,22 @@ def test_the_first_release_freezes_start_up_objects_and_later_garbage_is_still_c
     assert torch.equal(weights, torch.ones(8))
 
 
-def _cycle_holding_a_tensor() -> weakref.ref:
-    """Garbage only a collection finds: an object that refers to itself and holds a tensor; a weak reference to the
-    tensor says when it is freed."""
-    class Node:
-        pass
-
-    node = Node()
-    node.self, node.tensor = node, torch.ones(1024)
-    return weakref.ref(node.tensor)
-
-
-def test_a_release_collects_before_it_returns_only_while_garbage_holds_device_memory():
-    """Each kind of release collects in place the first time and notes what stays allocated; later, with no more
-    allocated than that, the collection is not on the release's path: on a thread when the rank idles next, at the
-    next release when the weight push comes first. The measure of allocated bytes is the test's own number here
-    (on a GPU it is ``torch.cuda.memory_allocated``); the garbage, the collections and the thread are real."""
-    allocated = [0]
-    handover = MemoryHandover("cpu", allocated=lambda: allocated[0])
-    weights = torch.ones(8)
-    gc.disable()  # no automatic collection gets to the garbage first
-    try:
-        first = handover.release([weights])
-        assert first.collect_deferred == 0.0 and first.collect_s > 0
-        handover.restore()
-
-        freed = _cycle_holding_a_tensor()
-        second = handover.release([weights])  # nothing more allocated than after the first: on a thread
-        assert second.collect_deferred == 1.0 and second.collect_s == 0.0
-        handover.collector.wait()
-        assert freed() is None and handover.collector.background_s > 0 and handover.collector.found > 0
-        handover.restore()
-
-        freed = _cycle_holding_a_tensor()
-        allocated[0] = COLLECT_SLACK_BYTES + 1  # garbage holds device memory: collected before the release returns
-        third = handover.release([weights])
-        assert third.collect_deferred == 0.0 and freed() is None
-        handover.restore()
-
-        handover.release([weights], spare=[weights])  # the first release that keeps the weights for a push
-        handover.release([weights])
-        handover.restore()
-        freed = _cycle_holding_a_tensor()
-        before_push = handover.release([weights], spare=[weights])
-        handover.collector.wait()
-        assert before_push.collect_deferred == 1.0 and freed() is not None  # not beside the push
-        after_push = handover.release([weights])
-        handover.collector.wait()
-        assert after_push.collect_deferred == 1.0 and freed() is None  # on a thread once the rank idles
-    finally:
-        gc.enable()
-    handover.restore()
-    assert torch.equal(weights, torch.ones(8))
-
-
-def test_without_a_measure_of_device_memory_every_release_collects_in_place():
+def test_a_release_never_counts_the_frozen_objects(monkeypatch):
+    """``gc.get_freeze_count()`` walks every frozen object to count them: 35-80 ms for a trainer rank's 390,000 on
+    this project's CPU machine, 0.3-0.4 s a release on an H200 machine's, which a colocated step paid twice. After
+    the first release, releases neither count nor freeze again."""
     handover = MemoryHandover("cpu")
     weights = torch.ones(8)
-    for _ in range(3):
-        assert handover.release([weights]).collect_deferred == 0.0
+    handover.release([weights])
+    handover.restore()
+    frozen = gc.get_freeze_count()
+    counted = []
+    monkeypatch.setattr(gc, "get_freeze_count", lambda: counted.append(1) or frozen)
+    monkeypatch.setattr(gc, "freeze", lambda: counted.append("froze"))
+    for _ in range(2):
+        stats = handover.release([weights])
         handover.restore()
+    assert counted == [] and stats.collect_s >= 0
 
 
 def test_optimizer_state_comes_back_only_when_asked_for():

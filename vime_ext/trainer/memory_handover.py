@@ -19,18 +19,13 @@ training run is unchanged by a hand-over; on a real CPU run there is nothing to 
 
 import contextlib
 import gc
-import threading
 import time
-from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 import torch
 
 GiB = float(2**30)
 PINNED_REPORT_GIB = 1.0  # pinned memory below this is not worth a log line
-# Device memory that garbage may hold after a release whose collection is left to the background: a reference
-# cycle that keeps more (a bucket of the weight push, an activation) is collected before the release returns.
-COLLECT_SLACK_BYTES = 32 * 2**20
 
 
 @dataclass
@@ -62,19 +57,13 @@ class HandoverStats:
     copy_s: float = 0.0
     return_s: float = 0.0
     collect_s: float = 0.0
-    # The collection left to a thread (``GarbageCollector``): 1.0 if this release did; the seconds of the last one
-    # that finished and what the last collection found unreachable, in place or not.
-    collect_deferred: float = 0.0
-    background_collect_s: float = 0.0
-    collect_found: float = 0.0
+    collect_found: float = 0.0  # the objects the collection found unreachable
     skipped: list[str] = field(default_factory=list)  # storages that cannot be freed in place (not resizable)
 
     def metrics(self) -> dict[str, float]:
         return {"handover_gb": self.released_gb, "handover_copied_gb": self.copied_gb, "handover_s": self.seconds,
                 "handover_copy_s": self.copy_s, "handover_return_s": self.return_s,
-                "handover_collect_s": self.collect_s, "handover_collect_deferred": self.collect_deferred,
-                "handover_background_collect_s": self.background_collect_s,
-                "handover_collect_found": self.collect_found,
+                "handover_collect_s": self.collect_s, "handover_collect_found": self.collect_found,
                 "handover_skipped": float(len(self.skipped))}
 
 
@@ -92,11 +81,8 @@ class MemoryHandover:
     (optimizer states appear at the first step, so the set is gathered anew), and a storage keeps its host
     buffer between hand-overs."""
 
-    def __init__(self, device_type: str = "cuda", allocated: Callable[[], int] | None = None):
+    def __init__(self, device_type: str = "cuda"):
         self.device_type = device_type  # only storages on this kind of device are handed over
-        if allocated is None and device_type == "cuda" and torch.cuda.is_available():
-            allocated = torch.cuda.memory_allocated
-        self.collector = GarbageCollector(allocated)
         self._slots: dict[int, _Slot] = {}  # by the storage's C++ identity, stable across resizes
         self._released: list[_Slot] = []
         self._state_released: list[_Slot] = []  # the optimizers' state, back at the next step
@@ -152,22 +138,11 @@ class MemoryHandover:
         returned = time.perf_counter()
         # Memory shared with an engine over CUDA IPC (the weight push) is only freed once Python collects the
         # handles the engine has closed, and a tensor held in a reference cycle only by a collection; until then
-        # the allocator cannot give it back to the driver. The collector decides whether that has to happen now.
-        cuda = torch.cuda.is_available()
-        if cuda:
+        # the allocator cannot give it back to the driver.
+        stats.collect_found = collect_garbage()
+        stats.collect_s = time.perf_counter() - returned
+        if torch.cuda.is_available():
             torch.cuda.ipc_collect()
-        # A release that spares the weights is followed by the push, then by the release of the weights; after
-        # that one the rank idles while the engines generate.
-        kind = (bool(spared), keep_state)
-        if self.collector.collect(kind, idle_next=not spared):
-            stats.collect_s = time.perf_counter() - returned
-            if cuda:
-                torch.cuda.ipc_collect()
-            self.collector.note_floor(kind)
-        else:
-            stats.collect_deferred = 1.0
-        stats.background_collect_s, stats.collect_found = self.collector.background_s, self.collector.found
-        if cuda:
             torch.cuda.empty_cache()
             stats.return_s = time.perf_counter() - returned
             # What keeps the engines from waking, named in the log before they try. Pinned memory is reserved
@@ -209,64 +184,26 @@ class MemoryHandover:
         return stats
 
 
+# Whether collect_garbage has frozen the start-up objects. Kept here rather than read from gc.get_freeze_count(),
+# which counts the frozen objects by walking them all: 35-80 ms on the 2-core CPU machine for a trainer rank's
+# 390,000, and on an H200 machine's rank 0.3-0.4 s a release (W1, 2026-12-01), more than the collection it spares.
+_frozen = False
+
+
 def collect_garbage() -> int:
-    """A full garbage collection that scans only what the process made since its first call here; what it found
-    unreachable. The first call collects, then freezes what survives (``gc.freeze``): the imported modules, the
-    model, the optimizer, half a million objects in a trainer rank, which a full collection otherwise walks each time
-    (0.2 s on a 2-core CPU). Garbage made later, the weight push's IPC handles among it, is still collected; what was
-    alive at the first call is never examined again, so it is only freed by reference counting: a rank's start-up
-    objects live as long as the rank (vLLM freezes its engine's start-up objects the same way). On an H200 machine's
-    trainer rank (W1 of tools/bench_peers.py) a collection still took 0.3-0.4 s after the freeze as before it, which
-    is why ``GarbageCollector`` takes it off the hand-over's path where it can."""
+    """A full garbage collection that scans only what the process made since its first call here; the objects it
+    found unreachable. The first call collects, then freezes what survives (``gc.freeze``): the imported modules,
+    the model, the optimizer, some 400,000 objects in a trainer rank, which a full collection otherwise walks each
+    time (0.2 s on a 2-core CPU; a colocated step runs two releases). Garbage made later, the weight push's IPC
+    handles among it, is still collected; what was alive at the first call is never examined again, so it is only
+    freed by reference counting: a rank's start-up objects live as long as the rank (vLLM freezes its engine's
+    start-up objects the same way)."""
+    global _frozen
     found = gc.collect()
-    if not gc.get_freeze_count():  # nothing frozen yet: this is the first call
+    if not _frozen:
         gc.freeze()
+        _frozen = True
     return found
-
-
-class GarbageCollector:
-    """Whether a release collects garbage before it returns, or leaves that to a thread while the engines generate.
-    A collection matters to the hand-over only where garbage holds device memory (a tensor in a reference cycle, a
-    weight push's IPC handles): memory the engines are about to take. So each kind of release collects in place the
-    first time and notes what stays allocated after (``note_floor``); a later one of that kind that finds no more
-    allocated than that, give or take ``COLLECT_SLACK_BYTES``, before collecting has no device memory in its garbage,
-    and does not collect before it returns. ``allocated`` measures the device's allocated bytes; without
-    it (the CPU, where nothing is handed to an engine) every release collects in place."""
-
-    def __init__(self, allocated: Callable[[], int] | None):
-        self._allocated = allocated
-        self._floors: dict[Hashable, int] = {}
-        self._thread: threading.Thread | None = None
-        self.background_s = 0.0  # the last background collection's seconds
-        self.found = 0  # what the last collection found unreachable
-
-    def collect(self, kind: Hashable, idle_next: bool) -> bool:
-        """Collect now (True) or not now (False). A collection not needed now runs on a thread if the rank is idle
-        next (``idle_next``: the engines generate; one collection at a time), and otherwise waits for the next
-        release: a thread collecting beside the weight push would hold the interpreter the push needs."""
-        floor = self._floors.get(kind)
-        if self._allocated is not None and floor is not None and self._allocated() <= floor + COLLECT_SLACK_BYTES:
-            if idle_next and (self._thread is None or not self._thread.is_alive()):
-                self._thread = threading.Thread(target=self._collect_in_background, name="handover-gc", daemon=True)
-                self._thread.start()
-            return False
-        self.wait()  # two collections at once would only contend for the interpreter
-        self.found = collect_garbage()
-        return True
-
-    def note_floor(self, kind: Hashable) -> None:
-        """After an in-place collection: what this kind of release leaves allocated."""
-        if self._allocated is not None:
-            self._floors[kind] = self._allocated()
-
-    def wait(self) -> None:
-        if self._thread is not None:
-            self._thread.join()
-
-    def _collect_in_background(self) -> None:
-        start = time.perf_counter()
-        self.found = collect_garbage()
-        self.background_s = time.perf_counter() - start
 
 
 def _synchronize() -> None:
