@@ -12,6 +12,11 @@ in ``OUT/metrics.txt``. The whole rollout inside the training loop is ``bench_pe
 With ``--stream-interval N`` (default 64; 0: off) the engine sends replies asked for in pieces every N tokens,
 and a "router, streamed" path asks for them so (``--rollout-stream-interval``): the answers are then built while
 the engine decodes, and the gap between the first reply and the last shows what is left of that work.
+
+With ``--profile-steps N`` a last round on the engine path runs under vLLM's torch profiler for N engine steps from
+the middle of the decode (``OUT/profile``), with vLLM's per-step scopes recorded; ``OUT/profile_summary.json``
+says how long a step takes, how much of it the device is busy (kernels, copies), and the CPU milliseconds a step
+spends in vLLM's step scopes: a device busy for a small share of the step means the decode waits on the CPU.
 """
 
 import argparse
@@ -66,11 +71,90 @@ async def one_round(url: str, prompts: list[list[int]], workload: Workload,
     return time.perf_counter() - start, min(ends), max(ends), sum(lengths)
 
 
+# vLLM's worker wraps each engine step in a scope named "execute_context_<n>(<tokens>)_generation_<n>(<tokens>)"
+# when its profiler runs; its V1 model runner (vLLM's CPU backend among others; on GPUs vLLM 0.26 runs its V2 runner)
+# adds the scopes below within a step, with VLLM_CUSTOM_SCOPES_FOR_PROFILING=1.
+STEP_PREFIX = "execute_"
+STEP_SCOPES = tuple(f"gpu_model_runner: {name}" for name in
+                    ("preprocess", "forward", "postprocess", "sample", "bookkeep", "ModelRunnerOutput"))
+DEVICE_EVENTS = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def _union_s(intervals: list[tuple[float, float]]) -> float:
+    """Seconds covered by ``intervals`` (start, end in microseconds), overlaps counted once."""
+    covered, end = 0.0, float("-inf")
+    for start, stop in sorted(intervals):
+        if stop > end:
+            covered += stop - max(start, end)
+            end = stop
+    return covered / 1e6
+
+
+def profile_summary(trace: Path) -> dict:
+    """One torch-profiler trace (chrome format, gzipped or not) of the engine's worker. Its steps are the worker's
+    step scopes; the window runs from the first step's start to the last one's, so it holds one step fewer than
+    were traced, each with whatever the worker does between steps. In that window: the device's busy seconds
+    (kernels, copies and sets, overlaps once), the CPU milliseconds a step spends inside the worker's step scope
+    and in each model-runner scope that was recorded, and the kernels that take the most device time."""
+    import gzip
+
+    opener = gzip.open if trace.suffix == ".gz" else open
+    with opener(trace, "rt") as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X" and "dur" in e]
+    cpu = [e for e in events if e.get("cat") == "user_annotation"]
+    steps = sorted((e for e in cpu if e["name"].startswith(STEP_PREFIX)), key=lambda e: e["ts"])
+    if len(steps) < 2:
+        raise ValueError(f"{trace}: {len(steps)} engine step scopes ('{STEP_PREFIX}...'), at least 2 needed; was "
+                         "the profiler started before the round, with --profiler-config's max_iterations above 1?")
+    start, stop, n = steps[0]["ts"], steps[-1]["ts"], len(steps) - 1
+    inside = [e for e in events if start <= e["ts"] < stop]
+    device = [(e["ts"], min(e["ts"] + e["dur"], stop)) for e in inside if e.get("cat") in DEVICE_EVENTS]
+    kernels: dict[str, float] = {}
+    for e in inside:
+        if e.get("cat") == "kernel":
+            kernels[e["name"]] = kernels.get(e["name"], 0.0) + e["dur"] / 1e3
+    scopes = {name.split(": ")[1]: sum(e["dur"] for e in inside if e["name"] == name) / 1e3 / n
+              for name in STEP_SCOPES if any(e["name"] == name for e in cpu)}
+    window_s, busy_s = (stop - start) / 1e6, _union_s(device)
+    return {"trace": trace.name, "steps": n, "window_s": window_s, "step_ms": window_s * 1e3 / n,
+            "device_busy_s": busy_s, "device_busy_share": busy_s / window_s,
+            "step_scope_ms": sum(e["dur"] for e in steps[:-1]) / 1e3 / n, "scope_ms_per_step": scopes,
+            "top_kernels_ms_per_step": {name[:80]: ms / n for name, ms in
+                                        sorted(kernels.items(), key=lambda kv: -kv[1])[:8]}}
+
+
+def profiler_args(out: Path, workload: Workload, steps: int) -> list[str]:
+    """vLLM's --profiler-config for ``steps`` engine steps from the middle of a round's decode (the prefill of a
+    round's prompts takes a few steps, then one step per reply token), the trace into ``out``, uncompressed and
+    without Python stacks, the API server's side left out."""
+    config = {"profiler": "torch", "torch_profiler_dir": str(out.resolve()), "delay_iterations":
+              workload.response_tokens // 2, "max_iterations": steps, "ignore_frontend": True,
+              "torch_profiler_with_stack": False, "torch_profiler_use_gzip": False}
+    return ["--profiler-config", json.dumps(config)]
+
+
 def table(rounds: list[Round]) -> str:
     lines = ["| path | round | wall s | first reply s | last reply s | last - first s | tokens/s |", "|---" * 7 + "|"]
     lines += [f"| {r.path} | {r.round} | {r.wall_s:.1f} | {r.first_reply_s:.1f} | {r.last_reply_s:.1f} | "
               f"{r.last_reply_s - r.first_reply_s:.1f} | {r.tokens_per_s:,.0f} |" for r in rounds]
     return "\n".join(lines)
+
+
+def profiled_round(url: str, prompts: list[list[int]], workload: Workload, traces: Path) -> Round:
+    """One more round on the engine path with vLLM's profiler started (it waits for the middle of the decode and
+    stops itself after its steps), then stopped; its trace summarised into ``traces/../profile_summary.json``."""
+    import httpx
+
+    httpx.post(url + "/start_profile", timeout=60).raise_for_status()
+    wall, first, last, tokens = asyncio.run(one_round(url, prompts, workload))
+    httpx.post(url + "/stop_profile", timeout=600).raise_for_status()  # returns once the trace is written
+    written = sorted(traces.rglob("*.pt.trace.json*"), key=lambda p: p.stat().st_mtime)
+    if not written:
+        raise RuntimeError(f"the profiled round left no trace in {traces}")
+    summary = profile_summary(written[-1])
+    (traces.parent / "profile_summary.json").write_text(json.dumps(summary, indent=1))
+    print(json.dumps(summary, indent=1), flush=True)
+    return Round("engine, profiled", 0, wall, first, last, tokens)
 
 
 def main(argv=None) -> int:
@@ -83,7 +167,12 @@ def main(argv=None) -> int:
     parser.add_argument("--backend", choices=["vllm", "hf"], default="vllm", help="hf: the CPU smoke of this path")
     parser.add_argument("--stream-interval", type=int, default=64,
                         help="the engine's --stream-interval, and a streamed path through the router (0: neither)")
+    parser.add_argument("--profile-steps", type=int, default=0,
+                        help="a last round on the engine path under vLLM's torch profiler for this many engine steps "
+                             "from the middle of the decode; 0: none")
     args = parser.parse_args(argv)
+    if args.profile_steps and args.backend != "vllm":
+        parser.error("--profile-steps profiles vLLM's engine: --backend vllm")
 
     import httpx
     import torch
@@ -104,9 +193,13 @@ def main(argv=None) -> int:
         extra += ["--max-num-seqs", str(len(prompts))]
         if args.stream_interval > 0:
             extra += ["--stream-interval", str(args.stream_interval)]
+    env = {}
+    if args.profile_steps:
+        extra += profiler_args(args.out / "profile", workload, args.profile_steps)
+        env["VLLM_CUSTOM_SCOPES_FOR_PROFILING"] = "1"
     logs = str(args.out / "engines")
     engine = launch_engine(EngineConfig(str(args.model_dir), backend=args.backend, extra_args=extra, log_dir=logs,
-                                        dtype="auto" if torch.cuda.is_available() else "float32"))
+                                        env=env, dtype="auto" if torch.cuda.is_available() else "float32"))
     router = None
     rounds = []
     try:
@@ -121,6 +214,8 @@ def main(argv=None) -> int:
                 wall, first, last, tokens = asyncio.run(one_round(url, prompts, workload, stream))
                 rounds.append(Round(path, k, wall, first, last, tokens))
                 print(table(rounds[-1:]).splitlines()[-1], flush=True)
+        if args.profile_steps:
+            rounds.append(profiled_round(engine.url, prompts, workload, args.out / "profile"))
         if args.backend == "vllm":
             (args.out / "metrics.txt").write_text(httpx.get(engine.url + "/metrics", timeout=30).text)
     finally:
