@@ -366,7 +366,8 @@ def test_the_engine_profile_summary_reads_a_torch_profiler_trace(tmp_path):
     trace = tmp_path / "worker.pt.trace.json"
     prof.export_chrome_trace(str(trace))
     summary = profile_summary(trace)
-    assert summary["steps"] == 3 and summary["device_busy_s"] == 0.0 and summary["window_s"] > 0
+    assert summary["steps"] == 3 and summary["window_s"] > 0
+    assert summary["device_events"] == 0 and summary["device_busy_s"] == 0.0
     assert set(summary["scope_ms_per_step"]) == {name.split(": ")[1] for name in STEP_SCOPES}
     assert 0 < summary["scope_ms_per_step"]["forward"] < summary["step_scope_ms"] <= summary["step_ms"]
     assert _union_s([(0, 10), (2, 5), (20, 30), (25, 40)]) == pytest.approx(30e-6)

@@ -116,8 +116,9 @@ def profile_summary(trace: Path) -> dict:
     scopes = {name.split(": ")[1]: sum(e["dur"] for e in inside if e["name"] == name) / 1e3 / n
               for name in STEP_SCOPES if any(e["name"] == name for e in cpu)}
     window_s, busy_s = (stop - start) / 1e6, _union_s(device)
+    # device_events 0 on a GPU means the profiler recorded no device activity (not an idle device)
     return {"trace": trace.name, "steps": n, "window_s": window_s, "step_ms": window_s * 1e3 / n,
-            "device_busy_s": busy_s, "device_busy_share": busy_s / window_s,
+            "device_events": len(device), "device_busy_s": busy_s, "device_busy_share": busy_s / window_s,
             "step_scope_ms": sum(e["dur"] for e in steps[:-1]) / 1e3 / n, "scope_ms_per_step": scopes,
             "top_kernels_ms_per_step": {name[:80]: ms / n for name, ms in
                                         sorted(kernels.items(), key=lambda kv: -kv[1])[:8]}}

@@ -109,8 +109,8 @@ def test_the_first_release_freezes_start_up_objects_and_later_garbage_is_still_c
 
 def test_a_release_never_counts_the_frozen_objects(monkeypatch):
     """``gc.get_freeze_count()`` walks every frozen object to count them: 35-80 ms for a trainer rank's 390,000 on
-    this project's CPU machine, 0.3-0.4 s a release on an H200 machine's, which a colocated step paid twice. After
-    the first release, releases neither count nor freeze again."""
+    this project's CPU machine; on an H200 machine's rank a release's collection took 0.3-0.4 s with it, twice a
+    colocated step. After the first release, releases neither count nor freeze again."""
     handover = MemoryHandover("cpu")
     weights = torch.ones(8)
     handover.release([weights])
@@ -120,9 +120,9 @@ def test_a_release_never_counts_the_frozen_objects(monkeypatch):
     monkeypatch.setattr(gc, "get_freeze_count", lambda: counted.append(1) or frozen)
     monkeypatch.setattr(gc, "freeze", lambda: counted.append("froze"))
     for _ in range(2):
-        stats = handover.release([weights])
+        handover.release([weights])
         handover.restore()
-    assert counted == [] and stats.collect_s >= 0
+    assert counted == []
 
 
 def test_optimizer_state_comes_back_only_when_asked_for():
