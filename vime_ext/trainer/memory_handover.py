@@ -53,7 +53,8 @@ class HandoverStats:
     # Of ``seconds`` in a release: the copies to the host (until the device is done), and giving the freed memory
     # back to the driver (Python's garbage collection, CUDA IPC's, the allocator's cache). A release that copies
     # nothing still pays the second, which is what a hand-over costs beyond its bytes. ``collect_s``: the garbage
-    # collection's share of ``return_s`` (on the CPU, where nothing is returned, all of it).
+    # collection's share of ``return_s`` (on the CPU, where nothing is returned, ``return_s`` stays 0 and the
+    # collection is timed alone).
     copy_s: float = 0.0
     return_s: float = 0.0
     collect_s: float = 0.0
@@ -185,8 +186,9 @@ class MemoryHandover:
 
 
 # Whether collect_garbage has frozen the start-up objects. Kept here rather than read from gc.get_freeze_count(),
-# which counts the frozen objects by walking them all: 35-80 ms on the 2-core CPU machine for a trainer rank's
-# 390,000, and on an H200 machine's rank 0.3-0.4 s a release (W1, 2026-12-01), more than the collection it spares.
+# which counts the frozen objects by walking them all: 35-80 ms a call on the 2-core CPU machine for a trainer
+# rank's 390,000, against 0.3 ms for the collection itself (on an H200 machine's rank, with that call, a release's
+# collection took 0.3-0.4 s: W1, 2026-12-01).
 _frozen = False
 
 
