@@ -60,6 +60,10 @@ class ClusterConfig:
     actor_num_gpus_per_node: int = _help("trainer ranks (GPUs) per node; on a CPU, ranks", 1)
     rollout_num_gpus: int | None = _help("GPUs for engines (not with --colocate; default 1)")
     rollout_num_gpus_per_engine: int = _help("GPUs per engine (its tensor-parallel size)", 1)
+    rollout_engines_per_gpu: int = _help(
+        "with --colocate: engines sharing each engine's GPUs. A small model's decode step waits on its engine's "
+        "CPU work for every sequence (scheduling, sampling, output), which N engines split between N processes; "
+        "the engines' memory share (--vllm-gpu-memory-utilization, default 0.4) is split evenly among them", 1)
     colocate: bool = field(default=False, metadata={"help": "engines share the actors' GPUs; they sleep while "
                                                             "the actors train"})
     offload_train: bool = _help(

@@ -67,6 +67,7 @@ class GpuSharing:
     engine_backend: str
     requested_transport: str
     pipeline_size: int
+    engines_per_gpu: int = 1  # engines sharing each engine's GPUs (--rollout-engines-per-gpu)
 
     @classmethod
     def from_config(cls, config: "TrainConfig", on_gpu: bool | None = None) -> "GpuSharing":
@@ -83,7 +84,8 @@ class GpuSharing:
                    rollout_gpus=cl.actor_world_size if cl.colocate else (cl.rollout_num_gpus or 1),
                    gpus_per_engine=cl.rollout_num_gpus_per_engine, sleep_level=cl.engine_sleep_level,
                    engine_backend=cl.engine_backend, requested_transport=cl.weight_transport,
-                   pipeline_size=config.trainer.pipeline_model_parallel_size)
+                   pipeline_size=config.trainer.pipeline_model_parallel_size,
+                   engines_per_gpu=cl.rollout_engines_per_gpu)
 
     # ---- placement --------------------------------------------------------------------------------------------
 
@@ -98,14 +100,21 @@ class GpuSharing:
 
     @property
     def num_engines(self) -> int:
-        return max(1, self.rollout_gpus // self.gpus_per_engine)
+        return max(1, self.rollout_gpus // self.gpus_per_engine) * self.engines_per_gpu
 
     def placement_problems(self) -> list[str]:
         """What the flags ask of the placement that it cannot give (for the flag checks)."""
+        problems = []
         if self.rollout_gpus % self.gpus_per_engine:
-            return [f"{self.rollout_gpus} rollout GPUs do not split into engines of --rollout-num-gpus-per-engine "
-                    f"{self.gpus_per_engine}"]
-        return []
+            problems.append(f"{self.rollout_gpus} rollout GPUs do not split into engines of "
+                            f"--rollout-num-gpus-per-engine {self.gpus_per_engine}")
+        if self.engines_per_gpu < 1:
+            problems.append(f"--rollout-engines-per-gpu {self.engines_per_gpu}: at least 1")
+        elif self.engines_per_gpu > 1 and not self.shares_gpus:
+            # Engines on GPUs of their own take weights over NCCL, whose groups cannot hold two members on a GPU.
+            problems.append(f"--rollout-engines-per-gpu {self.engines_per_gpu} needs --colocate (engines on GPUs "
+                            "of their own join one NCCL group for the weights, which refuses two members on a GPU)")
+        return problems
 
     def rollout_bundle_gpus(self, has_engines: bool) -> int:
         """GPUs the rollout manager's bundle reserves: the engines' own, or none when they use the ranks'."""
@@ -115,13 +124,17 @@ class GpuSharing:
         """Engines on the manager's own GPUs, ``gpus_per_engine`` each in order; on a CPU, processes."""
         if not gpus:
             return EnginePlacement(tuple(() for _ in range(self.num_engines)))
-        per = self.gpus_per_engine
-        return EnginePlacement(tuple(tuple(gpus[i:i + per]) for i in range(0, per * self.num_engines, per)))
+        per, count = self.gpus_per_engine, self.num_engines // self.engines_per_gpu
+        return EnginePlacement(self._repeated(tuple(tuple(gpus[i:i + per]) for i in range(0, per * count, per))))
+
+    def _repeated(self, groups: tuple) -> tuple:
+        """Each engine's entry ``engines_per_gpu`` times in a row: the engines that share those GPUs."""
+        return tuple(group for group in groups for _ in range(self.engines_per_gpu))
 
     def place_colocated(self, devices: list[RankDevice]) -> EnginePlacement:
-        """One engine per ``gpus_per_engine`` trainer GPUs, in GPU order, each with the ranks on its GPUs. The
-        engines are the rollout manager's subprocesses, so they start on its node: trainer ranks on other nodes
-        would have no engine beside them, and are refused."""
+        """One engine per ``gpus_per_engine`` trainer GPUs (``engines_per_gpu`` of them), in GPU order, each with
+        the ranks on its GPUs. The engines are the rollout manager's subprocesses, so they start on its node:
+        trainer ranks on other nodes would have no engine beside them, and are refused."""
         nodes = sorted({d.node for d in devices})
         if len(nodes) > 1:
             raise ValueError(f"--colocate with trainer ranks on {len(nodes)} nodes ({', '.join(nodes)}): colocated "
@@ -135,7 +148,7 @@ class GpuSharing:
         gpus, per = sorted(rank_of), self.gpus_per_engine
         if len(gpus) % per:
             raise ValueError(f"{len(gpus)} trainer GPUs do not split into engines of {per} GPUs")
-        engines = tuple(tuple(gpus[i:i + per]) for i in range(0, len(gpus), per))
+        engines = self._repeated(tuple(tuple(gpus[i:i + per]) for i in range(0, len(gpus), per)))
         return EnginePlacement(engines, tuple(tuple(rank_of[g] for g in engine) for engine in engines))
 
     # ---- engines -------------------------------------------------------------------------------------------
@@ -148,19 +161,20 @@ class GpuSharing:
         return choose_transport(self.requested_transport, self.engine_backend, engines_on_gpu, self.shares_gpus,
                                 self.pipeline_size)
 
-    def engine_flags(self, vllm_args: list[str], engines_on_gpu: bool) -> list[str]:
-        """The vLLM server flags this mode adds to the user's: the engine's tensor-parallel size on GPUs, and for
-        engines on the trainer's GPUs a memory share that leaves the trainer room; colocated, sleep mode."""
-        from vime_ext.engines.servers import has_flag
+    def engine_args(self, vllm_args: list[str], engines_on_gpu: bool) -> list[str]:
+        """The user's vLLM server flags with this mode's: the engine's tensor-parallel size on GPUs, and for
+        engines on the trainer's GPUs a memory share that leaves the trainer room (the user's, or 0.4), split
+        evenly among the engines on the same GPUs; colocated, sleep mode."""
+        from vime_ext.engines.servers import flag_value, in_memory_share
 
+        args = list(vllm_args)
         if self.engine_backend != "vllm" or not engines_on_gpu:
-            return []
-        flags = ["--tensor-parallel-size", str(self.gpus_per_engine)]
-        if self.engines_sleep:
-            flags += ["--enable-sleep-mode"]
-        if self.shares_gpus and not has_flag(vllm_args, "--gpu-memory-utilization"):
-            flags += ["--gpu-memory-utilization", str(COLOCATED_GPU_MEMORY)]
-        return flags
+            return args
+        if self.shares_gpus:
+            share = float(flag_value(args, "--gpu-memory-utilization") or COLOCATED_GPU_MEMORY)
+            args = in_memory_share(args, round(share / self.engines_per_gpu, 4))
+        return args + ["--tensor-parallel-size", str(self.gpus_per_engine)] + (
+            ["--enable-sleep-mode"] if self.engines_sleep else [])
 
     # ---- hand-overs ------------------------------------------------------------------------------------------
 

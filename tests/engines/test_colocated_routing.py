@@ -45,9 +45,10 @@ def engine_server() -> ThreadingHTTPServer:
     return server
 
 
-def sharing(engine_tp: int) -> GpuSharing:
+def sharing(engine_tp: int, per_gpu: int = 1) -> GpuSharing:
     return GpuSharing(Mode.COLOCATED, on_gpu=True, rollout_gpus=4, gpus_per_engine=engine_tp,
-                      sleep_level=1, engine_backend="vllm", requested_transport="auto", pipeline_size=1)
+                      sleep_level=1, engine_backend="vllm", requested_transport="auto", pipeline_size=1,
+                      engines_per_gpu=per_gpu)
 
 
 def test_placement_puts_each_engine_on_its_gpus_with_the_ranks_there():
@@ -56,6 +57,8 @@ def test_placement_puts_each_engine_on_its_gpus_with_the_ranks_there():
     assert four.gpus == ((0,), (1,), (2,), (3,)) and four.ranks == ((1,), (3,), (0,), (2,))
     two = sharing(2).place_colocated(devices)
     assert two.gpus == ((0, 1), (2, 3)) and two.ranks == ((1, 3), (0, 2))
+    shared = sharing(2, per_gpu=2).place_colocated(devices)  # --rollout-engines-per-gpu 2: two engines a GPU pair
+    assert shared.gpus == ((0, 1), (0, 1), (2, 3), (2, 3)) and shared.ranks == ((1, 3), (1, 3), (0, 2), (0, 2))
     with pytest.raises(ValueError, match="trainer ranks 0 and 1 both run on GPU 2"):
         sharing(1).place_colocated([RankDevice("n", 2), RankDevice("n", 2)])
     with pytest.raises(ValueError, match="trainer ranks on 2 nodes"):
@@ -68,14 +71,15 @@ def test_each_engine_receives_full_tensors_of_its_own_gpus_only(tmp_path):
     reference = load_file(hf_dir / "model.safetensors")
     devices = [RankDevice("10.0.0.1", g) for g in GPU_OF_RANK]
     servers, cases = {}, []
-    for tp, pp in ((2, 1), (2, 2)):  # TP 2 x DP 2; TP 2 x PP 2
-        for engine_tp in (1, 2):  # four TP-1 engines; two TP-2 engines
-            name = f"tp{tp}_pp{pp}_engine_tp{engine_tp}"
-            placement = sharing(engine_tp).place_colocated(devices)
-            servers[name] = [engine_server() for _ in placement.gpus]
-            cases.append(dict(name=name, tp=tp, pp=pp, engine_tp=engine_tp, bucket_bytes=64 * 1024,
-                              engine_ranks=[list(r) for r in placement.ranks], engine_gpus=placement.gpus,
-                              urls=[f"http://127.0.0.1:{s.server_address[1]}" for s in servers[name]]))
+    # TP 2 x DP 2 and TP 2 x PP 2, each to four TP-1 engines and two TP-2 engines; TP 2 x DP 2 also to two TP-1
+    # engines on each GPU (--rollout-engines-per-gpu 2), each of which must receive every tensor
+    for tp, pp, engine_tp, per_gpu in ((2, 1, 1, 1), (2, 1, 2, 1), (2, 2, 1, 1), (2, 2, 2, 1), (2, 1, 1, 2)):
+        name = f"tp{tp}_pp{pp}_engine_tp{engine_tp}_x{per_gpu}"
+        placement = sharing(engine_tp, per_gpu).place_colocated(devices)
+        servers[name] = [engine_server() for _ in placement.gpus]
+        cases.append(dict(name=name, tp=tp, pp=pp, engine_tp=engine_tp, bucket_bytes=64 * 1024,
+                          engine_ranks=[list(r) for r in placement.ranks], engine_gpus=placement.gpus,
+                          urls=[f"http://127.0.0.1:{s.server_address[1]}" for s in servers[name]]))
     try:
         run_on_ranks(colocated_push, 4, str(tmp_path), str(hf_dir), cases, GPU_OF_RANK, isolate=True)
     finally:

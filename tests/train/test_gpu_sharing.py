@@ -36,17 +36,40 @@ def test_the_mode_and_engine_count_come_from_the_flags(base, flags, mode, engine
     assert sharing.rollout_bundle_gpus(has_engines=True) == (0 if sharing.shares_gpus else sharing.rollout_gpus)
 
 
-def test_engine_flags_and_transport_follow_the_mode(base):
+def test_engine_args_and_transport_follow_the_mode(base):
     colocated = GpuSharing.from_config(parse_train_args(base + ["--colocate"]), on_gpu=True)
-    assert colocated.engine_flags([], engines_on_gpu=True) == [
-        "--tensor-parallel-size", "1", "--enable-sleep-mode", "--gpu-memory-utilization", str(COLOCATED_GPU_MEMORY)]
-    assert "--gpu-memory-utilization" not in colocated.engine_flags(["--gpu-memory-utilization", "0.7"], True)
+    assert colocated.engine_args(["--seed", "1"], engines_on_gpu=True) == [
+        "--seed", "1", "--gpu-memory-utilization", str(COLOCATED_GPU_MEMORY), "--tensor-parallel-size", "1",
+        "--enable-sleep-mode"]
+    user_share = colocated.engine_args(["--gpu-memory-utilization", "0.7"], True)
+    assert user_share.count("--gpu-memory-utilization") == 1 and "0.7" in user_share
     assert colocated.transport(engines_on_gpu=True) == "ipc" and colocated.transport(engines_on_gpu=False) == "vime_shm"
     resident = GpuSharing.from_config(parse_train_args(base + ["--colocate", "--async-training"]), on_gpu=True)
-    assert "--enable-sleep-mode" not in resident.engine_flags([], True) and resident.transport(True) == "ipc"
+    assert "--enable-sleep-mode" not in resident.engine_args([], True) and resident.transport(True) == "ipc"
     separate = GpuSharing.from_config(parse_train_args(base), on_gpu=True)
-    assert separate.engine_flags([], True) == ["--tensor-parallel-size", "1"] and separate.transport(True) == "nccl"
-    assert separate.engine_flags([], engines_on_gpu=False) == []
+    assert separate.engine_args([], True) == ["--tensor-parallel-size", "1"] and separate.transport(True) == "nccl"
+    assert separate.engine_args(["--seed", "1"], engines_on_gpu=False) == ["--seed", "1"]
+
+
+def test_engines_sharing_a_gpu_split_its_engine_share_and_need_colocation(base):
+    """--rollout-engines-per-gpu N: N engines on each engine's GPUs, each with 1/N of the engines' memory share
+    (the user's or the default); refused for engines on GPUs of their own, whose NCCL group cannot hold two
+    members on one GPU."""
+    from vime_ext.arguments import ConfigError
+    from vime_ext.engines.servers import flag_value
+
+    two = GpuSharing.from_config(parse_train_args(
+        base + ["--colocate", "--actor-num-gpus-per-node", "4", "--rollout-engines-per-gpu", "2"]), on_gpu=True)
+    assert two.num_engines == 8 and two.placement_problems() == []
+    assert flag_value(two.engine_args([], True), "--gpu-memory-utilization") == str(COLOCATED_GPU_MEMORY / 2)
+    split = two.engine_args(["--gpu-memory-utilization=0.5"], True)
+    assert [a for a in split if "gpu-memory" in a] == ["--gpu-memory-utilization"]
+    assert flag_value(split, "--gpu-memory-utilization") == "0.25"
+    assert two.place_separate(None).gpus == ((),) * 8  # on a CPU: eight engine processes
+    with pytest.raises(ConfigError, match="--rollout-engines-per-gpu 2 needs --colocate"):
+        parse_train_args(base + ["--rollout-engines-per-gpu", "2"])
+    with pytest.raises(ConfigError, match="--rollout-engines-per-gpu 0: at least 1"):
+        parse_train_args(base + ["--colocate", "--rollout-engines-per-gpu", "0"])
 
 
 class Recorder:
@@ -131,7 +154,7 @@ def test_resident_in_the_synchronous_loop_takes_both_offload_flags(base):
     resident.before_engines_start(ranks)
     resident.after_engines_start(ranks)
     assert ranks.calls == ["ranks.release(keep_weights=False)", "ranks.restore"]  # as --async-training's
-    assert "--enable-sleep-mode" not in resident.engine_flags([], True)
+    assert "--enable-sleep-mode" not in resident.engine_args([], True)
     for flags, reason in ((["--colocate", "--no-offload-train"], "or neither does"),
                           (["--colocate", "--no-offload-rollout"], "or neither does"),
                           (["--no-offload-train", "--no-offload-rollout"], "without --colocate nothing is offloaded"),

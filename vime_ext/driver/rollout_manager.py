@@ -28,7 +28,7 @@ from vime_ext.rollout.rollout import RolloutOutput, run_rollout
 def engine_args(config: TrainConfig, sharing: GpuSharing, on_gpu: bool) -> list[str]:
     """The policy engines' server flags: the run's --vllm-* flags, the GPU-sharing layout's, and vLLM's
     --stream-interval for --rollout-stream-interval (unless given as --vllm-stream-interval)."""
-    return (list(config.vllm_args) + sharing.engine_flags(config.vllm_args, on_gpu)
+    return (sharing.engine_args(list(config.vllm_args), on_gpu)
             + stream_interval_args(config.rollout.rollout_stream_interval, config.cluster.engine_backend,
                                    config.vllm_args))
 

@@ -215,6 +215,18 @@ def stream_interval_args(interval: int, backend: str, vllm_args: list[str]) -> l
     return []
 
 
+def flag_value(args: list[str], flag: str) -> str | None:
+    """The value ``args`` give ``flag`` (``--flag value`` or ``--flag=value``; the last one, as argparse reads
+    them), or None."""
+    value = None
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg[len(flag) + 1:]
+    return value
+
+
 def without_flag(args: list[str], flag: str) -> list[str]:
     """``args`` less ``flag`` and its value (``--flag value`` or ``--flag=value``)."""
     kept, skip = [], False

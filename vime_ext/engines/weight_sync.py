@@ -11,7 +11,7 @@ backend must match):
   IPC handles of GPU tensors, which the engine maps and copies from; nothing is copied to the host. Every engine
   worker maps the copy on its own GPU, found by that GPU's UUID: the trainer ranks on an engine's GPUs each hold
   the full bucket, gather their handles to the first of them (``IpcShare``), and it posts one request per bucket
-  to that engine alone.
+  to the engines on those GPUs alone (one, or ``--rollout-engines-per-gpu`` of them, each mapping the same copy).
 - ``nccl``: vLLM's own NCCL engine, for engines on other GPUs or nodes: the sender is rank 0 of one NCCL group
   with every engine worker (``connect``) and broadcasts each bucket's tensors while the engines'
   ``/update_weights`` calls, which block until they have received them, wait in threads.
@@ -51,13 +51,16 @@ class WeightTarget:
     generation: int = 0  # bumped whenever engines restart: an NCCL group with them must be formed again
     engine_ranks: tuple[tuple[int, ...], ...] = ()  # ipc: per engine, the trainer ranks on its GPUs in its order
 
-    def ipc_engine_of(self, rank: int) -> int:
-        """ipc: the engine on trainer rank ``rank``'s GPU."""
-        for engine, ranks in enumerate(self.engine_ranks):
-            if rank in ranks:
-                return engine
-        raise WeightSyncError(f"ipc transport: trainer rank {rank} is on none of the engines' GPUs "
-                              f"({self.engine_ranks or 'no routes given'})")
+    def ipc_engines_of(self, rank: int) -> list[int]:
+        """ipc: the engines on trainer rank ``rank``'s GPU (several share it with --rollout-engines-per-gpu)."""
+        engines = [engine for engine, ranks in enumerate(self.engine_ranks) if rank in ranks]
+        if not engines:
+            raise WeightSyncError(f"ipc transport: trainer rank {rank} is on none of the engines' GPUs "
+                                  f"({self.engine_ranks or 'no routes given'})")
+        if len({self.engine_ranks[e] for e in engines}) > 1:
+            raise WeightSyncError(f"ipc transport: trainer rank {rank} is on engines of different GPU sets "
+                                  f"({[self.engine_ranks[e] for e in engines]})")
+        return engines
 
 
 def choose_transport(requested: str, engine_backend: str, on_gpu: bool, colocate: bool,

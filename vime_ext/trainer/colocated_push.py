@@ -5,7 +5,8 @@ vLLM's IPC engine takes, per tensor, one handle per GPU of the engine, keyed by 
 each of its workers maps the copy on its own GPU. So the ranks on one engine's GPUs (``WeightTarget.engine_ranks``,
 placed by ``gpu_sharing.py``) form a group: each builds the full tensors (TP gathers within its model copy,
 pipeline stages broadcast to each other: ``iter_all_hf_weights``), and the first of them gathers the group's
-handles and posts them to its engine alone. Every data-parallel copy feeds its own engines, so all GPUs work.
+handles and posts them to the engines on those GPUs alone (several with ``--rollout-engines-per-gpu``, each
+mapping the same copy). Every data-parallel copy feeds its own engines, so all GPUs work.
 """
 
 from typing import Callable
@@ -18,10 +19,11 @@ from vime_ext.models.model_config import ModelShape
 from vime_ext.trainer.hf_weights import iter_all_hf_weights
 
 
-def engine_groups(engine_ranks: tuple[tuple[int, ...], ...]) -> list:
-    """One process group per engine with more than one rank (None for one rank). Every rank of the world must
-    call this with the same routes, as ``torch.distributed.new_group`` requires."""
-    return [dist.new_group(list(ranks)) if len(ranks) > 1 else None for ranks in engine_ranks]
+def engine_groups(engine_ranks: tuple[tuple[int, ...], ...]) -> dict[tuple[int, ...], object]:
+    """One process group per set of ranks with engines, if it has more than one rank (None for one rank); engines
+    sharing GPUs share the set. Every rank of the world must call this with the same routes, as
+    ``torch.distributed.new_group`` requires."""
+    return {ranks: dist.new_group(list(ranks)) if len(ranks) > 1 else None for ranks in dict.fromkeys(engine_ranks)}
 
 
 class ColocatedPush:
@@ -31,10 +33,10 @@ class ColocatedPush:
                  share: Callable[[torch.Tensor], tuple[str, object]] = cuda_ipc_share):
         if target.transport != "ipc":
             raise ValueError(f"a colocated push goes over ipc, not {target.transport}")
-        engine = target.ipc_engine_of(rank)
-        ranks = target.engine_ranks[engine]
-        group = engine_groups(target.engine_ranks)[engine]
-        self.sync = WeightSync([target.urls[engine]], bucket_bytes=bucket_bytes, transport="ipc",
+        engines = target.ipc_engines_of(rank)
+        ranks = target.engine_ranks[engines[0]]
+        group = engine_groups(target.engine_ranks)[ranks]
+        self.sync = WeightSync([target.urls[e] for e in engines], bucket_bytes=bucket_bytes, transport="ipc",
                                ipc=IpcShare(group, lead=ranks[0], posts=rank == ranks[0], share=share))
 
     def send(self, model: torch.nn.Module, shape: ModelShape) -> int:
