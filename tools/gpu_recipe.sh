@@ -31,7 +31,8 @@
 # and the peers bench (tools/bench_peers.py: this project, TRL, verl, on one GPU), then the engine-only path:
 #   ... gpu_recipe.sh peers   # PEERS: the frameworks, in order; PEERS_WORKLOAD w1 or w2; progress in
 #                             # VIME_EXT_OUT/peers.log; PEERS_ENGINE_PATH=0: the bench alone;
-#                             # PEERS_PROFILE_STEPS=N: the engine path's last round profiled
+#                             # PEERS_PROFILE_STEPS=N: the engine path's last round profiled;
+#                             # PEERS_ENGINES=N: the engine path with N engines on the GPU
 # and the real RULER-HQA's rows without RL (packaged SmolLM2-135M and Qwen2.5-Coder-1.5B, every length to 896K
 # tokens, no document, the gold pair):
 #   ... gpu_recipe.sh base_rows   # BASE_MODELS, REAL_LENGTHS; the 1.5B model's packages: gpu_wheels.py --models
@@ -452,7 +453,8 @@ case "${STAGE}" in
     # to start and about 100 s a step, so PEERS_TIME_LIMIT_S=1200 for its 7 steps, and vime_ext again for the
     # drift when a lease has room), then the engine-only path (PEERS_ENGINE_PATH=0 leaves it out: about 6 min at
     # W1; PEERS_PROFILE_STEPS=N adds a round with that many engine steps profiled, OUT/generate_path_<workload>/
-    # profile_summary.json); into OUT/peers_<workload>, progress in OUT/peers.log. A framework stopped at the limit
+    # profile_summary.json; PEERS_ENGINES=N runs it with N engines on the GPU, through the router);
+    # into OUT/peers_<workload>, progress in OUT/peers.log. A framework stopped at the limit
     # keeps the steps it logged, marked in its row.
     workload=${PEERS_WORKLOAD:-w1}
     case "${workload}" in  # the shapes of tools/bench_peers.py's WORKLOADS (the peers-stage test holds them equal)
@@ -471,6 +473,7 @@ case "${STAGE}" in
     if [ "${PEERS_ENGINE_PATH:-1}" != 0 ]; then
       python tools/bench_generate_path.py --workload "${workload}" --model-dir "${WORK}/${shape}-random" \
         --out "${OUT_DIR}/generate_path_${workload}" --rounds 1 --profile-steps "${PEERS_PROFILE_STEPS:-0}" \
+        --engines "${PEERS_ENGINES:-1}" \
         >> "${OUT_DIR}/peers.log" 2>&1
     fi ;;
   weight_sync)
