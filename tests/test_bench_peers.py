@@ -27,7 +27,7 @@ def test_w1_prompts_are_exactly_256_qwen_tokens(tmp_path):
 
 def test_the_gpu_command_passes_train_py_s_parser(tmp_path, tiny_hf_dirs):
     from vime_ext.arguments import parse_train_args
-    from vime_ext.engines.servers import split_vllm_args
+    from vime_ext.engines.servers import flag_value, split_vllm_args
     from vime_ext.gpu_sharing import GpuSharing, Mode
 
     def command_of(runner: str | None, model=tmp_path / "model") -> list[str]:
@@ -58,6 +58,12 @@ def test_the_gpu_command_passes_train_py_s_parser(tmp_path, tiny_hf_dirs):
     assert not halved.cluster.offload_optimizer_state and halved.trainer.max_tokens_per_gpu == 8192  # the later flag
     larger = parse_train_args(real("vime_ext_mb32k"))
     assert larger.trainer.max_tokens_per_gpu == 32768 and larger.cluster.offload_optimizer_state
+    # two engines on the one GPU, each in half the share (run_vime_ext adds the bench's share, 0.5: 0.25 each)
+    two = parse_train_args(real("vime_ext_2_engines") + ["--vllm-gpu-memory-utilization", "0.5"])
+    sharing = GpuSharing.from_config(two, on_gpu=True)
+    assert sharing.mode is Mode.COLOCATED and sharing.num_engines == 2
+    assert flag_value(sharing.engine_args(list(two.vllm_args), True), "--gpu-memory-utilization") == "0.25"
+    assert "--no-enable-prefix-caching" in parse_train_args(real("vime_ext_no_prefix_caching")).vllm_args
     ahead = parse_train_args(real("vime_ext_async"))
     assert ahead.rollout.async_training and ahead.rollout.max_staleness == 1
     assert ahead.data.num_rollout == WORKLOADS["w1"].steps + 1  # its last step, with nothing beside it, untimed

@@ -292,6 +292,9 @@ RUNNERS = {"vime_ext": run_vime_ext, "trl": run_trl, "verl": run_verl,
            # engine's CPU work per sequence (records/peers_w1_h200_run5/generate_path: the device busy 39% of a
            # profiled step), which two engine processes split
            "vime_ext_2_engines": functools.partial(run_vime_ext, flags=("--rollout-engines-per-gpu", "2")),
+           # vLLM without prefix caching: its scheduler then hashes and caches no full blocks, a part of the
+           # per-sequence work each decode step waits on (W1's prompts are shared by 8 samples, 256 tokens each)
+           "vime_ext_no_prefix_caching": functools.partial(run_vime_ext, flags=("--vllm-no-enable-prefix-caching",)),
            # one step off-policy (--max-staleness 1): rollout n + 1 generates while step n trains, engine and trainer
            # resident side by side; another algorithm than the others' on-policy steps, so a row of its own
            "vime_ext_async": functools.partial(run_vime_ext, flags=("--async-training", "--max-staleness", "1"))}
