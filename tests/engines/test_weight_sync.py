@@ -75,9 +75,42 @@ def test_the_shm_engine_sends_as_the_trainer_does(monkeypatch):
     monkeypatch.setattr(httpx, "Client", lambda **kw: real_client(transport=httpx.MockTransport(handle)))
     SharedMemoryWeightTransferEngine.trainer_send_weights(iter([("w", torch.ones(2, 2)), ("b", torch.zeros(3))]),
                                                           {"urls": ["http://e1", "http://e2"]})
+    received.sort(key=lambda r: r[0])  # the engines are posted to at once
     assert [(host, path) for host, path, _ in received] == [("e1", "/update_weights"), ("e2", "/update_weights")]
     assert torch.equal(received[0][2]["w"], torch.ones(2, 2)) and torch.equal(received[1][2]["b"], torch.zeros(3))
     assert not SharedMemoryWeightTransferEngine.__abstractmethods__
+
+
+def test_a_bucket_reaches_every_engine_at_once_and_a_refusal_names_its_engine(monkeypatch):
+    """Engines sharing a GPU (--rollout-engines-per-gpu) each copy every bucket: they are posted to at once, not
+    one after another. Each engine here waits at a barrier for the other's request, which one-after-another posts
+    would never reach (the barrier breaks and the engine answers 500). An engine that refuses is named, after
+    the other has had its request."""
+    import threading
+
+    barrier, seen, refuse = threading.Barrier(2, timeout=30), [], set()
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request.url.host)
+        if request.url.host in refuse:
+            return httpx.Response(500, text="no room for the bucket")
+        try:
+            barrier.wait()
+        except threading.BrokenBarrierError:
+            return httpx.Response(500, text="posted alone")
+        return httpx.Response(200, json={})
+
+    real_client = httpx.Client
+    monkeypatch.setattr(httpx, "Client", lambda **kw: real_client(transport=httpx.MockTransport(handle)))
+    sync = WeightSync(["http://e1", "http://e2"])
+    sync.send([("w", torch.ones(2, 2))])
+    assert sorted(seen) == ["e1", "e2"]
+    seen.clear()
+    refuse.add("e2")
+    barrier = threading.Barrier(1)  # the engine that accepts no longer waits for the other
+    with pytest.raises(WeightSyncError, match="http://e2/update_weights: HTTP 500 no room for the bucket"):
+        sync.send([("w", torch.ones(2, 2))])
+    assert sorted(seen) == ["e1", "e2"]
 
 
 def test_ipc_payload_refuses_host_tensors():

@@ -251,6 +251,17 @@ class WeightSync:
         if response.status_code >= 400:
             raise WeightSyncError(f"{url}{route}: HTTP {response.status_code} {response.text[:500]}")
 
+    def post_each(self, route: str, **kwargs) -> None:
+        """POST the same request to every engine at once (each copies the bucket on its own; engines sharing a GPU
+        would otherwise copy one after another); waits for all, then raises the first engine's error."""
+        if len(self.engine_urls) == 1:
+            self.post(self.engine_urls[0], route, **kwargs)
+            return
+        with ThreadPoolExecutor(len(self.engine_urls)) as pool:
+            calls = [pool.submit(self.post, url, route, **kwargs) for url in self.engine_urls]
+        for call in calls:
+            call.result()
+
     def init(self, urls: list[str] | None = None) -> None:
         """Set up the transfer engine on every engine (or on ``urls``, e.g. restarted ones). Nothing to do for
         nccl here: its group is formed by the sender, the trainer, in ``connect``."""
@@ -300,8 +311,7 @@ class WeightSync:
                 path = os.path.join(self.shm_dir, f"vime_ext_weights_{uuid.uuid4().hex}.safetensors")
                 save_file(bucket, path)
                 try:
-                    for url in self.engine_urls:
-                        self.post(url, "/update_weights", json={"update_info": {"path": path, "names": list(bucket)}})
+                    self.post_each("/update_weights", json={"update_info": {"path": path, "names": list(bucket)}})
                 finally:
                     os.unlink(path)
             sent += len(bucket)
@@ -321,9 +331,7 @@ class WeightSync:
             dist.gather_object(mine, parts, dst=self.ipc.lead, group=self.ipc.group)
         if self.ipc.posts:
             try:
-                info = ipc_update_info(bucket, parts)
-                for url in self.engine_urls:
-                    self.post(url, "/update_weights", json={"update_info": info})
+                self.post_each("/update_weights", json={"update_info": ipc_update_info(bucket, parts)})
             except Exception as error:  # noqa: BLE001 (told to the group, then raised here)
                 failure = error
         if self.ipc.group is not None:
