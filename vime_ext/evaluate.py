@@ -30,9 +30,8 @@ from vime_ext.arguments import EvalConfig, rollout_problems
 from vime_ext.data.prompt_dataset import read_jsonl
 from vime_ext.engines.client import RolloutClient
 from vime_ext.engines.protocol import SamplingParams
-from vime_ext.engines.servers import (EngineConfig, ServerProcess, data_parallel_configs, launch_engine,
-                                     launch_router, split_vllm_args, start_together, visible_gpus,
-                                     wait_until_serving)
+from vime_ext.engines.servers import (EngineConfig, ServerProcess, data_parallel_configs, launch_engines,
+                                     launch_router, split_vllm_args, visible_gpus, wait_until_serving)
 from vime_ext.item_progress import ItemProgress
 from vime_ext.rollout.config import RolloutConfig, sampling_params
 from vime_ext.rollout.debug_data import sample_from_dict
@@ -62,31 +61,24 @@ def served_together(models: list[tuple[EngineConfig, int]], timeout_s: float = 1
     """One URL per (config, engines) of ``models``, as ``served`` gives it, their engines started at once where
     they may be: an engine that must have its GPUs to itself while it starts (``gpu_start_lock.py``: one that
     sizes its KV cache from free memory) first waits until those started before it on the same GPUs serve."""
-    groups: list[list[ServerProcess]] = []
-    starting: list[tuple[ServerProcess, EngineConfig]] = []
+    copies = [(k, copy) for k, (config, engines) in enumerate(models)
+              for copy in data_parallel_configs(config, engines, visible_gpus(config))]
+    started: list[ServerProcess] = []
+    routers: list[ServerProcess] = []
     try:
-        for config, engines in models:
-            group = []
-            groups.append(group)
-            for copy in data_parallel_configs(config, engines, visible_gpus(config)):
-                if not all(start_together(copy, other) for _, other in starting):
-                    wait_until_serving([server for server, _ in starting], timeout_s=timeout_s)
-                    starting = []
-                server = launch_engine(copy)
-                group.append(server)
-                starting.append((server, copy))
-        wait_until_serving([server for server, _ in starting], timeout_s=timeout_s)
+        servers = launch_engines([copy for _, copy in copies], started, timeout_s=timeout_s)
+        wait_until_serving(servers, timeout_s=timeout_s)
         urls = []
-        for group, (config, _) in zip(groups, models):
+        for k, (config, _) in enumerate(models):
+            group = [server for (model, _), server in zip(copies, servers) if model == k]
             if len(group) > 1:
-                group.insert(0, launch_router([s.url for s in group], policy=router_policy, log_dir=config.log_dir))
-                wait_until_serving(group[:1], timeout_s=120)
-            urls.append(group[0].url)
+                routers.append(launch_router([s.url for s in group], policy=router_policy, log_dir=config.log_dir))
+                wait_until_serving(routers[-1:], timeout_s=120)
+            urls.append(routers[-1].url if len(group) > 1 else group[0].url)
         yield urls
     finally:
-        for group in groups:
-            for server in group:
-                server.stop()
+        for server in routers + started:
+            server.stop()
 
 
 def saved_rows(path: Path) -> tuple[dict[str, dict], list[str]]:

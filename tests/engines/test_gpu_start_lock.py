@@ -219,10 +219,11 @@ def test_a_reader_and_a_policy_with_fixed_caches_start_together(tmp_path, monkey
         wait_until_serving(started, timeout_s=timeout_s)
 
     monkeypatch.setattr(servers, "start_server", stand_in_server)
+    monkeypatch.setattr(servers, "wait_until_serving", wait)
     monkeypatch.setattr(evaluate, "wait_until_serving", wait)
     fixed = ["--kv-cache-memory-bytes", str(2**30)]
     for extra, expected in ((fixed, ["launch policy", "launch reader", "wait policy reader"]),
-                            ([], ["launch policy", "wait policy", "launch reader", "wait reader"])):
+                            ([], ["launch policy", "wait policy", "launch reader", "wait policy reader"])):
         events.clear()
         with evaluate.served_together([(EngineConfig("policy", extra_args=extra), 1),
                                        (EngineConfig("reader", extra_args=extra), 1)], timeout_s=60) as urls:
@@ -352,3 +353,42 @@ def test_data_parallel_engines_each_get_gpus_of_their_own():
     assert [c.env for c in data_parallel_configs(config, 3, [])] == [{"A": "1"}] * 3
     with pytest.raises(ValueError, match="1 or more"):
         data_parallel_configs(config, 0, [])
+
+
+def test_engines_sharing_gpus_start_one_after_another_on_each_and_come_back_in_order(tmp_path, monkeypatch):
+    """servers.launch_engines, as the rollout manager starts --rollout-engines-per-gpu 2 on GPUs 0 and 1 (engines
+    0 and 1 on GPU 0, 2 and 3 on GPU 1, each sizing its cache): the first engine on each GPU is launched (real
+    launch_engine, each taking its GPU's lock), both are waited for, then the second on each; without that order
+    this process would be refused its own GPU lock. The servers come back in the configs' order, which the weight
+    push's routes follow."""
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 2)
+    folder = www(tmp_path)
+    events, names = [], {}
+    start_server = servers.start_server
+
+    def stand_in_server(name, command, host, port, env, log_dir):  # launch_engine as it is, a stand-in process
+        names[port] = command[command.index("--model") + 1]
+        events.append(f"launch {names[port]}")
+        return start_server("stand_in", [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
+                                         "--directory", folder], "127.0.0.1", port, {}, str(tmp_path / "logs"))
+
+    def wait(started, timeout_s):
+        events.append("wait " + " ".join(names[int(s.url.rsplit(":", 1)[1])] for s in started))
+        wait_until_serving(started, timeout_s=timeout_s)
+
+    monkeypatch.setattr(servers, "start_server", stand_in_server)
+    monkeypatch.setattr(servers, "wait_until_serving", wait)
+    configs = [EngineConfig(f"e{i}", env={"CUDA_VISIBLE_DEVICES": gpu}) for i, gpu in enumerate("0011")]
+    started = []
+    try:
+        engines = servers.launch_engines(configs, started, timeout_s=60)
+        assert events == ["launch e0", "launch e2", "wait e0 e2", "launch e1", "launch e3"]
+        assert [names[int(e.url.rsplit(":", 1)[1])] for e in engines] == ["e0", "e1", "e2", "e3"]
+        assert sorted(started, key=id) == sorted(engines, key=id)
+        wait_until_serving(engines, timeout_s=60)
+        assert all(e.start_lock is None for e in engines)
+    finally:
+        for engine in started:
+            engine.stop()
+

@@ -16,8 +16,8 @@ from vime_ext.arguments import TrainConfig
 from vime_ext.engines.engine_watchdog import EngineWatchdog
 from vime_ext.engines.generation_gate import GenerationGate
 from vime_ext.engines.reward_engine import RewardModelEngine
-from vime_ext.engines.servers import (EngineConfig, ServerProcess, in_memory_share, launch_engine, launch_router,
-                                      start_together, stream_interval_args, wait_until_serving)
+from vime_ext.engines.servers import (EngineConfig, ServerProcess, in_memory_share, launch_engine, launch_engines,
+                                      launch_router, start_together, stream_interval_args, wait_until_serving)
 from vime_ext.engines.weight_sync import WeightSync, WeightTarget
 from vime_ext.gpu_sharing import EnginePlacement, GpuSharing
 from vime_ext.net import free_port
@@ -99,8 +99,9 @@ class RolloutManager:
                 weight_transport=self.transport))
         self.rm_config = self._reward_model_config(self.placement.gpus[0]) if config.rollout.rm_hf_checkpoint \
             else None
-        for c in self.engine_configs:  # one at a time: a failed launch leaves the earlier ones to shutdown()
-            self.engines.append(launch_engine(c))
+        # Engines sharing a GPU (--rollout-engines-per-gpu) start one after another on it; a failed launch leaves
+        # those launched before it in self.engines, for shutdown(). Then in placement order (the push's routes).
+        self.engines = launch_engines(self.engine_configs, self.engines)
         print(f"starting {len(self.engines)} {cl.engine_backend} engine(s); logs: "
               f"{', '.join(str(e.log_path) for e in self.engines)}", flush=True)
         if self.rm_config is not None and all(start_together(self.rm_config, c) for c in self.engine_configs):

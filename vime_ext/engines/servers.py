@@ -404,6 +404,26 @@ def start_together(a: EngineConfig, b: EngineConfig) -> bool:
     return not set(engine_gpus(a)) & set(engine_gpus(b)) or (fixed_kv_cache(a) and fixed_kv_cache(b))
 
 
+def launch_engines(configs: list[EngineConfig], started: list[ServerProcess],
+                   timeout_s: float = 900) -> list[ServerProcess]:
+    """An engine for each of ``configs``, launched at once where they may start together (``start_together``);
+    one that must have its GPUs to itself while it starts waits until those launched before it serve. The first
+    engine on every GPU set goes first, then the second on each, and so on, so that only engines sharing GPUs
+    wait for each other. Each server is appended to ``started`` as it is launched (a caller that fails midway
+    stops them). Returns the servers in ``configs``' order; the last ones launched may still be starting."""
+    waves = [sum(not start_together(config, configs[j]) for j in range(i)) for i, config in enumerate(configs)]
+    servers: dict[int, ServerProcess] = {}
+    starting: list[int] = []
+    for i in sorted(range(len(configs)), key=lambda i: (waves[i], i)):
+        if not all(start_together(configs[i], configs[j]) for j in starting):
+            wait_until_serving([servers[j] for j in starting], timeout_s=timeout_s)
+            starting = []
+        servers[i] = launch_engine(configs[i])
+        started.append(servers[i])
+        starting.append(i)
+    return [servers[i] for i in range(len(configs))]
+
+
 def installed_program(name: str) -> str:
     """A console script of this environment: the one beside the running Python first (a venv's python run
     without activating the venv has no venv on PATH), then PATH."""
