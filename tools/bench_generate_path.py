@@ -188,7 +188,7 @@ def main(argv=None) -> int:
     import torch
     from transformers import AutoTokenizer
 
-    from vime_ext.engines.servers import EngineConfig, launch_engine, launch_router, wait_until_serving
+    from vime_ext.engines.servers import EngineConfig, launch_engines, launch_router, wait_until_serving
 
     workload = WORKLOADS[args.workload]
     args.out.mkdir(parents=True, exist_ok=True)
@@ -208,12 +208,14 @@ def main(argv=None) -> int:
         extra += profiler_args(args.out / "profile", workload, args.profile_steps)
         env["VLLM_CUSTOM_SCOPES_FOR_PROFILING"] = "1"
     logs = str(args.out / "engines")
-    engines = [launch_engine(EngineConfig(str(args.model_dir), backend=args.backend, extra_args=extra, log_dir=logs,
-                                          env=env, dtype="auto" if torch.cuda.is_available() else "float32"))
-               for _ in range(args.engines)]
-    engine, router = engines[0], None
+    config = EngineConfig(str(args.model_dir), backend=args.backend, extra_args=extra, log_dir=logs, env=env,
+                          dtype="auto" if torch.cuda.is_available() else "float32")
+    engines, router = [], None
     rounds = []
     try:
+        # engines on the one GPU start one after another (launch_engines), each in its share
+        engines = launch_engines([config] * args.engines, engines, timeout_s=900)
+        engine = engines[0]
         wait_until_serving(engines, timeout_s=900)
         router = launch_router([e.url for e in engines], log_dir=logs)
         wait_until_serving([router], timeout_s=60)
