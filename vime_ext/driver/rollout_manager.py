@@ -16,7 +16,7 @@ from vime_ext.arguments import TrainConfig
 from vime_ext.engines.engine_watchdog import EngineWatchdog
 from vime_ext.engines.generation_gate import GenerationGate
 from vime_ext.engines.reward_engine import RewardModelEngine
-from vime_ext.engines.servers import (EngineConfig, ServerProcess, in_memory_share, launch_engine, launch_engines,
+from vime_ext.engines.servers import (EngineConfig, ServerProcess, in_memory_share, launch_engines,
                                       launch_router, start_together, stream_interval_args, wait_until_serving)
 from vime_ext.engines.weight_sync import WeightSync, WeightTarget
 from vime_ext.gpu_sharing import EnginePlacement, GpuSharing
@@ -210,8 +210,16 @@ class RolloutManager:
             print(f"engine {self.engines[i].url} exited (code {self.engines[i].process.returncode}); restarting. "
                   f"Its log: {self.engines[i].log_path}")
             self.engines[i].stop()  # the processes it left (vLLM's engine core keeps the GPU's memory)
-            self.engines[i] = launch_engine(self.engine_configs[i])
         if dead:
+            # through launch_engines: two dead engines sharing a GPU start one after another
+            started: list[ServerProcess] = []
+            try:
+                for i, server in zip(dead, launch_engines([self.engine_configs[i] for i in dead], started)):
+                    self.engines[i] = server
+            except BaseException:
+                for server in started:
+                    server.stop()
+                raise
             wait_until_serving([self.engines[i] for i in dead], timeout_s=900)
             self.sync.init([self.engines[i].url for i in dead])
             self.generation += 1
