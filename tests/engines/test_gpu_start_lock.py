@@ -194,21 +194,19 @@ def test_stopping_does_not_wait_for_engines_with_fixed_caches_starting(tmp_path)
         server.stop()
 
 
-def test_a_reader_and_a_policy_with_fixed_caches_start_together(tmp_path, monkeypatch):
-    """vime_ext.evaluate.served_together (an evaluation's model engine and its reward model's on one GPU): with
-    fixed KV caches both are launched (launch_engine, real, taking the GPU's lock shared) before either is waited
-    for; when one sizes its cache, the second is launched only once the first serves (else this process would
-    wait for its own lock)."""
+def recorded_launches(tmp_path, monkeypatch, gpus: int) -> tuple[list[str], dict[int, str]]:
+    """On a stand-in machine with ``gpus`` GPUs, launch_engine as it is (the GPU's start lock real) but starting a
+    stand-in server process, and every wait for engines to serve, recorded as "launch MODEL" and "wait MODEL...":
+    the events, and each port's model."""
     from vime_ext import evaluate
 
     monkeypatch.setattr("torch.cuda.is_available", lambda: True)
-    monkeypatch.setattr("torch.cuda.device_count", lambda: 1)
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "6")
+    monkeypatch.setattr("torch.cuda.device_count", lambda: gpus)
     folder = www(tmp_path)
     events, models = [], {}
     start_server = servers.start_server
 
-    def stand_in_server(name, command, host, port, env, log_dir):  # launch_engine as it is, a stand-in process
+    def stand_in_server(name, command, host, port, env, log_dir):
         models[port] = command[command.index("--model") + 1]
         events.append(f"launch {models[port]}")
         return start_server("stand_in", [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
@@ -221,6 +219,18 @@ def test_a_reader_and_a_policy_with_fixed_caches_start_together(tmp_path, monkey
     monkeypatch.setattr(servers, "start_server", stand_in_server)
     monkeypatch.setattr(servers, "wait_until_serving", wait)
     monkeypatch.setattr(evaluate, "wait_until_serving", wait)
+    return events, models
+
+
+def test_a_reader_and_a_policy_with_fixed_caches_start_together(tmp_path, monkeypatch):
+    """vime_ext.evaluate.served_together (an evaluation's model engine and its reward model's on one GPU): with
+    fixed KV caches both are launched (launch_engine, real, taking the GPU's lock shared) before either is waited
+    for; when one sizes its cache, the second is launched only once the first serves (else this process would
+    wait for its own lock)."""
+    from vime_ext import evaluate
+
+    events, _ = recorded_launches(tmp_path, monkeypatch, gpus=1)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "6")
     fixed = ["--kv-cache-memory-bytes", str(2**30)]
     for extra, expected in ((fixed, ["launch policy", "launch reader", "wait policy reader"]),
                             ([], ["launch policy", "wait policy", "launch reader", "wait policy reader"])):
@@ -361,24 +371,7 @@ def test_engines_sharing_gpus_start_one_after_another_on_each_and_come_back_in_o
     launch_engine, each taking its GPU's lock), both are waited for, then the second on each; without that order
     this process would be refused its own GPU lock. The servers come back in the configs' order, which the weight
     push's routes follow."""
-    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
-    monkeypatch.setattr("torch.cuda.device_count", lambda: 2)
-    folder = www(tmp_path)
-    events, names = [], {}
-    start_server = servers.start_server
-
-    def stand_in_server(name, command, host, port, env, log_dir):  # launch_engine as it is, a stand-in process
-        names[port] = command[command.index("--model") + 1]
-        events.append(f"launch {names[port]}")
-        return start_server("stand_in", [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
-                                         "--directory", folder], "127.0.0.1", port, {}, str(tmp_path / "logs"))
-
-    def wait(started, timeout_s):
-        events.append("wait " + " ".join(names[int(s.url.rsplit(":", 1)[1])] for s in started))
-        wait_until_serving(started, timeout_s=timeout_s)
-
-    monkeypatch.setattr(servers, "start_server", stand_in_server)
-    monkeypatch.setattr(servers, "wait_until_serving", wait)
+    events, names = recorded_launches(tmp_path, monkeypatch, gpus=2)
     configs = [EngineConfig(f"e{i}", env={"CUDA_VISIBLE_DEVICES": gpu}) for i, gpu in enumerate("0011")]
     started = []
     try:
