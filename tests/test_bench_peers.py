@@ -61,7 +61,7 @@ def test_the_gpu_command_passes_train_py_s_parser(tmp_path, tiny_hf_dirs):
     # two engines on the one GPU, each in half the share (run_vime_ext adds the bench's share, 0.5: 0.25 each)
     two = parse_train_args(real("vime_ext_2_engines") + ["--vllm-gpu-memory-utilization", "0.5"])
     sharing = GpuSharing.from_config(two, on_gpu=True)
-    assert sharing.mode is Mode.COLOCATED and sharing.num_engines == 2
+    assert sharing.mode is Mode.COLOCATED and sharing.num_engines == 2 and two.cluster.router_policy == "round_robin"
     assert flag_value(sharing.engine_args(list(two.vllm_args), True), "--gpu-memory-utilization") == "0.25"
     assert "--no-enable-prefix-caching" in parse_train_args(real("vime_ext_no_prefix_caching")).vllm_args
     ahead = parse_train_args(real("vime_ext_async"))

@@ -19,8 +19,8 @@ says how long a step takes, how much of it the device is busy (kernels, copies),
 spends in vLLM's step scopes: a device busy for a small share of the step means the decode waits on the CPU.
 
 With ``--engines N`` (N > 1) N engines share the GPU (as ``--rollout-engines-per-gpu N`` places them, each with
-1/N of the memory share) and the rounds go through the router alone: whether N engine processes decode the same
-requests faster than one.
+1/N of the memory share) and the rounds go through the router alone, which hands them out in turn (round robin):
+whether N engine processes decode the same requests faster than one.
 """
 
 import argparse
@@ -217,7 +217,8 @@ def main(argv=None) -> int:
         engines = launch_engines([config] * args.engines, engines, timeout_s=900)
         engine = engines[0]
         wait_until_serving(engines, timeout_s=900)
-        router = launch_router([e.url for e in engines], log_dir=logs)
+        # round robin: several engines get equal shares, as in bench_peers' vime_ext_2_engines row
+        router = launch_router([e.url for e in engines], policy="round_robin", log_dir=logs)
         wait_until_serving([router], timeout_s=60)
         straight = [("engine", engine.url, False)] if args.engines == 1 else []
         paths = straight + [("router", router.url, False)]

@@ -290,8 +290,11 @@ RUNNERS = {"vime_ext": run_vime_ext, "trl": run_trl, "verl": run_verl,
            "vime_ext_mb32k": functools.partial(run_vime_ext, flags=("--max-tokens-per-gpu", "32768")),
            # two engines on the GPU, each with half the engines' memory share: W1's decode step is bound by the
            # engine's CPU work per sequence (records/peers_w1_h200_run5/generate_path: the device busy 39% of a
-           # profiled step), which two engine processes split
-           "vime_ext_2_engines": functools.partial(run_vime_ext, flags=("--rollout-engines-per-gpu", "2")),
+           # profiled step), which two engine processes split. Round robin gives each exactly half: the default
+           # consistent hash split W1's 256 session keys 148 to 108 between two engines (on the CPU), and the
+           # step waits for the busier one
+           "vime_ext_2_engines": functools.partial(run_vime_ext, flags=("--rollout-engines-per-gpu", "2",
+                                                                       "--router-policy", "round_robin")),
            # vLLM without prefix caching: its scheduler then hashes and caches no full blocks, a part of the
            # per-sequence work each decode step waits on (W1's prompts are shared by 8 samples, 256 tokens each)
            "vime_ext_no_prefix_caching": functools.partial(run_vime_ext, flags=("--vllm-no-enable-prefix-caching",)),
