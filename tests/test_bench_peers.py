@@ -368,14 +368,19 @@ def test_the_rollout_client_bench_runs_whole_rollouts_against_a_stand_in_engine(
 
 def test_the_engine_profile_summary_reads_a_torch_profiler_trace(tmp_path):
     """bench_generate_path's --profile-steps summary on a real torch-profiler trace made here: three steps of
-    vLLM's scope names (on the CPU there is no device, so nothing is busy), and the device's busy time as the
-    union of its intervals (a kernel inside a copy counted once)."""
-    from tools.bench_generate_path import STEP_SCOPES, _union_s, profile_summary
+    vLLM's scope names, the scheduler's before each step (four requests, one call each) and the model runner's
+    within it (on the CPU there is no device, so nothing is busy), and the device's busy time as the union of its
+    intervals (a kernel inside a copy counted once)."""
+    from tools.bench_generate_path import _union_s, profile_summary
 
+    runner = ("gpu_model_runner: forward", "gpu_model_runner: sample")
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         for _ in range(4):
+            for _ in range(4):
+                with torch.profiler.record_function("schedule: allocate_slots"):
+                    torch.ones(8, 8) @ torch.ones(8, 8)
             with torch.profiler.record_function("execute_context_0(0)_generation_4(4)"):
-                for name in STEP_SCOPES:
+                for name in runner:
                     with torch.profiler.record_function(name):
                         torch.ones(64, 64) @ torch.ones(64, 64)
     trace = tmp_path / "worker.pt.trace.json"
@@ -383,8 +388,11 @@ def test_the_engine_profile_summary_reads_a_torch_profiler_trace(tmp_path):
     summary = profile_summary(trace)
     assert summary["steps"] == 3 and summary["window_s"] > 0
     assert summary["device_events"] == 0 and summary["device_busy_s"] == 0.0
-    assert set(summary["scope_ms_per_step"]) == {name.split(": ")[1] for name in STEP_SCOPES}
-    assert 0 < summary["scope_ms_per_step"]["forward"] < summary["step_scope_ms"] <= summary["step_ms"]
+    scopes = {*runner, "schedule: allocate_slots"}
+    assert set(summary["scope_ms_per_step"]) == scopes == set(summary["scope_calls_per_step"])
+    assert summary["scope_calls_per_step"] == {"schedule: allocate_slots": 4.0, **{name: 1.0 for name in runner}}
+    assert 0 < summary["scope_ms_per_step"]["gpu_model_runner: forward"] < summary["step_scope_ms"] \
+        <= summary["step_ms"]
     assert _union_s([(0, 10), (2, 5), (20, 30), (25, 40)]) == pytest.approx(30e-6)
     with pytest.raises(ValueError, match="at least 2 needed"):
         (tmp_path / "empty.pt.trace.json").write_text('{"traceEvents": []}')

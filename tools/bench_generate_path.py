@@ -76,11 +76,10 @@ async def one_round(url: str, prompts: list[list[int]], workload: Workload,
 
 
 # vLLM's worker wraps each engine step in a scope named "execute_context_<n>(<tokens>)_generation_<n>(<tokens>)"
-# when its profiler runs; its V1 model runner (vLLM's CPU backend among others; on GPUs vLLM 0.26 runs its V2 runner)
-# adds the scopes below within a step, with VLLM_CUSTOM_SCOPES_FOR_PROFILING=1.
+# when its profiler runs. With VLLM_CUSTOM_SCOPES_FOR_PROFILING=1 more scopes are recorded: its scheduler's
+# ("schedule: allocate_slots", ...; vLLM 0.26 on GPUs) and its V1 model runner's within a step ("gpu_model_runner:
+# forward", ...; vLLM's CPU backend among others, while on GPUs vLLM 0.26 runs its V2 runner, which has none).
 STEP_PREFIX = "execute_"
-STEP_SCOPES = tuple(f"gpu_model_runner: {name}" for name in
-                    ("preprocess", "forward", "postprocess", "sample", "bookkeep", "ModelRunnerOutput"))
 DEVICE_EVENTS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
@@ -99,7 +98,8 @@ def profile_summary(trace: Path) -> dict:
     step scopes; the window runs from the first step's start to the last one's, so it holds one step fewer than
     were traced, each with whatever the worker does between steps. In that window: the device's busy seconds
     (kernels, copies and sets, overlaps once), the CPU milliseconds a step spends inside the worker's step scope
-    and in each model-runner scope that was recorded, and the kernels that take the most device time."""
+    and in every other scope recorded (the scheduler's, the model runner's) with its calls a step, and the kernels
+    that take the most device time."""
     import gzip
 
     opener = gzip.open if trace.suffix == ".gz" else open
@@ -117,13 +117,19 @@ def profile_summary(trace: Path) -> dict:
     for e in inside:
         if e.get("cat") == "kernel":
             kernels[e["name"]] = kernels.get(e["name"], 0.0) + e["dur"] / 1e3
-    scopes = {name.split(": ")[1]: sum(e["dur"] for e in inside if e["name"] == name) / 1e3 / n
-              for name in STEP_SCOPES if any(e["name"] == name for e in cpu)}
+    scopes: dict[str, list[float]] = {}  # name: [ms, calls] over the window
+    for e in inside:
+        if e.get("cat") == "user_annotation" and not e["name"].startswith(STEP_PREFIX):
+            total = scopes.setdefault(e["name"], [0.0, 0])
+            total[0] += e["dur"] / 1e3
+            total[1] += 1
     window_s, busy_s = (stop - start) / 1e6, _union_s(device)
     # device_events 0 on a GPU means the profiler recorded no device activity (not an idle device)
     return {"trace": trace.name, "steps": n, "window_s": window_s, "step_ms": window_s * 1e3 / n,
             "device_events": len(device), "device_busy_s": busy_s, "device_busy_share": busy_s / window_s,
-            "step_scope_ms": sum(e["dur"] for e in steps[:-1]) / 1e3 / n, "scope_ms_per_step": scopes,
+            "step_scope_ms": sum(e["dur"] for e in steps[:-1]) / 1e3 / n,
+            "scope_ms_per_step": {name: ms / n for name, (ms, _) in sorted(scopes.items(), key=lambda kv: -kv[1][0])},
+            "scope_calls_per_step": {name: calls / n for name, (_, calls) in scopes.items()},
             "top_kernels_ms_per_step": {name[:80]: ms / n for name, ms in
                                         sorted(kernels.items(), key=lambda kv: -kv[1])[:8]}}
 
