@@ -71,10 +71,12 @@ def served_together(models: list[tuple[EngineConfig, int]], timeout_s: float = 1
         urls = []
         for k, (config, _) in enumerate(models):
             group = [server for (model, _), server in zip(copies, servers) if model == k]
+            url = group[0].url
             if len(group) > 1:
                 routers.append(launch_router([s.url for s in group], policy=router_policy, log_dir=config.log_dir))
                 wait_until_serving(routers[-1:], timeout_s=120)
-            urls.append(routers[-1].url if len(group) > 1 else group[0].url)
+                url = routers[-1].url
+            urls.append(url)
         yield urls
     finally:
         for server in routers + started:

@@ -99,8 +99,13 @@ class GpuSharing:
         return self.mode is Mode.COLOCATED
 
     @property
+    def gpu_sets(self) -> int:
+        """The sets of ``gpus_per_engine`` rollout GPUs, each carrying ``engines_per_gpu`` engines."""
+        return max(1, self.rollout_gpus // self.gpus_per_engine)
+
+    @property
     def num_engines(self) -> int:
-        return max(1, self.rollout_gpus // self.gpus_per_engine) * self.engines_per_gpu
+        return self.gpu_sets * self.engines_per_gpu
 
     def placement_problems(self) -> list[str]:
         """What the flags ask of the placement that it cannot give (for the flag checks)."""
@@ -124,8 +129,9 @@ class GpuSharing:
         """Engines on the manager's own GPUs, ``gpus_per_engine`` each in order; on a CPU, processes."""
         if not gpus:
             return EnginePlacement(tuple(() for _ in range(self.num_engines)))
-        per, count = self.gpus_per_engine, self.num_engines // self.engines_per_gpu
-        return EnginePlacement(self._repeated(tuple(tuple(gpus[i:i + per]) for i in range(0, per * count, per))))
+        per = self.gpus_per_engine
+        return EnginePlacement(self._repeated(tuple(tuple(gpus[i:i + per])
+                                                    for i in range(0, per * self.gpu_sets, per))))
 
     def _repeated(self, groups: tuple) -> tuple:
         """Each engine's entry ``engines_per_gpu`` times in a row: the engines that share those GPUs."""
