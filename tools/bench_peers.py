@@ -292,9 +292,11 @@ RUNNERS = {"vime_ext": run_vime_ext, "trl": run_trl, "verl": run_verl,
            # engine's CPU work per sequence (records/peers_w1_h200_run5/generate_path: the device busy 39% of a
            # profiled step), which two engine processes split. Round robin gives each exactly half: the default
            # consistent hash split W1's 256 session keys 148 to 108 between two engines (on the CPU), and the
-           # step waits for the busier one
-           "vime_ext_2_engines": functools.partial(run_vime_ext, flags=("--rollout-engines-per-gpu", "2",
-                                                                       "--router-policy", "round_robin")),
+           # step waits for the busier one. Three and four engines: whether the split keeps paying
+           # (records/peers_w1_h200_run6: two cut generation from 15.0 to 11.4 s a step)
+           **{f"vime_ext_{n}_engines": functools.partial(run_vime_ext, flags=("--rollout-engines-per-gpu", str(n),
+                                                                             "--router-policy", "round_robin"))
+              for n in (2, 3, 4)},
            # vLLM without prefix caching: its scheduler then hashes and caches no full blocks, a part of the
            # per-sequence work each decode step waits on (W1's prompts are shared by 8 samples, 256 tokens each)
            "vime_ext_no_prefix_caching": functools.partial(run_vime_ext, flags=("--vllm-no-enable-prefix-caching",)),

@@ -11,7 +11,12 @@ drawn uniformly in [min, max], the first 256 tokens a masked prompt, packed into
 (forward only), then forward-backward and the optimizer. Reported per phase (seconds, after ``--warmup``
 rollouts), tokens/s, MFU (bench_train.py's FLOP count and a matmul ceiling measured in this run), peak memory, and
 the model-only fwd+bwd+AdamW rate of bench_train.py for the same shape at ``--max-tokens-per-gpu`` tokens, the
-rate to beat (run first, in a process of its own). Prints one JSON object.
+rate to beat (run first, in a process of its own). Prints one JSON object. ``--profile`` adds one rollout under
+torch's profiler: the kernels' seconds against the wall's (whether the step waits on the host), by kernel category
+and by layer role. W1's training step of the peers bench (256 sequences of 1,280 tokens, one optimizer step):
+
+    python tools/bench_rl_step.py --shape qwen3-0.6b --sequences 256 --min-len 1280 --max-len 1280 \
+        --max-tokens-per-gpu 16384 --profile --out rl_step_w1.json
 """
 
 import argparse
@@ -27,7 +32,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tools.bench_train import SHAPES, flops_per_token, hf_config, matmul_ceiling_tflops, print_and_save  # noqa: E402
+from tools.bench_train import (SHAPES, flops_per_token, hf_config, matmul_ceiling_tflops, print_and_save,  # noqa: E402
+                               profile_split)
 
 
 def model_only_rate(shape_name: str, tokens: int, recompute: str) -> dict:
@@ -111,6 +117,9 @@ def main(argv=None) -> None:
                         "\"--use-distributed-optimizer --overlap-grad-reduce\")")
     parser.add_argument("--rollouts", type=int, default=2, help="timed rollouts")
     parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--profile", action="store_true",
+                        help="one more rollout under torch's profiler: how busy the device was, and where its "
+                             "kernel time went (small shapes wait on the host between kernels)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
 
@@ -171,6 +180,9 @@ def main(argv=None) -> None:
             phases.append({"log_probs_s": result.log_prob_time, "train_s": result.train_time,
                            "optimizer_s": opt, "forward_backward_s": result.train_time - opt, "total_s": total})
     peak_gib = torch.cuda.max_memory_allocated() / 2**30
+    profiled = None
+    if args.profile:  # after the timed rollouts, so the profiler's own cost touches no timed figure
+        profiled = profile_split(lambda: actor.train_rollout(per_rank[0], totals), shape)
     median = {k: statistics.median(p[k] for p in phases) for k in phases[0]}
     train_tokens = sum(len(s.tokens) for s in sequences)
     flops = sum(len(s.tokens) * flops_per_token(shape, len(s.tokens)) for s in sequences)
@@ -196,6 +208,11 @@ def main(argv=None) -> None:
         "matmul_ceiling_tflops": round(ceiling, 1),
         "model_only": model_only,
     }
+    if profiled:
+        result["profile"] = {"wall_s": round(profiled.wall_s, 3), "kernel_s": round(profiled.kernel_s, 3),
+                             "device_busy": round(profiled.kernel_s / profiled.wall_s, 3),
+                             "kernel_s_of_unprofiled_total": round(profiled.kernel_s / median["total_s"], 3),
+                             "kernel_split": profiled.kernel_split, "matmul_split": profiled.matmul_split}
     if model_only["tokens_per_s"]:
         result["train_vs_model_only"] = round(result["train_tokens_per_s"] / model_only["tokens_per_s"], 3)
     print_and_save(result, args.out)

@@ -172,14 +172,28 @@ def matmul_role(dims: list[int], shape: ModelShape) -> str:
     return "attention projections"
 
 
-def profile_split(step_fn, shape: ModelShape) -> tuple[dict[str, float], dict[str, float]]:
-    """Share of CUDA kernel time per kernel category over one profiled call, and the share of matrix-multiply
-    time per layer role (``matmul_role``, from the recorded operand shapes)."""
+@dataclass
+class KernelProfile:
+    """One profiled call: the share of CUDA kernel time per kernel category, the share of matrix-multiply time per
+    layer role (``matmul_role``), the kernels' summed seconds and the call's wall seconds under the profiler (their
+    ratio: how busy the device was, as far as kernels on one stream go)."""
+    kernel_split: dict[str, float]
+    matmul_split: dict[str, float]
+    kernel_s: float
+    wall_s: float
+
+
+def profile_split(step_fn, shape: ModelShape) -> KernelProfile:
+    """``step_fn`` called once under torch's profiler, its kernels read back (``KernelProfile``); the operand
+    shapes recorded for every ``aten::mm`` give the matmuls' roles."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
+        torch.cuda.synchronize()
+        begin = time.perf_counter()
         step_fn()
         torch.cuda.synchronize()
+        wall_s = time.perf_counter() - begin
     categories: dict[str, float] = {}
     roles: dict[str, float] = {}
     for event in prof.events():
@@ -190,7 +204,7 @@ def profile_split(step_fn, shape: ModelShape) -> tuple[dict[str, float], dict[st
         elif event.name == "aten::mm" and event.input_shapes and len(event.input_shapes) >= 2:
             role = matmul_role([d for s in event.input_shapes[:2] for d in s], shape)
             roles[role] = roles.get(role, 0.0) + event.device_time_total
-    return _shares(categories), _shares(roles)
+    return KernelProfile(_shares(categories), _shares(roles), sum(categories.values()) / 1e6, wall_s)
 
 
 def bench(impl: str, shape: ModelShape, config: dict, seq: int, mbs: int, steps: int, ceiling: float,
@@ -218,7 +232,8 @@ def bench(impl: str, shape: ModelShape, config: dict, seq: int, mbs: int, steps:
             if step >= 2:
                 times.append(time.perf_counter() - start)
         if profile:
-            result.time_split, result.matmul_split = profile_split(train_step, shape)
+            profiled = profile_split(train_step, shape)
+            result.time_split, result.matmul_split = profiled.kernel_split, profiled.matmul_split
         result.step_s = sum(times) / len(times)
         result.tokens_per_s = mbs * seq / result.step_s
         result.tflops = result.tokens_per_s * flops_per_token(shape, seq) / 1e12
@@ -237,7 +252,7 @@ def bench(impl: str, shape: ModelShape, config: dict, seq: int, mbs: int, steps:
                     timings.append(time.perf_counter() - start)
             result.logprob_tokens_per_s = mbs * (seq + 1) / (sum(timings) / len(timings))
             if profile:
-                result.logprob_time_split, _ = profile_split(lambda: log_probs_fn(ids), shape)
+                result.logprob_time_split = profile_split(lambda: log_probs_fn(ids), shape).kernel_split
     except torch.cuda.OutOfMemoryError:
         result.error = "out of memory"
     finally:
