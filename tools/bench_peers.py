@@ -297,6 +297,11 @@ RUNNERS = {"vime_ext": run_vime_ext, "trl": run_trl, "verl": run_verl,
            **{f"vime_ext_{n}_engines": functools.partial(run_vime_ext, flags=("--rollout-engines-per-gpu", str(n),
                                                                              "--router-policy", "round_robin"))
               for n in (2, 3, 4)},
+           # two engines, answering token ids only: each engine's API server then builds no log-prob entry per
+           # token (on the CPU half its work a token), the part of the decode that two API servers already split
+           "vime_ext_2_engines_no_log_probs": functools.partial(
+               run_vime_ext, flags=("--rollout-engines-per-gpu", "2", "--router-policy", "round_robin",
+                                    "--no-rollout-log-probs")),
            # vLLM without prefix caching: its scheduler then hashes and caches no full blocks, a part of the
            # per-sequence work each decode step waits on (W1's prompts are shared by 8 samples, 256 tokens each)
            "vime_ext_no_prefix_caching": functools.partial(run_vime_ext, flags=("--vllm-no-enable-prefix-caching",)),
