@@ -68,6 +68,8 @@ def test_the_gpu_command_passes_train_py_s_parser(tmp_path, tiny_hf_dirs):
     quiet = parse_train_args(real("vime_ext_2_engines_no_log_probs"))
     assert GpuSharing.from_config(quiet, on_gpu=True).num_engines == 2 and not quiet.rollout.rollout_log_probs
     assert "--no-enable-prefix-caching" in parse_train_args(real("vime_ext_no_prefix_caching")).vllm_args
+    assert parse_train_args(real(None)).trainer.compile_log_probs
+    assert not parse_train_args(real("vime_ext_eager_log_probs")).trainer.compile_log_probs
     ahead = parse_train_args(real("vime_ext_async"))
     assert ahead.rollout.async_training and ahead.rollout.max_staleness == 1
     assert ahead.data.num_rollout == WORKLOADS["w1"].steps + 1  # its last step, with nothing beside it, untimed

@@ -302,6 +302,9 @@ RUNNERS = {"vime_ext": run_vime_ext, "trl": run_trl, "verl": run_verl,
            "vime_ext_2_engines_no_log_probs": functools.partial(
                run_vime_ext, flags=("--rollout-engines-per-gpu", "2", "--router-policy", "round_robin",
                                     "--no-rollout-log-probs")),
+           # the log-prob and entropy arithmetic over the vocabulary eager, as before it was compiled
+           # (vime_ext/trainer/log_probs.py): what the compiled kernels save a step
+           "vime_ext_eager_log_probs": functools.partial(run_vime_ext, flags=("--no-compile-log-probs",)),
            # vLLM without prefix caching: its scheduler then hashes and caches no full blocks, a part of the
            # per-sequence work each decode step waits on (W1's prompts are shared by 8 samples, 256 tokens each)
            "vime_ext_no_prefix_caching": functools.partial(run_vime_ext, flags=("--vllm-no-enable-prefix-caching",)),

@@ -128,6 +128,9 @@ class TrainerConfig:
     pack_sequences: bool = field(default=True, metadata={"help": "give the model each micro-batch's sequences "
                                                                  "end to end (THD), not right-padded rows"})
     log_probs_chunk_size: int = field(default=4096, metadata={"help": "tokens per fp32 log-softmax chunk"})
+    compile_log_probs: bool = field(default=True, metadata={
+        "help": "on CUDA, the log-prob and entropy arithmetic over the vocabulary as kernels torch.compile fuses "
+                "(one read of the logits each, where eager writes fp32 copies); --no-compile-log-probs: eager"})
     log_probs_max_tokens_per_gpu: int | None = _help(
         "token budget of the forward-only passes (old/reference log-probs, critic values); they keep no "
         "activations, so it can exceed the training budget; default: the training micro-batches")

@@ -54,3 +54,33 @@ def test_entropy_from_the_same_chunks_matches_the_softmax_and_leaves_the_logits_
     assert not entropy.requires_grad
     log_probs.sum().backward()  # the log-probs stay differentiable beside the statistic
     assert logits.grad is not None
+
+
+def test_the_compiled_kernels_cuda_runs_give_the_eager_values_and_gradients(monkeypatch):
+    """On CUDA each chunk's arithmetic is a torch.compile'd kernel; here the same kernels are compiled for the
+    CPU (Inductor's C++ backend, where CUDA gets Triton) and taken through the whole autograd function: bf16
+    logits with padding columns, chunks of 4 over 10 rows (the last chunk shorter, the shape compiled once)."""
+    from torch._dynamo.utils import counters
+
+    from vime_ext.trainer import log_probs
+
+    torch.manual_seed(3)
+    logits = (3 * torch.randn(10, 37)).to(torch.bfloat16)
+    targets = torch.randint(2, 35, (10,))
+    targets[4] = 1  # with this shard's vocabulary from token 2 on: a token another TP rank holds
+    weights = torch.randn(10)
+
+    def run():
+        x = logits.clone().requires_grad_(True)
+        values, entropy = chunked_log_probs(x, targets, 2, 33, chunk=4, with_entropy=True)
+        (values * weights).sum().backward()
+        return values, entropy, x.grad
+
+    eager = run()
+    counters.clear()
+    monkeypatch.setattr(log_probs, "_kernel", lambda name, x: log_probs._compiled(name))
+    compiled = run()
+    assert counters["stats"]["unique_graphs"] == 4  # one graph a kernel, the shorter last chunk included
+    for ours, theirs in zip(compiled, eager):
+        assert torch.allclose(ours.float(), theirs.float(), atol=1e-5)
+    assert compiled[2].dtype == torch.bfloat16 and compiled[2][:, 33:].abs().max() == 0
