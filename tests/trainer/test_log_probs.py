@@ -56,7 +56,7 @@ def test_entropy_from_the_same_chunks_matches_the_softmax_and_leaves_the_logits_
     assert logits.grad is not None
 
 
-def test_the_compiled_kernels_cuda_runs_give_the_eager_values_and_gradients(monkeypatch):
+def test_the_compiled_kernels_cuda_runs_give_the_eager_values_and_gradients():
     """On CUDA each chunk's arithmetic is a torch.compile'd kernel; here the same kernels are compiled for the
     CPU (Inductor's C++ backend, where CUDA gets Triton) and taken through the whole autograd function: bf16
     logits with padding columns, chunks of 4 over 10 rows (the last chunk shorter, the shape compiled once)."""
@@ -78,9 +78,14 @@ def test_the_compiled_kernels_cuda_runs_give_the_eager_values_and_gradients(monk
 
     eager = run()
     counters.clear()
-    monkeypatch.setattr(log_probs, "_kernel", lambda name, x: log_probs._compiled(name))
-    compiled = run()
+    log_probs.use_compiled("all")
+    try:
+        compiled = run()
+    finally:
+        log_probs.use_compiled("cuda")
     assert counters["stats"]["unique_graphs"] == 4  # one graph a kernel, the shorter last chunk included
-    for ours, theirs in zip(compiled, eager):
-        assert torch.allclose(ours.float(), theirs.float(), atol=1e-5)
+    for ours, theirs in zip(compiled[:2], eager[:2]):  # fp32: the reductions' order may differ
+        assert torch.allclose(ours, theirs, atol=1e-5)
+    # bf16 gradients: a last bit may round the other way (8 bits of mantissa)
+    assert torch.allclose(compiled[2].float(), eager[2].float(), rtol=1e-2, atol=1e-5)
     assert compiled[2].dtype == torch.bfloat16 and compiled[2][:, 33:].abs().max() == 0

@@ -58,10 +58,10 @@ class TrainActor:
         from vime_ext.trainer.optimizer import build_optimizer
         from vime_ext.trainer.parallel import Rendezvous, init_distributed
 
-        from vime_ext.trainer.log_probs import compile_on_cuda
+        from vime_ext.trainer.log_probs import use_compiled
 
         self.progress = Progress()  # read by the driver's watchdog while this rank works
-        compile_on_cuda(config.trainer.compile_log_probs)
+        use_compiled("cuda" if config.trainer.compile_log_probs else "off")
         self.config, self.shape, self.rank = config, config.shape, rank
         if GpuSharing.from_config(config).releases_memory():
             use_releasable_allocations()  # before anything is allocated: the hand-over must get it all back

@@ -50,14 +50,17 @@ def _reduce(tensor: torch.Tensor, op, group) -> torch.Tensor:
 
 
 _EAGER = {f.__name__: f for f in (_row_max, _sum_exp_and_pick, _neg_p_log_p, _log_prob_grad)}
-_compile = True
+_compiled_on = "cuda"
 
 
-def compile_on_cuda(enabled: bool) -> None:
-    """Whether CUDA logits go through the compiled kernels (the default) or the eager ones
-    (``--no-compile-log-probs``: for a machine where torch.compile cannot build, at ~10x the memory traffic)."""
-    global _compile
-    _compile = enabled
+def use_compiled(where: str) -> None:
+    """Which logits go through the compiled kernels: ``"cuda"`` (the default), ``"off"`` (eager everywhere:
+    ``--no-compile-log-probs``, for a machine where torch.compile cannot build, at ~10x the memory traffic) or
+    ``"all"`` (the CPU too: Inductor's C++ backend, for tests and benches)."""
+    if where not in ("cuda", "off", "all"):
+        raise ValueError(f"use_compiled({where!r}): cuda, off or all")
+    global _compiled_on
+    _compiled_on = where
 
 
 @functools.cache
@@ -67,7 +70,9 @@ def _compiled(name: str):
 
 
 def _kernel(name: str, x: torch.Tensor):
-    return _compiled(name) if _compile and x.is_cuda else _EAGER[name]
+    if _compiled_on == "all" or (_compiled_on == "cuda" and x.is_cuda):
+        return _compiled(name)
+    return _EAGER[name]
 
 
 class _ChunkedVocabParallelLogProb(torch.autograd.Function):
