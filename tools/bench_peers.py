@@ -297,6 +297,11 @@ RUNNERS = {"vime_ext": run_vime_ext, "trl": run_trl, "verl": run_verl,
            **{f"vime_ext_{n}_engines": functools.partial(run_vime_ext, flags=("--rollout-engines-per-gpu", str(n),
                                                                              "--router-policy", "round_robin"))
               for n in (2, 3, 4)},
+           # two engines, the optimizers' state kept on the GPU: at W1 the state (7 GB) beside the trainer's peak
+           # (38 GiB) and the engines' share (70 GB) fits an H200, so the hand-over need not move it
+           "vime_ext_2_engines_state_resident": functools.partial(
+               run_vime_ext, flags=("--rollout-engines-per-gpu", "2", "--router-policy", "round_robin",
+                                    "--no-offload-optimizer-state")),
            # two engines, answering token ids only: each engine's API server then builds no log-prob entry per
            # token (on the CPU half its work a token), the part of the decode that two API servers already split
            "vime_ext_2_engines_no_log_probs": functools.partial(
