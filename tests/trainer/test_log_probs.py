@@ -89,3 +89,15 @@ def test_the_compiled_kernels_cuda_runs_give_the_eager_values_and_gradients():
     # bf16 gradients: a last bit may round the other way (8 bits of mantissa)
     assert torch.allclose(compiled[2].float(), eager[2].float(), rtol=1e-2, atol=1e-5)
     assert compiled[2].dtype == torch.bfloat16 and compiled[2][:, 33:].abs().max() == 0
+
+
+def test_a_compiled_kernel_that_fails_names_the_flag_that_runs_the_eager_one():
+    from vime_ext.trainer import log_probs
+
+    log_probs.use_compiled("all")
+    try:
+        with pytest.raises(RuntimeError, match=r"_row_max failed \(--no-compile-log-probs runs") as caught:
+            chunked_log_probs(torch.randn(4, 0), torch.tensor([0, 0, 0, 0]), 0, 0)  # no vocabulary: no maximum
+    finally:
+        log_probs.use_compiled("cuda")
+    assert caught.value.__cause__ is not None  # the compiler's own error stays attached

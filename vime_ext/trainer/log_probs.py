@@ -66,7 +66,17 @@ def use_compiled(where: str) -> None:
 @functools.cache
 def _compiled(name: str):
     # dynamic: the last chunk of every micro-batch has its own row count, and that must not recompile
-    return torch.compile(_EAGER[name], dynamic=True)
+    compiled = torch.compile(_EAGER[name], dynamic=True)
+
+    def run(*args):
+        try:
+            return compiled(*args)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as error:  # a compiler missing or failing on this machine shows up here, at the first step
+            raise RuntimeError(f"the compiled log-prob kernel {name} failed (--no-compile-log-probs runs the "
+                               f"eager one): {type(error).__name__}: {error}") from error
+    return run
 
 
 def _kernel(name: str, x: torch.Tensor):
