@@ -65,6 +65,8 @@ def test_the_gpu_command_passes_train_py_s_parser(tmp_path, tiny_hf_dirs):
     assert flag_value(sharing.engine_args(list(two.vllm_args), True), "--gpu-memory-utilization") == "0.25"
     three = GpuSharing.from_config(parse_train_args(real("vime_ext_3_engines")), on_gpu=True)
     assert three.num_engines == 3 and three.mode is Mode.COLOCATED
+    beside = GpuSharing.from_config(parse_train_args(real("vime_ext_2_engines_resident")), on_gpu=True)
+    assert beside.mode is Mode.RESIDENT and beside.num_engines == 2
     kept = parse_train_args(real("vime_ext_2_engines_state_resident"))
     assert GpuSharing.from_config(kept, on_gpu=True).num_engines == 2 and not kept.cluster.offload_optimizer_state
     quiet = parse_train_args(real("vime_ext_2_engines_no_log_probs"))

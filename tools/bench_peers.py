@@ -297,6 +297,11 @@ RUNNERS = {"vime_ext": run_vime_ext, "trl": run_trl, "verl": run_verl,
            **{f"vime_ext_{n}_engines": functools.partial(run_vime_ext, flags=("--rollout-engines-per-gpu", str(n),
                                                                              "--router-policy", "round_robin"))
               for n in (2, 3, 4)},
+           # two engines, trainer and engines resident side by side (no hand-over, on-policy as the others): at W1
+           # the engines' share (70 GB) and the trainer's peak with its state (45 GB) fit an H200 together
+           "vime_ext_2_engines_resident": functools.partial(
+               run_vime_ext, flags=("--rollout-engines-per-gpu", "2", "--router-policy", "round_robin",
+                                    "--no-offload-train", "--no-offload-rollout")),
            # two engines, the optimizers' state kept on the GPU: at W1 the state (7 GB) beside the trainer's peak
            # (38 GiB) and the engines' share (70 GB) fits an H200, so the hand-over need not move it
            "vime_ext_2_engines_state_resident": functools.partial(
