@@ -54,11 +54,10 @@ class TrainActor:
         from vime_ext.convert.hf_checkpoint import HFCheckpointReader
         from vime_ext.trainer.hf_weights import load_hf_weights
         from vime_ext.trainer.checkpoint import load_model_checkpoint
+        from vime_ext.trainer.log_probs import use_compiled
         from vime_ext.trainer.model_provider import build_gpt_model
         from vime_ext.trainer.optimizer import build_optimizer
         from vime_ext.trainer.parallel import Rendezvous, init_distributed
-
-        from vime_ext.trainer.log_probs import use_compiled
 
         self.progress = Progress()  # read by the driver's watchdog while this rank works
         use_compiled("cuda" if config.trainer.compile_log_probs else "off")
