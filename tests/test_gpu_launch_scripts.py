@@ -784,3 +784,33 @@ def test_the_peers_stage_makes_the_model_then_runs_the_bench_and_the_engine_path
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and [json.loads(line)[0] for line in calls.read_text().splitlines()] == [
         "tools/make_random_hf.py", "tools/bench_peers.py"]
+
+
+@pytest.mark.parametrize("workload", ["w1", "w2"])
+def test_the_train_kernels_stage_benches_the_kernel_then_the_workload_s_step_both_ways(workload, tmp_path):
+    """gpu_recipe.sh train_kernels, with a python that records its arguments (and fails, as a bench may: the
+    stage goes on): bench_log_probs, then bench_rl_step on the workload's shape, sequences and lengths
+    (bench_peers's WORKLOADS), profiled, once compiled and once with --no-compile-log-probs."""
+    from tools.bench_peers import WORKLOADS
+
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls.jsonl"
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text(f"#!/bin/bash\n{sys.executable} -c 'import json, sys; "
+                                     f"open(sys.argv[1], \"a\").write(json.dumps(sys.argv[2:]) + \"\\n\")' "
+                                     f"{calls} \"$@\"\nexit 1\n")
+    (bin_dir / "python").chmod(0o755)
+    out = tmp_path / "out"
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "WORK": str(tmp_path / "work"),
+           "VIME_EXT_OUT": str(out), "PEERS_WORKLOAD": workload}
+    done = subprocess.run(["bash", str(ROOT / "tools/gpu_recipe.sh"), "train_kernels"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    kernel, compiled, eager = [json.loads(line) for line in calls.read_text().splitlines()]
+    assert kernel == ["tools/bench_log_probs.py", "--out", str(out / "log_probs.json")]
+    w = WORKLOADS[workload]
+    for run, mode in ((compiled, "compiled"), (eager, "eager")):
+        assert run[0] == "tools/bench_rl_step.py" and last(run, "--shape") == w.shape and "--profile" in run
+        assert last(run, "--sequences") == str(w.prompts * w.samples)
+        assert last(run, "--min-len") == last(run, "--max-len") == str(w.prompt_tokens + w.response_tokens)
+        assert last(run, "--out") == str(out / f"rl_step_{workload}_{mode}.json")
+    assert "--trainer-flags=--no-compile-log-probs" in eager and not any("--no-compile" in a for a in compiled)

