@@ -751,6 +751,18 @@ def test_mem_agent_script_takes_the_qwen25_coder_model(tmp_path):
     assert "--disable-grpo-std-normalization" in args
 
 
+def recording_python(tmp_path: Path, then: str) -> tuple[Path, Path]:
+    """A folder with a ``python`` that appends its arguments to ``calls.jsonl`` as one JSON line, then runs the
+    shell line ``then`` (its exit status is the call's); the folder, to go first on PATH, and the calls file."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls.jsonl"
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text(f"#!/bin/bash\n{sys.executable} -c 'import json, sys; "
+                                     f"open(sys.argv[1], \"a\").write(json.dumps(sys.argv[2:]) + \"\\n\")' "
+                                     f"{calls} \"$@\"\n{then}\n")
+    (bin_dir / "python").chmod(0o755)
+    return bin_dir, calls
+
+
 @pytest.mark.parametrize("workload", ["w1", "w2"])
 def test_the_peers_stage_makes_the_model_then_runs_the_bench_and_the_engine_path(workload, tmp_path):
     """gpu_recipe.sh peers, with a python that records its arguments: the random model of the workload's shape
@@ -758,12 +770,7 @@ def test_the_peers_stage_makes_the_model_then_runs_the_bench_and_the_engine_path
     fails still leaves the engine-only path to run), then bench_generate_path on the same model and workload."""
     from tools.bench_peers import WORKLOADS
 
-    bin_dir, calls = tmp_path / "bin", tmp_path / "calls.jsonl"
-    bin_dir.mkdir()
-    (bin_dir / "python").write_text(f"#!/bin/bash\n{sys.executable} -c 'import json, sys; "
-                                     f"open(sys.argv[1], \"a\").write(json.dumps(sys.argv[2:]) + \"\\n\")' "
-                                     f"{calls} \"$@\"\n[ \"$1\" != tools/bench_peers.py ]\n")
-    (bin_dir / "python").chmod(0o755)
+    bin_dir, calls = recording_python(tmp_path, '[ "$1" != tools/bench_peers.py ]')
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "WORK": str(tmp_path / "work"),
            "PEERS": "vime_ext trl vime_ext", "PEERS_WORKLOAD": workload}
     done = subprocess.run(["bash", str(ROOT / "tools/gpu_recipe.sh"), "peers"], env=env, capture_output=True,
@@ -793,12 +800,7 @@ def test_the_train_kernels_stage_benches_the_kernel_then_the_workload_s_step_bot
     (bench_peers's WORKLOADS), profiled, once compiled and once with --no-compile-log-probs."""
     from tools.bench_peers import WORKLOADS
 
-    bin_dir, calls = tmp_path / "bin", tmp_path / "calls.jsonl"
-    bin_dir.mkdir()
-    (bin_dir / "python").write_text(f"#!/bin/bash\n{sys.executable} -c 'import json, sys; "
-                                     f"open(sys.argv[1], \"a\").write(json.dumps(sys.argv[2:]) + \"\\n\")' "
-                                     f"{calls} \"$@\"\nexit 1\n")
-    (bin_dir / "python").chmod(0o755)
+    bin_dir, calls = recording_python(tmp_path, "exit 1")
     out = tmp_path / "out"
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "WORK": str(tmp_path / "work"),
            "VIME_EXT_OUT": str(out), "PEERS_WORKLOAD": workload}
