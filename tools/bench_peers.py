@@ -258,6 +258,13 @@ def run_verl(name: str, workload: Workload, model_dir: Path, data: Path, out: Pa
                    lambda: verl_steps(out, name))
 
 
+def engines_per_gpu(n: int, *more: str) -> tuple[str, ...]:
+    """This project's flags for ``n`` engines on the GPU, the requests handed out in turn (round robin), and
+    ``more``: each engine gets its exact share, where the default consistent hash need not split W1's session keys
+    evenly (148 to 108 between two engines, on the CPU) and the step waits for the busier one."""
+    return ("--rollout-engines-per-gpu", str(n), "--router-policy", "round_robin", *more)
+
+
 RUNNERS = {"vime_ext": run_vime_ext, "trl": run_trl, "verl": run_verl,
            # TRL without GRPOConfig's default gradient checkpointing: its fastest training where memory allows
            "trl_no_checkpointing": functools.partial(run_trl, flags=("--no-gradient-checkpointing",)),
@@ -290,28 +297,21 @@ RUNNERS = {"vime_ext": run_vime_ext, "trl": run_trl, "verl": run_verl,
            "vime_ext_mb32k": functools.partial(run_vime_ext, flags=("--max-tokens-per-gpu", "32768")),
            # two engines on the GPU, each with half the engines' memory share: W1's decode step is bound by the
            # engine's CPU work per sequence (records/peers_w1_h200_run5/generate_path: the device busy 39% of a
-           # profiled step), which two engine processes split. Round robin gives each exactly half: the default
-           # consistent hash split W1's 256 session keys 148 to 108 between two engines (on the CPU), and the
-           # step waits for the busier one. Three and four engines: whether the split keeps paying
-           # (records/peers_w1_h200_run6: two cut generation from 15.0 to 11.4 s a step)
-           **{f"vime_ext_{n}_engines": functools.partial(run_vime_ext, flags=("--rollout-engines-per-gpu", str(n),
-                                                                             "--router-policy", "round_robin"))
-              for n in (2, 3, 4)},
+           # profiled step), which two engine processes split. Three and four engines: whether the split keeps
+           # paying (records/peers_w1_h200_run6: two cut generation from 12.5 to 11.4 s a step, three took 13.8)
+           **{f"vime_ext_{n}_engines": functools.partial(run_vime_ext, flags=engines_per_gpu(n)) for n in (2, 3, 4)},
            # two engines, trainer and engines resident side by side (no hand-over, on-policy as the others): at W1
            # the engines' share (70 GB) and the trainer's peak with its state (45 GB) fit an H200 together
            "vime_ext_2_engines_resident": functools.partial(
-               run_vime_ext, flags=("--rollout-engines-per-gpu", "2", "--router-policy", "round_robin",
-                                    "--no-offload-train", "--no-offload-rollout")),
+               run_vime_ext, flags=engines_per_gpu(2, "--no-offload-train", "--no-offload-rollout")),
            # two engines, the optimizers' state kept on the GPU: at W1 the state (7 GB) beside the trainer's peak
            # (38 GiB) and the engines' share (70 GB) fits an H200, so the hand-over need not move it
            "vime_ext_2_engines_state_resident": functools.partial(
-               run_vime_ext, flags=("--rollout-engines-per-gpu", "2", "--router-policy", "round_robin",
-                                    "--no-offload-optimizer-state")),
+               run_vime_ext, flags=engines_per_gpu(2, "--no-offload-optimizer-state")),
            # two engines, answering token ids only: each engine's API server then builds no log-prob entry per
            # token (on the CPU half its work a token), the part of the decode that two API servers already split
            "vime_ext_2_engines_no_log_probs": functools.partial(
-               run_vime_ext, flags=("--rollout-engines-per-gpu", "2", "--router-policy", "round_robin",
-                                    "--no-rollout-log-probs")),
+               run_vime_ext, flags=engines_per_gpu(2, "--no-rollout-log-probs")),
            # the log-prob and entropy arithmetic over the vocabulary eager, as before it was compiled
            # (vime_ext/trainer/log_probs.py): what the compiled kernels save a step
            "vime_ext_eager_log_probs": functools.partial(run_vime_ext, flags=("--no-compile-log-probs",)),

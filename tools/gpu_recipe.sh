@@ -140,7 +140,6 @@ both_eval() {
   return "${status}"
 }
 
-# async_dir K: where async_bench's run with bound K keeps its metrics (one folder per layout)
 peers_workload() {
   # PEERS_WORKLOAD's model shape, sequences a step and sequence length, as tools/bench_peers.py's WORKLOADS say
   # (the peers-stage tests hold them equal)
@@ -152,6 +151,7 @@ peers_workload() {
   esac
 }
 
+# async_dir K: where async_bench's run with bound K keeps its metrics (one folder per layout)
 async_dir() {
   echo "${WORK}/${EXAMPLE}_async$([ "${ASYNC_LAYOUT:-resident}" = split ] && echo _split)_k$1"
 }
