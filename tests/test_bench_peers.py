@@ -81,7 +81,7 @@ def test_the_gpu_command_passes_train_py_s_parser(tmp_path, tiny_hf_dirs):
     assert GpuSharing.from_config(ahead, on_gpu=True).mode is Mode.RESIDENT
 
 
-def test_result_leaves_the_warm_up_out_and_the_table_compares_with_this_project():
+def test_result_leaves_the_warm_up_out_and_the_table_compares_with_the_fastest_trl_row():
     """result() and table() on per-step metrics as train.py logs them (the tiny workload ran end to end on this
     machine by hand: ``python tools/bench_peers.py --workload tiny --model-dir TINY --out OUT``)."""
     tiny = WORKLOADS["tiny"]
@@ -91,10 +91,12 @@ def test_result_leaves_the_warm_up_out_and_the_table_compares_with_this_project(
     ours = result("vime_ext", tiny, steps, gpus=1, wall=20.0)
     assert ours["step_s"] == 3.0 and ours["phases"]["generate"] == 1.5 and ours["peak_gpu_gb"] == 4.0
     assert ours["tokens_per_s_per_gpu"] == pytest.approx(tiny.tokens_per_step / 3.0)
-    peer = {**ours, "framework": "peer", "step_s": 6.0, "tokens_per_s_per_gpu": ours["tokens_per_s_per_gpu"] / 2}
-    rows = table([ours, peer]).splitlines()
-    assert rows[2].startswith("| vime_ext | 3.00 |") and rows[3].startswith("| peer | 6.00 |")
-    assert rows[3].endswith("| 2.00x |")
+    trl = {**ours, "framework": "trl", "step_s": 6.0, "tokens_per_s_per_gpu": ours["tokens_per_s_per_gpu"] / 2}
+    slower_trl = {**trl, "framework": "trl_defaults", "tokens_per_s_per_gpu": ours["tokens_per_s_per_gpu"] / 4}
+    rows = table([ours, trl, slower_trl]).splitlines()
+    assert rows[2].startswith("| vime_ext | 3.00 |") and rows[3].startswith("| trl | 6.00 |")
+    assert rows[2].endswith("| 2.00x |") and rows[3].endswith("| 1.00x |") and rows[4].endswith("| 0.50x |")
+    assert table([ours]).splitlines()[2].endswith("| 4.0 |  |")  # no TRL row: nothing to compare with
     with pytest.raises(ValueError, match="2 steps logged, the workload has 3"):
         result("vime_ext", tiny, steps[:2], gpus=1, wall=1.0)
 
@@ -119,7 +121,7 @@ def test_the_table_rebuilds_a_run_cut_off_before_its_result_from_its_metrics(tmp
     rows = capsys.readouterr().out.strip().splitlines()
     assert len(rows) == 4 and rows[2].startswith("| vime_ext | 5.00 |")
     assert rows[3].startswith("| vime_ext_whole (cut off before its result, from its metrics file: 2 of 2 timed "
-                              "steps) | 11.00 |") and rows[3].endswith("| 2.20x |")
+                              "steps) | 11.00 |") and rows[3].endswith("|  |")  # no TRL row
     assert not (tmp_path / "vime_ext_whole.result.json").exists()  # the table writes no result
     assert (tmp_path / "phases.png").read_bytes().startswith(b"\x89PNG")  # and draws the rows
 

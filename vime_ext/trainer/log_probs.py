@@ -15,8 +15,9 @@ import torch.distributed as dist
 
 # The per-chunk arithmetic, each a function of its own so that it can be compiled: eager, every step reads and
 # writes a fp32 [rows x vocab] tensor (about 60 bytes an element in forward with the entropy, 50 in backward),
-# which at a 0.6B model's 16K-token micro-batch and a 152K vocabulary is ~70 ms a micro-batch against ~90 ms of
-# matmuls. Compiled (torch.compile, on CUDA), each becomes one fused kernel that reads the bf16 logits once.
+# which at a 16K-token micro-batch and a 152K vocabulary took 115 ms on an H200 (forward and backward), more than
+# a 0.6B model's ~90 ms of matmuls. Compiled (torch.compile, on CUDA), each becomes one fused kernel that reads the
+# bf16 logits once: 17 ms there (tools/bench_log_probs.py, docs/performance.md).
 # They stay separate where tensor parallelism needs an all-reduce between them.
 
 
