@@ -69,6 +69,9 @@ def test_the_gpu_command_passes_train_py_s_parser(tmp_path, tiny_hf_dirs):
     assert beside.mode is Mode.RESIDENT and beside.num_engines == 2
     kept = parse_train_args(real("vime_ext_2_engines_state_resident"))
     assert GpuSharing.from_config(kept, on_gpu=True).num_engines == 2 and not kept.cluster.offload_optimizer_state
+    both = parse_train_args(real("vime_ext_2_engines_state_resident_mb8k"))
+    assert GpuSharing.from_config(both, on_gpu=True).num_engines == 2 and not both.cluster.offload_optimizer_state
+    assert both.trainer.max_tokens_per_gpu == 8192
     quiet = parse_train_args(real("vime_ext_2_engines_no_log_probs"))
     assert GpuSharing.from_config(quiet, on_gpu=True).num_engines == 2 and not quiet.rollout.rollout_log_probs
     assert "--no-enable-prefix-caching" in parse_train_args(real("vime_ext_no_prefix_caching")).vllm_args

@@ -308,6 +308,11 @@ RUNNERS = {"vime_ext": run_vime_ext, "trl": run_trl, "verl": run_verl,
            # (38 GiB) and the engines' share (70 GB) fits an H200, so the hand-over need not move it
            "vime_ext_2_engines_state_resident": functools.partial(
                run_vime_ext, flags=engines_per_gpu(2, "--no-offload-optimizer-state")),
+           # the same at W2 (the 4B shape), in micro-batches of 8,192 tokens as vime_ext_state_resident_mb8k: the
+           # state (45 GiB) then makes no trip to the host and back (2.8 s a W2 step, records/peers_w2_h200x2_run2)
+           # and beside two engines' share (70 GB) it still fits while they generate
+           "vime_ext_2_engines_state_resident_mb8k": functools.partial(
+               run_vime_ext, flags=engines_per_gpu(2, "--no-offload-optimizer-state", "--max-tokens-per-gpu", "8192")),
            # two engines, answering token ids only: each engine's API server then builds no log-prob entry per
            # token (on the CPU half its work a token), the part of the decode that two API servers already split
            "vime_ext_2_engines_no_log_probs": functools.partial(
