@@ -768,7 +768,7 @@ def test_the_peers_stage_makes_the_model_then_runs_the_bench_and_the_engine_path
     """gpu_recipe.sh peers, with a python that records its arguments: the random model of the workload's shape
     (PEERS_WORKLOAD, as bench_peers's WORKLOADS say), the bench with PEERS's frameworks in order (a bench that
     fails still leaves the engine-only path to run), then bench_generate_path on the same model and workload."""
-    from tools.bench_peers import WORKLOADS
+    from tools.bench_peers import RUNNERS, WORKLOADS
 
     bin_dir, calls = recording_python(tmp_path, '[ "$1" != tools/bench_peers.py ]')
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "WORK": str(tmp_path / "work"),
@@ -786,6 +786,13 @@ def test_the_peers_stage_makes_the_model_then_runs_the_bench_and_the_engine_path
     assert path[0] == "tools/bench_generate_path.py" and last(path, "--model-dir") == model
     assert last(path, "--profile-steps") == "0"  # PEERS_PROFILE_STEPS unset: no profiled round
     assert last(path, "--engines") == "1"  # PEERS_ENGINES unset: one engine
+    calls.unlink()  # PEERS unset: the W1 table's rows (docs/performance.md), each a row the bench knows
+    done = subprocess.run(["bash", str(ROOT / "tools/gpu_recipe.sh"), "peers"],
+                          env={k: v for k, v in env.items() if k != "PEERS"}, capture_output=True, text=True, timeout=60)
+    bench = [json.loads(line) for line in calls.read_text().splitlines()][1]
+    rows = bench[bench.index("--frameworks") + 1:bench.index("--time-limit-s")]
+    assert done.returncode == 0 and rows == ["vime_ext_2_engines", "trl_no_checkpointing_mb16", "trl"]
+    assert set(rows) <= set(RUNNERS)
     calls.unlink()  # PEERS_ENGINE_PATH=0: no engine path after the bench (this python makes no model: made again)
     done = subprocess.run(["bash", str(ROOT / "tools/gpu_recipe.sh"), "peers"], env={**env, "PEERS_ENGINE_PATH": "0"},
                           capture_output=True, text=True, timeout=60)

@@ -460,8 +460,9 @@ case "${STAGE}" in
     done ;;
   peers)
     # tools/bench_peers.py's PEERS_WORKLOAD (w1, default: the random Qwen3-0.6B shape; w2: Qwen3-4B) on this GPU,
-    # PEERS in order (default: this project, then with whole replies, and TRL, about 21 min at W1: 7 min each;
-    # add trl_no_checkpointing(_mb16) for TRL's fastest setting, vime_ext_resident, vime_ext_4_api_servers, or
+    # PEERS in order (default: the rows of docs/performance.md's W1 table, this project with two engines on the
+    # GPU, TRL without gradient checkpointing in passes of 16 (its fastest setting tried), TRL at its defaults;
+    # about 18 min at W1: 5-7 min each; add vime_ext (one engine), vime_ext_2_engines_resident, or
     # bench_peers.py's other rows, and verl, which needs the wheel set's --verl part, 4-6 min
     # to start and about 100 s a step, so PEERS_TIME_LIMIT_S=1200 for its 7 steps, and vime_ext again for the
     # drift when a lease has room), then the engine-only path (PEERS_ENGINE_PATH=0 leaves it out: about 6 min at
@@ -476,7 +477,7 @@ case "${STAGE}" in
     fi
     # shellcheck disable=SC2086
     python tools/bench_peers.py --workload "${workload}" --model-dir "${WORK}/${shape}-random" \
-      --out "${OUT_DIR}/peers_${workload}" --frameworks ${PEERS:-vime_ext vime_ext_whole trl} \
+      --out "${OUT_DIR}/peers_${workload}" --frameworks ${PEERS:-vime_ext_2_engines trl_no_checkpointing_mb16 trl} \
       --time-limit-s "${PEERS_TIME_LIMIT_S:-600}" >> "${OUT_DIR}/peers.log" 2>&1 || true
     if [ "${PEERS_ENGINE_PATH:-1}" != 0 ]; then
       python tools/bench_generate_path.py --workload "${workload}" --model-dir "${WORK}/${shape}-random" \
