@@ -104,6 +104,19 @@ def test_result_leaves_the_warm_up_out_and_the_table_compares_with_the_fastest_t
         result("vime_ext", tiny, steps[:2], gpus=1, wall=1.0)
 
 
+def test_list_names_every_row_with_the_flags_it_adds(capsys):
+    from tools.bench_peers import main
+
+    assert main(["--list"]) == 0
+    rows = dict(line.split(": ", 1) for line in capsys.readouterr().out.strip().splitlines())
+    assert list(rows) == list(RUNNERS)
+    assert rows["vime_ext"] == "vime_ext" and rows["verl_bypass"] == "verl (bypass mode)"
+    assert rows["vime_ext_2_engines_state_resident_mb8k"] == (
+        "vime_ext --rollout-engines-per-gpu 2 --router-policy round_robin --no-offload-optimizer-state "
+        "--max-tokens-per-gpu 8192")
+    assert rows["trl_no_checkpointing_mb16"] == "trl --no-gradient-checkpointing --micro-batch 16"
+
+
 def test_the_table_rebuilds_a_run_cut_off_before_its_result_from_its_metrics(tmp_path, capsys):
     """A lease that ends as a run logs its last step leaves no result file (W2's streamed row, 2026-11-30):
     ``--table`` makes that row from the run's metrics file, as the bench would have, and says so; a folder

@@ -20,18 +20,8 @@ Frameworks: ``vime_ext`` (``train.py``, colocated on one GPU, engine asleep whil
 (``tools/bench_trl.py``: TRL's ``GRPOTrainer``, vLLM colocated in its process, asleep while it trains; needs
 ``trl`` importable) and ``verl`` (``tools/bench_verl.py``: verl 0.9.1's ``main_ppo``, FSDP with vLLM colocated,
 from its own site, ``$VERL_SITE``). A framework named twice runs twice, the second row marked "again": list
-``vime_ext`` after the peers too, to bound the machine's drift over the run. ``vime_ext_no_log_probs`` is this
-project's run with ``--no-rollout-log-probs`` (the engine answers token ids only), ``vime_ext_4_api_servers`` with
-four API-server processes on its engine, ``vime_ext_whole`` with ``--rollout-stream-interval 0`` (whole replies,
-the default until 2026-11-30: ``vime_ext`` streams them in pieces of 64 tokens), ``vime_ext_resident`` with trainer
-and engine resident (``--no-offload-train --no-offload-rollout``), ``vime_ext_state_resident`` with the optimizers'
-state left on the GPU at each hand-over (``--no-offload-optimizer-state``; ``vime_ext_state_resident_mb8k`` the
-same with micro-batches of 8,192 tokens, so that W2's state fits beside the activations), ``vime_ext_mb32k`` with
-micro-batches of 32,768 tokens (the default 16,384), ``vime_ext_async`` one step
-off-policy (``--async-training --max-staleness 1``, one rollout more, the last step untimed);
-``verl_bypass`` is verl in its bypass mode (the rollout's log-probs as the old ones, no separate pass);
-``trl_no_checkpointing`` is TRL without the gradient checkpointing its ``GRPOConfig`` turns on by default
-(``_mb16``: and passes of 16 completions, not 8).
+``vime_ext`` after the peers too, to bound the machine's drift over the run. Every other row is one of these three
+with flags of its own (``RUNNERS`` says why each exists); ``--list`` prints each row with its flags.
 """
 
 import argparse
@@ -453,11 +443,21 @@ def plot(results: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def row_flags(name: str) -> str:
+    """A bench row as its framework and the flags it adds, for ``--list``."""
+    runner = RUNNERS[name]
+    base = {run_vime_ext: "vime_ext", run_trl: "trl", run_verl: "verl"}[getattr(runner, "func", runner)]
+    keywords = getattr(runner, "keywords", {})
+    extra = list(keywords.get("flags", ())) + (["(bypass mode)"] if keywords.get("bypass") else [])
+    return " ".join([base, *extra])
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="w1")
     parser.add_argument("--model-dir", type=Path, help="an HF checkpoint of the workload's shape")
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--list", action="store_true", help="print every row --frameworks takes, with its flags")
     parser.add_argument("--frameworks", nargs="+", default=["vime_ext"], choices=sorted(RUNNERS),
                         help="run in this order; a name given twice runs twice (its second row: NAME_again)")
     parser.add_argument("--engine-memory", type=float, default=0.5, help="vLLM's share of the GPU, for every one")
@@ -467,6 +467,11 @@ def main(argv=None) -> int:
                         help="only print the table of the results in --out, with rows made from the metrics of runs "
                              "that were cut off before writing theirs (of --workload), and draw them (phases.png)")
     args = parser.parse_args(argv)
+    if args.list:
+        print("\n".join(f"{name}: {row_flags(name)}" for name in RUNNERS))
+        return 0
+    if args.out is None:
+        parser.error("--out is needed (the folder of the results)")
     args.out.mkdir(parents=True, exist_ok=True)
     failed = []
     if not args.table:
