@@ -212,7 +212,8 @@ def main(argv=None) -> None:
         result["profile"] = {"wall_s": round(profiled.wall_s, 3), "kernel_s": round(profiled.kernel_s, 3),
                              "device_busy": round(profiled.kernel_s / profiled.wall_s, 3),
                              "kernel_s_of_unprofiled_total": round(profiled.kernel_s / median["total_s"], 3),
-                             "kernel_split": profiled.kernel_split, "matmul_split": profiled.matmul_split}
+                             "kernel_split": profiled.kernel_split, "matmul_split": profiled.matmul_split,
+                             "top_kernels": profiled.top_kernels}
     if model_only["tokens_per_s"]:
         result["train_vs_model_only"] = round(result["train_tokens_per_s"] / model_only["tokens_per_s"], 3)
     print_and_save(result, args.out)

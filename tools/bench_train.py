@@ -147,6 +147,10 @@ FP32_NORMS = "-fp32-norms"
 
 # Profiler kernel names -> where the time went (by name pattern, first match wins).
 KERNEL_CATEGORIES = [
+    # torch.compile's kernels (the trainer's log-prob arithmetic): named triton_{poi,red,per}_fused_<ops>, whose
+    # op names would otherwise file them under copies or norms
+    ("compiled (Triton)", ("triton_",)),
+    ("communication", ("nccl",)),  # before the copies: an all-reduce's name holds "reduce"
     ("rope (fused)", ("rope",)),
     ("attention", ("flash", "fmha", "attention", "sdpa", "baddbmm", "bmm", "softmax_warp", "masked_softmax")),
     ("optimizer", ("adam", "multi_tensor")),
@@ -176,11 +180,26 @@ def matmul_role(dims: list[int], shape: ModelShape) -> str:
 class KernelProfile:
     """One profiled call: the share of CUDA kernel time per kernel category, the share of matrix-multiply time per
     layer role (``matmul_role``), the kernels' summed seconds and the call's wall seconds under the profiler (their
-    ratio: how busy the device was, as far as kernels on one stream go)."""
+    ratio: how busy the device was, as far as kernels on one stream go), and the kernels that took the most time
+    (``top_kernels``: name, seconds, calls), which say what a category such as "other" holds."""
     kernel_split: dict[str, float]
     matmul_split: dict[str, float]
     kernel_s: float
     wall_s: float
+    top_kernels: list[tuple[str, float, int]]
+
+
+def kernel_category(name: str) -> str:
+    """The KERNEL_CATEGORIES entry a CUDA kernel's name falls in (the first that matches), else "other"."""
+    name = name.lower()
+    return next((c for c, keys in KERNEL_CATEGORIES if any(k in name for k in keys)), "other")
+
+
+def top_kernels(kernels: dict[str, list[float]], n: int = 15) -> list[tuple[str, float, int]]:
+    """The ``n`` kernels with the most summed device time, from {name: [microseconds, calls]}: (name cut to 100
+    characters, seconds, calls)."""
+    ranked = sorted(kernels.items(), key=lambda kv: -kv[1][0])[:n]
+    return [(name[:100], round(us / 1e6, 4), int(calls)) for name, (us, calls) in ranked]
 
 
 def profile_split(step_fn, shape: ModelShape) -> KernelProfile:
@@ -196,15 +215,19 @@ def profile_split(step_fn, shape: ModelShape) -> KernelProfile:
         wall_s = time.perf_counter() - begin
     categories: dict[str, float] = {}
     roles: dict[str, float] = {}
+    kernels: dict[str, list[float]] = {}
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA:  # a kernel
-            name = event.name.lower()
-            category = next((c for c, keys in KERNEL_CATEGORIES if any(k in name for k in keys)), "other")
+            category = kernel_category(event.name)
             categories[category] = categories.get(category, 0.0) + event.device_time_total
+            totals = kernels.setdefault(event.name, [0.0, 0])
+            totals[0] += event.device_time_total
+            totals[1] += 1
         elif event.name == "aten::mm" and event.input_shapes and len(event.input_shapes) >= 2:
             role = matmul_role([d for s in event.input_shapes[:2] for d in s], shape)
             roles[role] = roles.get(role, 0.0) + event.device_time_total
-    return KernelProfile(_shares(categories), _shares(roles), sum(categories.values()) / 1e6, wall_s)
+    return KernelProfile(_shares(categories), _shares(roles), sum(categories.values()) / 1e6, wall_s,
+                         top_kernels(kernels))
 
 
 def bench(impl: str, shape: ModelShape, config: dict, seq: int, mbs: int, steps: int, ceiling: float,
