@@ -97,6 +97,7 @@ def test_two_grpo_steps_through_ray_vllm_and_weight_sync(tiny_model, tmp_path):
                     "train/kl", "train/entropy", "train/grad_norm"):
             assert math.isfinite(row[key]), key
         assert row["train/grad_norm"] > 0 and row["rollout/advantage_abs_mean"] > 0
+        assert 0 <= row["train/state_restore_s"] < 1  # logged; on the CPU no hand-over moves the state
     # Rollout 1 was sampled by the engines from the weights pushed after step 0 (version 1). The trainer's
     # log-probs for those tokens agree with the engines', though step 0 moved the policy away from the
     # reference (KL > 0): the engines serve the trainer's weights.

@@ -51,6 +51,14 @@ def test_training_after_a_handover_equals_training_without(cuda_flags, flags, ti
     assert moved["restored_gb"] > 0 and moved["start_up_frozen"]
     # The reference model is copied out once; later rounds copy only what training changes.
     assert 0 < moved["second_round_copied_gb"] < moved["first_round_copied_gb"]
+    # The state's trip back is timed into the step's figures (train/state_restore_s), only when it was away; the
+    # actor's step brings the critic's back with its own (one hand-over), so the critic's step finds it in place
+    away = "--no-offload-optimizer-state" not in flags
+    assert (moved["steps"][0]["state_restore_s"] > 0) == away and moved["steps"][0]["critic_state_restore_s"] == 0
+    assert all(step["state_restore_s"] == step["critic_state_restore_s"] == 0 for step in plain["steps"])
+    for steps in (plain["steps"], moved["steps"]):  # the rest are the same figures
+        for step in steps:
+            del step["state_restore_s"], step["critic_state_restore_s"]
     before, after = (torch.load(tmp_path / f"{tag}_weights.pt") for tag in ("plain", "handover"))
     assert sorted(before) == sorted(after) and plain["steps"][0]["grad_norm"] > 0
     if not torch.cuda.is_available():  # bit for bit

@@ -14,8 +14,10 @@ from vime_ext.rollout.plugins import load_function
 from vime_ext.rollout.validate import RolloutError
 from vime_ext.trainer.batching import split_data_parallel
 
-# Optimizer figures: the same on every rank, so not summed over data-parallel shares.
-_PER_STEP = ("grad_norm", "lr", "skipped", "critic_grad_norm", "critic_lr", "critic_skipped")
+# Optimizer figures: the same on every rank (or, the state's trip back, alike), so not summed over data-parallel
+# shares.
+_PER_STEP = ("grad_norm", "lr", "skipped", "state_restore_s", "critic_grad_norm", "critic_lr", "critic_skipped",
+             "critic_state_restore_s")
 
 
 def plan_steps(config: TrainConfig, samples: list[Sample], sequences: list[TrainSequence],

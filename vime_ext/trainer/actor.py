@@ -117,9 +117,15 @@ class TrainActor:
         self._handover = MemoryHandover(self._device().type)
         # The optimizers' state stays off the device from a hand-over until their next step needs it
         for optimizer in [self.optimizer] + ([self.critic.optimizer] if self.critic is not None else []):
-            optimizer.before_step = self._handover.restore_state
+            optimizer.before_step = self._restore_state
         self._weight_sync = None  # the sender's (target, WeightSync), kept between pushes
         self._resumed_from = None  # the iteration this run loaded: --save-keep-last never deletes it
+
+    def _restore_state(self) -> float:
+        """The optimizers' state back from the host before their step; its seconds, 0 when none was away (so that
+        the step's figures stay exact where nothing is handed over)."""
+        restored = self._handover.restore_state()
+        return restored.seconds if restored.released_gb else 0.0
 
     def _build(self, build_gpt_model, parallel, recompute=None, recompute_num_layers=None):
         from vime_ext.models.model_config import default_attention

@@ -71,13 +71,14 @@ class MegatronAdamW:
         self.step_count = 0
         self._has_states = False  # Adam's states exist after the first step (or a load)
         # Called first by every step: the colocated trainer puts the state a hand-over left on the host back
-        self.before_step: Callable[[], object] = lambda: None
+        # (its seconds: the state's trip back, part of the step's time, logged as train/state_restore_s)
+        self.before_step: Callable[[], float] = lambda: 0.0
 
     @torch.no_grad()
     def step(self) -> dict[str, float]:
         """Apply the gradients the schedule accumulated and reduced (``_finalize_grads``), clipped to
         ``--clip-grad``; a non-finite gradient skips the update (and says so)."""
-        self.before_step()
+        restore_s = self.before_step()
         lr = self.schedule(self.step_count)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -92,7 +93,7 @@ class MegatronAdamW:
         self.optimizer.zero_grad()
         if updated:
             self.step_count += 1
-        return {"grad_norm": norm, "lr": lr, "skipped": 0.0 if updated else 1.0}
+        return {"grad_norm": norm, "lr": lr, "skipped": 0.0 if updated else 1.0, "state_restore_s": restore_s}
 
     def reload_model_params(self) -> None:
         """Take the fp32 masters from the model's weights (loaded from a checkpoint saved without optimizer

@@ -55,7 +55,8 @@ class ActorOptimizer:
         self.clip_grad, self.schedule = clip_grad, schedule
         self.step_count = 0
         # Called first by every step: the colocated trainer puts the state a hand-over left on the host back
-        self.before_step: Callable[[], object] = lambda: None
+        # (its seconds: the state's trip back, part of the step's time, logged as train/state_restore_s)
+        self.before_step: Callable[[], float] = lambda: 0.0
 
     def zero_grad(self) -> None:
         for p in self.params + self.masters:
@@ -116,11 +117,11 @@ class ActorOptimizer:
     @torch.no_grad()
     def step(self) -> dict[str, float]:
         """Sync, clip and apply the accumulated gradients. A non-finite norm skips the update (and says so)."""
-        self.before_step()
+        restore_s = self.before_step()
         self._sync_grads()
         norm = self._grad_norm()
         lr = self.schedule(self.step_count)
-        stats = {"grad_norm": norm, "lr": lr, "skipped": 0.0}
+        stats = {"grad_norm": norm, "lr": lr, "skipped": 0.0, "state_restore_s": restore_s}
         if not math.isfinite(norm):
             stats["skipped"] = 1.0
             self.zero_grad()
