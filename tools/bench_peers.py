@@ -318,10 +318,16 @@ RUNNERS = {"vime_ext": run_vime_ext, "trl": run_trl, "verl": run_verl,
            "vime_ext_async": functools.partial(run_vime_ext, flags=("--async-training", "--max-staleness", "1"))}
 
 
+def base_runner(framework: str) -> Callable:
+    """The run function behind a row (a RUNNERS name, or NAME_again): run_vime_ext, run_trl or run_verl, whatever
+    flags the row gives it."""
+    runner = RUNNERS[framework.removesuffix("_again")]
+    return getattr(runner, "func", runner)
+
+
 def step_reader(framework: str) -> Callable[[Path, str], list[dict]]:
     """Where a framework's run (a RUNNERS name, or NAME_again) logs its steps: its reader of ``OUT/<name>``."""
-    runner = RUNNERS[framework.removesuffix("_again")]
-    return {run_vime_ext: vime_ext_steps, run_trl: trl_steps, run_verl: verl_steps}[getattr(runner, "func", runner)]
+    return {run_vime_ext: vime_ext_steps, run_trl: trl_steps, run_verl: verl_steps}[base_runner(framework)]
 
 
 def cut_off_rows(out: Path, workload: Workload, have: set[str]) -> list[dict]:
@@ -445,11 +451,9 @@ def plot(results: list[dict], path: Path) -> None:
 
 def row_flags(name: str) -> str:
     """A bench row as its framework and the flags it adds, for ``--list``."""
-    runner = RUNNERS[name]
-    base = {run_vime_ext: "vime_ext", run_trl: "trl", run_verl: "verl"}[getattr(runner, "func", runner)]
-    keywords = getattr(runner, "keywords", {})
+    keywords = getattr(RUNNERS[name], "keywords", {})
     extra = list(keywords.get("flags", ())) + (["(bypass mode)"] if keywords.get("bypass") else [])
-    return " ".join([base, *extra])
+    return " ".join([base_runner(name).__name__.removeprefix("run_"), *extra])
 
 
 def main(argv=None) -> int:
