@@ -29,6 +29,27 @@ LONGEST_FIRST = ("train/test_train_loop.py", "train/test_async_training.py", "te
                  "examples/test_mem_update_pipeline.py")
 
 
+# What a whole run of the suite writes under pytest's temporary directory at its peak (checkpoints, engines' and
+# Ray's files), with a margin. A disk that fills midway fails hundreds of tests with errors that do not say why,
+# and slowly: refuse at the start instead.
+MIN_FREE_GB = float(os.environ.get("VIME_EXT_TESTS_MIN_FREE_GB", 8))
+
+
+def pytest_sessionstart(session):
+    import shutil
+    import tempfile
+
+    if hasattr(session.config, "workerinput"):  # an xdist worker: the controller checked
+        return
+    where = Path(session.config.option.basetemp or tempfile.gettempdir())
+    while not where.exists():
+        where = where.parent
+    free_gb = shutil.disk_usage(where).free / 2**30
+    if free_gb < MIN_FREE_GB:
+        pytest.exit(f"only {free_gb:.1f} GB free on the disk of {where}; the suite needs about {MIN_FREE_GB:g} GB "
+                    "(its checkpoints and engines' files): free some, or pass --basetemp on a larger disk", 1)
+
+
 def pytest_collection_modifyitems(config, items):
     here, rank = Path(__file__).parent, {name: i for i, name in enumerate(LONGEST_FIRST)}
 
