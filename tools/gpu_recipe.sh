@@ -142,11 +142,13 @@ both_eval() {
 
 peers_workload() {
   # PEERS_WORKLOAD's model shape, sequences a step and sequence length, as tools/bench_peers.py's WORKLOADS say
-  # (the peers-stage tests hold them equal)
+  # (the peers-stage tests hold them equal), and the rows the peers stage runs when PEERS is unset
   workload=${PEERS_WORKLOAD:-w1}
   case "${workload}" in
-    w1) shape=qwen3-0.6b; sequences=256; length=1280 ;;
-    w2) shape=qwen3-4b; sequences=64; length=2304 ;;
+    w1) shape=qwen3-0.6b; sequences=256; length=1280
+        default_peers="vime_ext_2_engines trl_no_checkpointing_mb16 trl" ;;
+    w2) shape=qwen3-4b; sequences=64; length=2304
+        default_peers="vime_ext_2_engines_state_resident_mb8k trl vime_ext_2_engines" ;;
     *) echo "PEERS_WORKLOAD=${workload}: w1 or w2" >&2; exit 2 ;;
   esac
 }
@@ -460,9 +462,12 @@ case "${STAGE}" in
     done ;;
   peers)
     # tools/bench_peers.py's PEERS_WORKLOAD (w1, default: the random Qwen3-0.6B shape; w2: Qwen3-4B) on this GPU,
-    # PEERS in order (default: the rows of docs/performance.md's W1 table, this project with two engines on the
-    # GPU, TRL without gradient checkpointing in passes of 16 (its fastest setting tried), TRL at its defaults;
-    # about 18 min at W1: 5-7 min each; add vime_ext (one engine), vime_ext_2_engines_resident, or
+    # PEERS in order (default at W1: the rows of docs/performance.md's W1 table, this project with two engines on
+    # the GPU, TRL without gradient checkpointing in passes of 16 (its fastest setting tried), TRL at its defaults;
+    # about 18 min at W1: 5-7 min each; at W2: two engines with the optimizer state kept on the GPU and 8,192-token
+    # micro-batches, TRL at its defaults (without gradient checkpointing its peak would pass the 143.6 GiB it
+    # reached with it), then two engines with the state handed over, should the first run out of memory;
+    # add vime_ext (one engine), vime_ext_2_engines_resident, or
     # bench_peers.py's other rows, and verl, which needs the wheel set's --verl part, 4-6 min
     # to start and about 100 s a step, so PEERS_TIME_LIMIT_S=1200 for its 7 steps, and vime_ext again for the
     # drift when a lease has room), then the engine-only path (PEERS_ENGINE_PATH=0 leaves it out: about 6 min at
@@ -477,7 +482,7 @@ case "${STAGE}" in
     fi
     # shellcheck disable=SC2086
     python tools/bench_peers.py --workload "${workload}" --model-dir "${WORK}/${shape}-random" \
-      --out "${OUT_DIR}/peers_${workload}" --frameworks ${PEERS:-vime_ext_2_engines trl_no_checkpointing_mb16 trl} \
+      --out "${OUT_DIR}/peers_${workload}" --frameworks ${PEERS:-${default_peers}} \
       --time-limit-s "${PEERS_TIME_LIMIT_S:-600}" >> "${OUT_DIR}/peers.log" 2>&1 || true
     if [ "${PEERS_ENGINE_PATH:-1}" != 0 ]; then
       python tools/bench_generate_path.py --workload "${workload}" --model-dir "${WORK}/${shape}-random" \
