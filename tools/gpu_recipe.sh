@@ -465,8 +465,9 @@ case "${STAGE}" in
     # PEERS in order (default at W1: the rows of docs/performance.md's W1 table, this project with two engines on
     # the GPU, TRL without gradient checkpointing in passes of 16 (its fastest setting tried), TRL at its defaults;
     # about 18 min at W1: 5-7 min each; at W2: two engines with the optimizer state kept on the GPU and 8,192-token
-    # micro-batches, TRL at its defaults (without gradient checkpointing its peak would pass the 143.6 GiB it
-    # reached with it), then two engines with the state handed over, should the first run out of memory;
+    # micro-batches, TRL at its defaults (without gradient checkpointing, not tried at W2, its peak would likely
+    # pass the 143.6 GiB it reached with it), then two engines with the state handed over, should the first run
+    # out of memory;
     # add vime_ext (one engine), vime_ext_2_engines_resident, or
     # bench_peers.py's other rows, and verl, which needs the wheel set's --verl part, 4-6 min
     # to start and about 100 s a step, so PEERS_TIME_LIMIT_S=1200 for its 7 steps, and vime_ext again for the
