@@ -467,15 +467,13 @@ case "${STAGE}" in
     # about 18 min at W1: 5-7 min each; at W2: two engines with the optimizer state kept on the GPU and 8,192-token
     # micro-batches, TRL at its defaults (without gradient checkpointing, not tried at W2, its peak would likely
     # pass the 143.6 GiB it reached with it), then two engines with the state handed over, should the first run
-    # out of memory;
-    # add vime_ext (one engine), vime_ext_2_engines_resident, or
-    # bench_peers.py's other rows, and verl, which needs the wheel set's --verl part, 4-6 min
-    # to start and about 100 s a step, so PEERS_TIME_LIMIT_S=1200 for its 7 steps, and vime_ext again for the
-    # drift when a lease has room), then the engine-only path (PEERS_ENGINE_PATH=0 leaves it out: about 6 min at
-    # W1; PEERS_PROFILE_STEPS=N adds a round with that many engine steps profiled, OUT/generate_path_<workload>/
-    # profile_summary.json; PEERS_ENGINES=N runs it with N engines on the GPU, through the router);
-    # into OUT/peers_<workload>, progress in OUT/peers.log. A framework stopped at the limit
-    # keeps the steps it logged, marked in its row.
+    # out of memory; add vime_ext (one engine), vime_ext_2_engines_resident, or bench_peers.py's other rows, and
+    # verl, which needs the wheel set's --verl part, 4-6 min to start and about 100 s a step, so
+    # PEERS_TIME_LIMIT_S=1200 for its 7 steps, and vime_ext again for the drift when a lease has room), then the
+    # engine-only path (PEERS_ENGINE_PATH=0 leaves it out: about 6 min at W1; PEERS_PROFILE_STEPS=N adds a round
+    # with that many engine steps profiled, OUT/generate_path_<workload>/profile_summary.json; PEERS_ENGINES=N runs
+    # it with N engines on the GPU, through the router); into OUT/peers_<workload>, progress in OUT/peers.log. A
+    # framework stopped at the limit keeps the steps it logged, marked in its row.
     peers_workload
     # made once: prepare's Qwen3-4B (HF_CKPT) is W2's model, which other stages may be reading
     if [ ! -f "${WORK}/${shape}-random/config.json" ]; then

@@ -145,11 +145,9 @@ one_seed() {
 # gold answers added (oracle) and SFT's demonstrated episodes (demonstrated; labels known, as the oracle's; not on
 # the fact consolidation questions, which have no demonstrations)
 baselines() {
-  if [ "${EVAL_SPLIT}" = fact ]; then
-    EDIT="agent noop oracle" evaluate "base noop oracle"
-  else
-    EDIT="agent noop oracle demonstrated" evaluate "base noop oracle demonstrated"
-  fi
+  local rows="noop oracle"
+  if [ "${EVAL_SPLIT}" != fact ]; then rows+=" demonstrated"; fi
+  EDIT="agent ${rows}" evaluate "base ${rows}"
 }
 
 # saved: the seeds' (SEEDS) saved SFT and SFT + RL models and the rows without training scored on EVAL_SPLIT's
