@@ -732,6 +732,14 @@ def test_a_mem_update_sweep_chooses_on_the_validation_questions(tiny_hf_dirs, tm
     done = subprocess.run(["bash", str(ROOT / "tools/gpu_learning.sh"), "sweep"], env=full, capture_output=True,
                           text=True, timeout=900)
     assert done.returncode == 2 and "3 variants for 1 GPU(s) (SWEEP_GPUS) at SWEEP_PER_GPU=2: at most 2" in done.stderr
+    # Every variant on data of its own: the shared data is not made (2026-12-02: 2 minutes of a lease for nothing)
+    alone = tmp_path / "alone"
+    full.update(SWEEP_VARIANTS="MEMUP_RATIONALE=1", VIME_EXT_OUT=str(alone))
+    done = subprocess.run(["bash", str(ROOT / "tools/gpu_learning.sh"), "sweep"], env=full, capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert not (alone / "sweep/data").exists() and (alone / "sweep/v0/data/val_eval.jsonl").is_file()
+    assert "prepare (" not in (alone / "learning.log").read_text() and (alone / "sweep/sweep.md").is_file()
 
 
 def test_the_real_benchmark_base_rows_run_every_length_and_both_references(tmp_path):

@@ -72,3 +72,16 @@ def test_runs_that_wrote_the_same_questions_to_folders_of_their_own_pair_up_by_f
     write("c.jsonl", "v2", [0.0, 0.0], ["When?", "Who?"])  # line 2 holds another question there
     with pytest.raises(ValueError, match=r"c.jsonl:2: item val.jsonl:2#0's prompt differs from the one at .*a.jsonl:2"):
         main(["--key", "delta", "--model", f"A={tmp_path}/a.jsonl", "--model", f"C={tmp_path}/c.jsonl"])
+
+
+def test_one_seed_each_prints_no_interval_over_seeds(tmp_path, capsys):
+    """A single seed has no spread: the table and the seed-level line say so instead of printing the point twice
+    as an interval (the 1.5B sweep's one-seed table, 2026-12-02); the item-by-item interval stays."""
+    write_seed(tmp_path / "rl_s0.jsonl", {"a": 0.2, "b": 0.0, "c": 0.1})
+    write_seed(tmp_path / "sft_s0.jsonl", {"a": 0.0, "b": 0.0, "c": 0.0})
+    result = main(["--key", "delta", "--model", f"RL={tmp_path}/rl_s0.jsonl", "--model", f"SFT={tmp_path}/sft_s0.jsonl"])
+    out = capsys.readouterr().out
+    assert "| RL | 1 | 0.1000 | - (one seed) |" in out and "| SFT | 1 | 0.0000 | - (one seed) |" in out
+    assert "- seeds: +0.1000 (one seed each: no seed-level interval)" in out
+    paired = result["paired"]
+    assert paired["low"] < paired["difference"] < paired["high"] and f"(95% {paired['low']:+.4f}" in out

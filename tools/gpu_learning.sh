@@ -54,8 +54,8 @@ run() {
 # list of NAME=VALUE words for run-smollm2-gpu.sh (an empty one is the recipe as it is), e.g.
 #   SWEEP_VARIANTS="SFT_EPOCHS=1; RL_TEMPERATURE=1.3; N_SAMPLES_PER_PROMPT=16 ROLLOUT_BATCH_SIZE=8"
 # The example's MEM_AGENT_ENV / MEM_UPDATE_ENV reaches every variant. The data is prepared once
-# (OUT_DIR/sweep/data), but a variant that sets a variable of the data (sweep_settings) prepares its own. Variant
-# i runs under OUT_DIR/sweep/v<i> with a Ray port of its own. Variants are evaluated on the validation items
+# (OUT_DIR/sweep/data), but a variant that sets a variable of the data (sweep_settings) prepares its own (when
+# every variant does, the shared data is not made). Variant i runs under OUT_DIR/sweep/v<i> with a Ray port of its own. Variants are evaluated on the validation items
 # (EVAL_SPLIT=val; MemAgent's at SWEEP_LENGTH, 170 documents, the training length, or a list of lengths), so that
 # the test items are left for the one run with the setting chosen (MemAgent's test items are written at
 # SWEEP_LENGTH alone: the longer ones take minutes to write). Then OUT_DIR/sweep/sweep.md/.json
@@ -101,17 +101,25 @@ sweep() {
     return 2
   fi
   mkdir -p "${root}"
-  log "sweep: ${SWEEP_EXAMPLE}: prepare (${root}/data)"
-  # shellcheck disable=SC2086  # SWEEP_ENV is a list of NAME=VALUE words
-  env ${SWEEP_ENV} EVAL_SPLIT=val LENGTH="${SWEEP_LENGTH:-170}" VAL_LENGTH="${SWEEP_LENGTH:-170}" \
-    VIME_EXT_OUT="${root}" bash "examples/${SWEEP_EXAMPLE}/run-smollm2-gpu.sh" prepare >"${root}/prepare.log" 2>&1 ||
-    { log "sweep: prepare failed: ${root}/prepare.log"; return 1; }
+  local datas=()
   for i in "${!variants[@]}"; do
     vars=$(xargs <<<"${variants[i]}")  # trimmed
-    data=${root}/data
+    datas[i]=${root}/data
     for name in ${SWEEP_DATA_VARS}; do
-      if [[ " ${vars} " == *" ${name}="* ]]; then data=${root}/v${i}/data; fi
+      if [[ " ${vars} " == *" ${name}="* ]]; then datas[i]=${root}/v${i}/data; fi
     done
+  done
+  # The shared data only when a variant runs on it (a prepare of MemUpdate's 1.5B recipe takes 2 minutes of a lease)
+  if [[ " ${datas[*]} " == *" ${root}/data "* ]]; then
+    log "sweep: ${SWEEP_EXAMPLE}: prepare (${root}/data)"
+    # shellcheck disable=SC2086  # SWEEP_ENV is a list of NAME=VALUE words
+    env ${SWEEP_ENV} EVAL_SPLIT=val LENGTH="${SWEEP_LENGTH:-170}" VAL_LENGTH="${SWEEP_LENGTH:-170}" \
+      VIME_EXT_OUT="${root}" bash "examples/${SWEEP_EXAMPLE}/run-smollm2-gpu.sh" prepare >"${root}/prepare.log" 2>&1 ||
+      { log "sweep: prepare failed: ${root}/prepare.log"; return 1; }
+  fi
+  for i in "${!variants[@]}"; do
+    vars=$(xargs <<<"${variants[i]}")
+    data=${datas[i]}
     gpu=${gpus[i % ${#gpus[@]}]}  # in turn, as seeds_on_gpus places seeds
     log "sweep: start v${i} (GPU ${gpu}) ${vars:-(the recipe)}; data ${data}"
     mkdir -p "${root}/v${i}"

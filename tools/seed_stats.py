@@ -125,13 +125,18 @@ def compare(models: dict[str, list[dict[str, float]]]) -> dict:
 def report(result: dict, key: str) -> str:
     lines = [f"{key}, {result['items']} items", "", "| model | seeds | mean | 95% interval |", "|---|---|---|---|"]
     for name, row in result["models"].items():
-        lines.append(f"| {name} | {len(row['seeds'])} | {row['mean']:.4f} | {row['low']:.4f} to {row['high']:.4f} |")
+        # One seed has no spread to draw an interval from: say so rather than print a point as an interval.
+        spread = f"{row['low']:.4f} to {row['high']:.4f}" if len(row["seeds"]) > 1 else "- (one seed)"
+        lines.append(f"| {name} | {len(row['seeds'])} | {row['mean']:.4f} | {spread} |")
     if "against" in result:
         first = next(iter(result["models"]))
         s, p = result["seed_level"], result["paired"]
         share = "-" if p["top5pct_share_of_gain"] is None else f"{p['top5pct_share_of_gain']:.0%}"
+        seeds = [len(result["models"][name]["seeds"]) for name in (first, result["against"])]
+        seed_line = (f"- seeds: {s['difference']:+.4f} (95% {s['low']:+.4f} to {s['high']:+.4f})" if max(seeds) > 1
+                     else f"- seeds: {s['difference']:+.4f} (one seed each: no seed-level interval)")
         lines += ["", f"{first} minus {result['against']} (the best other row):",
-                  f"- seeds: {s['difference']:+.4f} (95% {s['low']:+.4f} to {s['high']:+.4f})",
+                  seed_line,
                   f"- item by item: {p['difference']:+.4f} (95% {p['low']:+.4f} to {p['high']:+.4f}); "
                   f"{p['gain']} items gain, {p['loss']} lose, {p['tie']} tie; the top 5% of items carry {share} "
                   f"of the gain (the rest sum to {p['sum_without_top5pct']:+.3f})"]
