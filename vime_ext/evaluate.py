@@ -9,13 +9,16 @@ MemUpdate's ``eval_mem_update``) and MemAgent's RULER-HQA lengths.
         [--vllm-X ...: vLLM's --X]
 
 With ``--results`` every finished sample is written there as it finishes, and a second run of the same command
-skips what is there (a line cut by a kill is dropped and its item run again).
+skips what is there (a line cut by a kill is dropped and its item run again). An item that fails twice is left
+unscored and the command exits with status 3 (``UNSCORED_EXIT``) after printing its figures.
 """
 
 import argparse
 import asyncio
 import contextlib
+import copy
 import json
+import logging
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -122,6 +125,10 @@ class EvalPass:
 
 Row = Callable[[str, Sample], Awaitable[dict]]
 
+log = logging.getLogger(__name__)
+ATTEMPTS = 2  # tries of an item in one run before it is listed as failed
+UNSCORED_EXIT = 3  # the exit status of an evaluation that left items unscored (1: it crashed; 2: a usage error)
+
 
 LOOP_KEYS = ("_id", "seconds")  # what evaluate_items adds to each row
 
@@ -155,29 +162,39 @@ def model_groups(specs: list[str], found: list[str]) -> dict[str, list[str]]:
 
 async def evaluate_items(args: PluginArgs, url: str, items: list[tuple[str, Sample]], generate: Callable,
                          row: Row, params: SamplingParams, out: Path, n_proc: int = 16, force: bool = False,
-                         desc: str = "eval", timeout_s: float | None = None) -> EvalPass:
+                         desc: str = "eval", timeout_s: float | None = None,
+                         attempts: int = ATTEMPTS) -> EvalPass:
     """The evaluation loop: each ``(id, sample)`` not yet in ``out`` through ``generate`` (a generate plug-in,
     called with ``evaluation=True``), at most ``n_proc`` at once; a finished sample's ``row(id, sample)`` (its
     score, with ``LOOP_KEYS`` added: the id, and the seconds of the item's generate and score) is appended to
-    ``out`` as soon as it is made, so a kill loses only the items in flight. A sample that the engine or a plug-in failed, or that took longer than ``timeout_s`` (its
-    generate and row together), is listed in ``out``'s ``.failed.jsonl`` and run again next time, never
-    scored. A plug-in may save an item's state as it goes (``args.save_progress(sample, state)``, kept in
-    ``out``'s ``.progress.jsonl``); the next run hands it back in ``sample.metadata["resume"]``
-    (``vime_ext.item_progress``)."""
+    ``out`` as soon as it is made, so a kill loses only the items in flight. An item that the engine or a
+    plug-in failed, or that took longer than ``timeout_s`` (its generate and row together), is run again from
+    its own copy, up to ``attempts`` times in all (as training retries a failed sample once); one that fails
+    every time is listed in ``out``'s ``.failed.jsonl``, named in a warning with its error, and run again next
+    time, never scored (``exit_if_unscored``). A plug-in may save an item's state as it goes
+    (``args.save_progress(sample, state)``, kept in ``out``'s ``.progress.jsonl``); the next attempt or run
+    hands it back in ``sample.metadata["resume"]`` (``vime_ext.item_progress``)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     progress_file = out.with_name(out.name.removesuffix(".jsonl") + ".progress.jsonl")
     if force:
         out.unlink(missing_ok=True)
         progress_file.unlink(missing_ok=True)
+    if attempts < 1:
+        raise ValueError(f"{desc}: attempts={attempts}; at least 1")
     rows = read_rows(out)
     todo = [(item_id, slot) for item_id, slot in items if item_id not in rows]
     ids = {slot.index: item_id for item_id, slot in todo}
     if len(ids) != len(todo):
         raise ValueError(f"{desc}: the samples' indices repeat; each item needs its own index")
+    unused = {item_id: copy.deepcopy(slot) for item_id, slot in todo}  # a retry starts from the item as given
     saved = ItemProgress(progress_file, set(rows))
-    for item_id, slot in todo:
-        if (state := saved.state(item_id)) is not None:
+
+    def ready(item_id: str) -> Sample:
+        slot = copy.deepcopy(unused[item_id])
+        if (state := saved.state(item_id)) is not None:  # from an earlier run, or this run's failed attempt
             slot.metadata["resume"] = state
+        return slot
+
     args.save_progress = lambda sample, state: saved.save(ids[sample.index], state)
     failed: list[tuple[str, Sample]] = []
     scored_now: list[str] = []
@@ -212,7 +229,16 @@ async def evaluate_items(args: PluginArgs, url: str, items: list[tuple[str, Samp
                 finally:
                     progress.update(1)
 
-            await asyncio.gather(*(one(item_id, slot) for item_id, slot in todo))
+            pending = [item_id for item_id, _ in todo]
+            for attempt_number in range(attempts):
+                if attempt_number:
+                    progress.total += len(pending)
+                    progress.set_description(f"{desc} (attempt {attempt_number + 1} of {attempts})")
+                    failed.clear()
+                await asyncio.gather(*(one(item_id, ready(item_id)) for item_id in pending))
+                pending = [item_id for item_id, _ in failed]
+                if not pending:
+                    break
     finally:
         progress.close()
         saved.compact()
@@ -221,7 +247,22 @@ async def evaluate_items(args: PluginArgs, url: str, items: list[tuple[str, Samp
     failed_file = out.with_name(out.name.removesuffix(".jsonl") + ".failed.jsonl")
     failed_file.write_text("".join(json.dumps({"_id": item_id, "status": s.status.value, "error": s.error}) + "\n"
                                    for item_id, s in failed), encoding="utf-8")
+    if failed:
+        item_id, first = failed[0]
+        log.warning("%s: %d of %d items failed %d time(s) and are not scored (%s); the first, %s: %s", desc,
+                    len(failed), len(items), attempts, failed_file, item_id, first.error)
     return EvalPass(rows, scored_now, [s for _, s in failed])
+
+
+def exit_if_unscored(unscored: int, command: str) -> None:
+    """After ``command`` has written what it scored: exit with ``UNSCORED_EXIT`` when ``unscored`` items (over
+    all its rows) failed every attempt, so that a script cannot take a partial evaluation for a whole one. The
+    scored items are kept; the same command again runs only the others."""
+    if unscored:
+        print(f"{command}: {unscored} item(s) not scored after {ATTEMPTS} attempts each (listed in the "
+              f".failed.jsonl beside the results, with their errors); run the same command again to retry them",
+              file=sys.stderr)
+        raise SystemExit(UNSCORED_EXIT)
 
 
 GENERATE = "vime_ext.agent.generate.generate"
@@ -311,6 +352,7 @@ def evaluate_rows(hf_dir: str, prompt_data: str, reward_path: str = "vime_ext.ag
             samples = [sample_from_dict({k: v for k, v in r.items() if k not in LOOP_KEYS}, f"{out}: {item_id}")
                        for item_id, r in done.rows.items()] + done.failed
             metrics.append({**rollout_metrics(samples, "eval"), "eval/samples": float(len(samples)),
+                            "eval/unscored": float(len(done.failed)),
                             "eval/reward_sem": float(np.std([s.reward or 0.0 for s in samples])
                                                      / np.sqrt(len(samples)))})
     return metrics
@@ -342,6 +384,7 @@ def main(argv=None) -> dict[str, float]:
                       max_model_len=args.engine_max_model_len, results=args.results, top_p=args.top_p,
                       engines=args.num_engines)
     print(json.dumps(result, indent=1))
+    exit_if_unscored(int(result["eval/unscored"]), "vime_ext.evaluate")
     return result
 
 

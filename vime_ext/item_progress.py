@@ -35,7 +35,7 @@ class ItemProgress:
         self.compact()
 
     def state(self, item_id: str):
-        """The last state saved for ``item_id`` by an earlier run (None: start from the beginning)."""
+        """The last state saved for ``item_id`` by an earlier run or attempt (None: start from the beginning)."""
         return None if item_id in self.finished else self.states.get(item_id)
 
     def save(self, item_id: str, state) -> None:

@@ -15,7 +15,8 @@ two models (Qwen2.5-7B and its instruct version); here each model is one run of 
 The questions are taken in the order the splits draw them (``--seed``, as ``hotpotqa_dev``'s), the first
 ``--first`` of it (0: all 7,405), so a check of a few hundred is enough to fill the test and validation splits.
 Writes ``DIR/prompts.jsonl``, ``DIR/samples.jsonl`` (every sample and its verdict; resumable: a second run goes
-on where the first stopped) and ``DIR/closed_book.json`` (the model, the questions checked, those answered).
+on where the first stopped) and ``DIR/closed_book.json`` (the model, the questions checked, those answered). A
+question whose sample failed twice is not checked, and the command exits with status 3 after writing the file.
 """
 
 import argparse
@@ -87,7 +88,7 @@ def tally(samples_path: Path, model: str, samples: int) -> ClosedBook:
 
 def main(argv=None) -> ClosedBook:
     from vime_ext.engines.servers import split_vllm_args
-    from vime_ext.evaluate import evaluate
+    from vime_ext.evaluate import evaluate, exit_if_unscored
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-path", required=True, help="HF directory of the model asked")
@@ -119,6 +120,7 @@ def main(argv=None) -> ClosedBook:
                       "share_answered": round(len(book.answered) / max(len(book.checked), 1), 3),
                       "share_of_samples_failed": metrics.get("eval/failed", 0.0)}))
     print(args.out_dir / "closed_book.json")
+    exit_if_unscored(int(metrics["eval/unscored"]), "closed_book")
     return book
 
 

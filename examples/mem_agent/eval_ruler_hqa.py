@@ -18,8 +18,8 @@ time, items scored and document tokens read per second of wall time, all items t
 already in the output are skipped; a line cut by a kill is dropped and its item run again; an item a kill stopped
 mid-document goes on from the last chunk it finished (its chunk and memory are kept in
 ``{SAVE_FILE}.progress.jsonl`` while it runs; its row says ``resumed_at``, and its time is left out of the cost
-figures). Items the engine failed on are listed in ``{SAVE_FILE}.failed.jsonl``
-and retried by the next run, never scored as 0. At the end, ``SAVE_DIR/ruler_hqa_sub_em.png`` plots sub-EM
+figures). Items the engine failed on twice are listed in ``{SAVE_FILE}.failed.jsonl``, retried by the next run
+and never scored as 0; the command then exits with status 3 after every length's summary. At the end, ``SAVE_DIR/ruler_hqa_sub_em.png`` plots sub-EM
 against the number of documents for every ``SAVE_FILE`` found in ``SAVE_DIR``.
 
 The engine is started for ``--model-path`` (and stopped at the end) unless ``--model-url`` names a running one.
@@ -40,7 +40,7 @@ from examples.mem_agent.scoring import exact_match, extract_answer, substring_ma
 from vime_ext.agent.rewards import token_f1 as f1
 from vime_ext.agent.sample import Sample
 from vime_ext.engines.protocol import SamplingParams
-from vime_ext.evaluate import evaluate_items, served
+from vime_ext.evaluate import evaluate_items, exit_if_unscored, served
 from vime_ext.rollout.plugins import load_custom_config, plugin_args
 
 JUDGES = ("judge_f1", "judge_em", "judge_sub_em")
@@ -229,6 +229,7 @@ def main(argv=None) -> list[dict]:
     figure = plot(save_dir)
     if figure:
         print(f"plot: {figure}")
+    exit_if_unscored(sum(summary["failed"] for summary in summaries), "eval_ruler_hqa")
     return summaries
 
 

