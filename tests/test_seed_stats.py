@@ -79,7 +79,8 @@ def test_one_seed_each_prints_no_interval_over_seeds(tmp_path, capsys):
     as an interval (the 1.5B sweep's one-seed table, 2026-12-02); the item-by-item interval stays."""
     write_seed(tmp_path / "rl_s0.jsonl", {"a": 0.2, "b": 0.0, "c": 0.1})
     write_seed(tmp_path / "sft_s0.jsonl", {"a": 0.0, "b": 0.0, "c": 0.0})
-    result = main(["--key", "delta", "--model", f"RL={tmp_path}/rl_s0.jsonl", "--model", f"SFT={tmp_path}/sft_s0.jsonl"])
+    result = main(["--key", "delta", "--model", f"RL={tmp_path}/rl_s0.jsonl",
+                   "--model", f"SFT={tmp_path}/sft_s0.jsonl"])
     out = capsys.readouterr().out
     assert "| RL | 1 | 0.1000 | - (one seed) |" in out and "| SFT | 1 | 0.0000 | - (one seed) |" in out
     assert "- seeds: +0.1000 (one seed each: no seed-level interval)" in out

@@ -690,7 +690,8 @@ def test_an_evaluation_whose_every_episode_fails_exits_3_after_its_summary(tiny_
     test.write_text("".join(test.read_text().splitlines(keepends=True)[:2]))
     with pytest.raises(SystemExit) as stop:
         evaluate_edits(["--model-path", str(tiny_hf_dirs["llama"]), "--test-data", str(test), "--save-dir",
-                        str(tmp_path / "out"), "--save-file", "tiny", "--engine-backend", "hf", "--max-model-len", "64"])
+                        str(tmp_path / "out"), "--save-file", "tiny", "--engine-backend", "hf",
+                        "--max-model-len", "64"])
     assert stop.value.code == UNSCORED_EXIT
     summary = json.loads((tmp_path / "out/tiny.json").read_text())
     assert summary["episodes"] == 2 and summary["failed"] == 1.0 and summary["qa_after"] is None

@@ -1,0 +1,182 @@
+"""Which memories a MemUpdate policy edits, read from its evaluation episodes: does it update the memory that
+answers the question, or the first search result whatever its date?
+
+    python -m examples.mem_update.edit_audit SFT=eval/sft_s0.samples.jsonl "SFT + RL=eval/rl_s0.samples.jsonl" \
+        [--out audit]
+
+Each ``NAME=FILE`` is one row: an evaluation's ``*.samples.jsonl`` (gzipped as the records keep them, or not),
+one episode a line with its reply text and the data's labels in ``metadata`` (``evidence``: the dialogue turns
+that answer the shown question; ``asked_evidence``: those of any question of the conversation; ``memories``: the
+store before the episode, each memory with the turns it came from and its date). Per row:
+
+- calls written per episode (search, update, create, delete), malformed ones included;
+- the rationale (``demonstrations.py --rationale``: "The question asks about <month>. Answering it, from <date>:
+  <id>"): how many episodes write it, and where the question names a month, how many name that month's date;
+- of the episodes that update a memory, the first memory updated: one the shown question's answer comes from
+  (its evidence), the first search result, and, where the question names a month, a memory of that month;
+- deletions per episode, and those of a memory that some question of the conversation needs (asked evidence;
+  "-" for data prepared before it was kept).
+
+Printed as a table, and with ``--out`` written to OUT.md and OUT.json.
+"""
+
+import argparse
+import gzip
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from vime_ext.agent.tool_calls import ToolCall, parse_tool_calls
+
+MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
+          "November", "December")
+MONTH_YEAR = re.compile(rf"\b({'|'.join(MONTHS)}) (\d{{4}})\b")
+RATIONALE = re.compile(r"The question asks about (.+?)\. Answering it, from ([^:]+):")
+TOOL_RESPONSE = re.compile(r"<tool_response>\s*(.*?)\s*</tool_response>", re.S)
+
+
+@dataclass
+class Audit:
+    episodes: int = 0
+    calls: dict[str, float] = field(default_factory=lambda: {"search": 0.0, "update": 0.0, "create": 0.0,
+                                                             "delete": 0.0})
+    with_rationale: int = 0
+    month_rationales: int = 0  # rationales on a question that names a month
+    rationale_month_asked: int = 0
+    updated: int = 0  # episodes that update a memory
+    updated_evidence: int = 0
+    updated_first_result: int = 0
+    month_updated: int = 0  # of them, the question names a month
+    updated_month_asked: int = 0
+    deletions: float = 0.0
+    evidence_deletions: float | None = 0.0  # None: data prepared before asked_evidence was kept
+
+
+def month_of(text: str) -> tuple[str, str] | None:
+    """The first "<Month> <year>" in ``text``, or "<day> <Month>, <year>" read as its month and year."""
+    found = MONTH_YEAR.search(text.replace(",", ""))
+    return (found.group(1), found.group(2)) if found else None
+
+
+def read_episodes(path: Path) -> list[dict]:
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    episodes = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            episodes.append({"response": row["response"], "question": str(row["prompt"]),
+                             "metadata": row["metadata"]})
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{number}: not valid JSON ({err.msg})") from None
+        except KeyError as err:
+            raise ValueError(f"{path}:{number}: no field {err.args[0]!r} (an evaluation's samples file?)") from None
+    return episodes
+
+
+def first_results(response: str) -> list[str]:
+    """The ids of the first search's results, in their order ([] when no search answered)."""
+    for body in TOOL_RESPONSE.findall(response):
+        try:
+            answer = json.loads(body)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(answer, dict) and isinstance(answer.get("results"), list):
+            return [str(r.get("id")) for r in answer["results"] if isinstance(r, dict)]
+    return []
+
+
+def audit(episodes: list[dict], where: str) -> Audit:
+    result = Audit(episodes=len(episodes))
+    for number, episode in enumerate(episodes, start=1):
+        metadata = episode["metadata"]
+        try:
+            memories = {m["id"]: m for m in metadata["memories"]}
+            evidence, asked = set(metadata["evidence"]), metadata.get("asked_evidence")
+        except (KeyError, TypeError) as err:
+            raise ValueError(f"{where}, episode {number}: its metadata lacks the data's labels ({err}); prepare "
+                             "the data again (examples/mem_update/prepare_data.py)") from None
+        turns = lambda memory_id: set(memories.get(memory_id, {}).get("metadata", {}).get("evidence", []))  # noqa: E731
+        date = lambda memory_id: str(memories.get(memory_id, {}).get("metadata", {}).get("date", ""))  # noqa: E731
+        asked_month = month_of(episode["question"])
+        calls = [c for c in parse_tool_calls(episode["response"]) if isinstance(c, ToolCall)]
+        updates = [str(c.arguments.get("memory_id")) for c in calls if c.name == "manage_memory"
+                   and c.arguments.get("operation") == "update"]
+        deletes = [str(c.arguments.get("memory_id")) for c in calls if c.name == "delete_memory"]
+        result.calls["search"] += sum(c.name == "search_memory" for c in calls)
+        result.calls["update"] += len(updates)
+        result.calls["create"] += sum(c.name == "manage_memory" and c.arguments.get("operation") == "create"
+                                      for c in calls)
+        result.calls["delete"] += len(deletes)
+        result.deletions += len(deletes)
+        if asked is None:
+            result.evidence_deletions = None
+        elif result.evidence_deletions is not None:
+            result.evidence_deletions += sum(bool(turns(m) & set(asked)) for m in deletes)
+        if (said := RATIONALE.search(episode["response"])) is not None:
+            result.with_rationale += 1
+            if asked_month is not None:
+                result.month_rationales += 1
+                result.rationale_month_asked += month_of(said.group(2)) == asked_month
+        if updates:
+            first = updates[0]
+            result.updated += 1
+            result.updated_evidence += bool(turns(first) & evidence)
+            results = first_results(episode["response"])
+            result.updated_first_result += bool(results) and results[0] == first
+            if asked_month is not None:
+                result.month_updated += 1
+                result.updated_month_asked += month_of(date(first)) == asked_month
+    for name in result.calls:
+        result.calls[name] /= max(result.episodes, 1)
+    result.deletions /= max(result.episodes, 1)
+    if result.evidence_deletions is not None:
+        result.evidence_deletions /= max(result.episodes, 1)
+    return result
+
+
+def share(part: int, whole: int) -> str:
+    return f"{part} of {whole}" if whole else "-"
+
+
+def table(rows: dict[str, Audit]) -> str:
+    lines = ["| row | episodes | search / update / create / delete an episode | rationale (month asked) | "
+             "first update: evidence | first search result | month asked | deletions an episode (of evidence) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, a in rows.items():
+        calls = " / ".join(f"{a.calls[k]:.2f}" for k in ("search", "update", "create", "delete"))
+        of_evidence = "-" if a.evidence_deletions is None else f"{a.evidence_deletions:.2f}"
+        lines.append(f"| {name} | {a.episodes} | {calls} | {a.with_rationale} "
+                     f"({share(a.rationale_month_asked, a.month_rationales)}) | "
+                     f"{share(a.updated_evidence, a.updated)} | {share(a.updated_first_result, a.updated)} | "
+                     f"{share(a.updated_month_asked, a.month_updated)} | {a.deletions:.2f} ({of_evidence}) |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> dict[str, Audit]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("rows", nargs="+", metavar="NAME=FILE", help="a row: its name and its samples file")
+    parser.add_argument("--out", type=Path, help="also write OUT.md and OUT.json")
+    args = parser.parse_args(argv)
+    rows = {}
+    for spec in args.rows:
+        name, sep, file = spec.partition("=")
+        if not sep or not name or not file:
+            parser.error(f"{spec!r}: a row is NAME=FILE")
+        path = Path(file)
+        if not path.is_file():
+            parser.error(f"{name}: no file {path}")
+        rows[name] = audit(read_episodes(path), f"{path}")
+    text = table(rows)
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.with_suffix(".md").write_text(text + "\n")
+        args.out.with_suffix(".json").write_text(json.dumps({k: asdict(v) for k, v in rows.items()}, indent=1))
+    return rows
+
+
+if __name__ == "__main__":
+    main()
