@@ -260,7 +260,8 @@ shared_gpu_defaults() {
 # that one, so that what follows (the evaluation) still fits a machine's time slot. The trainer's micro-batches
 # hold at most RL_MAX_TOKENS (32768) tokens. Two knobs for a warm start too peaked for GRPO's groups to differ
 # (unset: off): RL_ENTROPY_COEF, an entropy bonus (--entropy-coef); RL_OVERSAMPLE=K, DAPO's
-# dynamic sampling (only groups whose rewards differ train; K x ROLLOUT_BATCH_SIZE prompts drawn a round). The
+# dynamic sampling (only groups whose rewards differ train; K x ROLLOUT_BATCH_SIZE prompts drawn a round). And
+# one to hold the policy nearer its SFT start: RL_KL_COEF, the KL term's weight (unset: the recipe's 0.001). The
 # caller sets TRAIN_DATA.
 grpo_from_sft() {
   local script=$1 work=$2 seed=$3 knobs=()
@@ -271,6 +272,7 @@ grpo_from_sft() {
   fi
   if [ -n "${RL_MINUTES:-}" ]; then knobs=(--exit-duration-in-mins "${RL_MINUTES}"); fi
   if [ -n "${RL_ENTROPY_COEF:-}" ]; then knobs+=(--entropy-coef "${RL_ENTROPY_COEF}"); fi
+  if [ -n "${RL_KL_COEF:-}" ]; then knobs+=(--kl-loss-coef "${RL_KL_COEF}"); fi  # after the recipe's: it wins
   if [ -n "${RL_OVERSAMPLE:-}" ]; then
     knobs+=(--dynamic-sampling-filter-path vime_ext.rollout.filters.check_reward_nonzero_std
             --over-sampling-batch-size $(( ROLLOUT_BATCH_SIZE * RL_OVERSAMPLE )))

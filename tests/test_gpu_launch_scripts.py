@@ -697,7 +697,8 @@ def test_a_mem_update_sweep_chooses_on_the_validation_questions(tiny_hf_dirs, tm
     env = {"VIME_EXT_OUT": str(out), "HF_CKPT": str(model), "STAND_IN_GPUS": "2", "CONVERSATIONS": "6",
            "N_TEST": "2", "N_VAL": "1", "EVAL_NUM": "3", "MEMUP_RETRIEVER": "bm25", "READER": "base",
            "SWEEP_EXAMPLE": "mem_update", "SWEEP_GPUS": "1", "SWEEP_PER_GPU": "2", "MEM_UPDATE_ENV": "RL_ROLLOUTS=3",
-           "SWEEP_VARIANTS": "SFT_EPOCHS=2; MEMUP_ANSWER_NOTE=0 MEMUP_RATIONALE=1 RL_ENTROPY_COEF=0.01"}
+           "SWEEP_VARIANTS": "SFT_EPOCHS=2; "
+                             "MEMUP_ANSWER_NOTE=0 MEMUP_RATIONALE=1 RL_ENTROPY_COEF=0.01 RL_KL_COEF=0.05"}
     record = tmp_path / "train_args.json"
     full = {**os.environ, **env, "PATH": f"{stand_ins(tmp_path, record)}{os.pathsep}{os.environ['PATH']}"}
     full.pop("CUDA_VISIBLE_DEVICES", None)
@@ -720,11 +721,13 @@ def test_a_mem_update_sweep_chooses_on_the_validation_questions(tiny_hf_dirs, tm
              (("v0", root / "data"), ("v1", root / "v1/data"))}
     assert last(sft["v0"], "--num-rollout") == str(-(-2 * chats["v0"] // 64))  # SFT_EPOCHS=2
     assert last(grpo["v1"], "--entropy-coef") == "0.01" and "--entropy-coef" not in grpo["v0"]
+    assert last(grpo["v1"], "--kl-loss-coef") == "0.05" and last(grpo["v0"], "--kl-loss-coef") == "0.001"
     evals = [json.loads(line) for line in (tmp_path / "train_args.json.eval").read_text().splitlines()]
     assert sorted(Path(last(a, "--save-dir")).relative_to(root).as_posix() for a in evals) == [
         "v0/eval_val", "v0/eval_val", "v1/eval_val", "v1/eval_val"]
     assert {Path(last(a, "--test-data")).name for a in evals} == {"val_eval.jsonl"}
-    assert "| MEMUP_ANSWER_NOTE=0 MEMUP_RATIONALE=1 RL_ENTROPY_COEF=0.01 |" in (root / "sweep.md").read_text()
+    assert "| MEMUP_ANSWER_NOTE=0 MEMUP_RATIONALE=1 RL_ENTROPY_COEF=0.01 RL_KL_COEF=0.05 |" in (
+        root / "sweep.md").read_text()
     assert all(last(c, "--vllm-kv-cache-memory-bytes") == str(8 * 2**30) for c in [*grpo.values(), *evals])
     log = (out / "learning.log").read_text()
     assert "start v0 (GPU 1) SFT_EPOCHS=2" in log and "start v1 (GPU 1) MEMUP_ANSWER_NOTE=0" in log
