@@ -613,7 +613,7 @@ def test_the_mem_update_smollm2_recipe_chains_sft_rl_and_both_evaluations(tiny_h
 
 def test_the_learning_runs_results_pack_leaves_weights_and_data_out(tmp_path):
     """tools/gpu_learning.sh pack: what a person reads comes back from the GPU machine, the weights (hundreds of
-    MB a save) and the regenerable data do not."""
+    MB a save), the regenerable data and the fact-consolidation episodes (the unlicensed data, quoted) do not."""
     import tarfile
     out = tmp_path / "out"
     wanted = ["learning.log", "mem_agent.log", "mem_agent/eval/ruler_hqa_170/rl_s0.jsonl",
@@ -621,12 +621,14 @@ def test_the_learning_runs_results_pack_leaves_weights_and_data_out(tmp_path):
               "mem_agent/table/mem_agent_smollm2.png", "mem_agent/seed_0/rl/tensorboard/metrics.jsonl",
               "mem_agent/seed_0/rl/tensorboard/events.out.tfevents.1.vm",
               "mem_agent/seed_0/rl/latest_checkpointed_iteration.txt", "mem_update/seed_0.log",
-              "mem_update/eval/reader_replies.sqlite"]  # the evaluations' reader replies, for a later run
+              "mem_update/eval/reader_replies.sqlite",  # the evaluations' reader replies, for a later run
+              "mem_update/eval_fact/rl_s0.json"]  # the fact rows' summaries, not their episodes
     left_out = ["mem_agent/data/train.jsonl", "mem_agent/data/ruler_hqa/eval_170.json",
                 "mem_update/reward_replies.sqlite",  # GRPO's: thousands of training prompts
                 "mem_agent/seed_0/rl/iter_0000016/common.pt", "mem_agent/seed_0/rl/iter_0000016/metadata.json",
                 "mem_agent/seed_0/rl/hf/iter_0000016/config.json",
-                "mem_agent/seed_0/rl/hf/iter_0000016/tokenizer.json"]
+                "mem_agent/seed_0/rl/hf/iter_0000016/tokenizer.json",
+                "mem_update/eval_fact/rl_s0.samples.jsonl", "mem_update/eval_fact/rl_s0.samples.failed.jsonl"]
     for name in wanted + left_out:
         (out / name).parent.mkdir(parents=True, exist_ok=True)
         (out / name).write_text("x")

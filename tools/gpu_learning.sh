@@ -136,10 +136,13 @@ sweep() {
   return "${status}"
 }
 
-# pack FILE: the readable results so far (the run may still be going), weights and generated data left out
+# pack FILE: the readable results so far (the run may still be going), weights and generated data left out, and
+# the fact-consolidation episodes (eval_fact/*.samples*.jsonl: each quotes its 455-fact context, MemoryAgentBench's
+# data of unknown licence; their summaries come back)
 pack() {
   local file=${1:?usage: gpu_learning.sh pack FILE}
   (cd "${OUT_DIR}" && find . \( -path '*/data' -o -name 'iter_*' -o -name 'hf' \) -prune -o \
+    -path '*/eval_fact/*.samples*.jsonl' -prune -o \
     -type f \( -name '*.jsonl' -o -name '*.json' -o -name '*.md' -o -name '*.png' -o -name '*.log' \
     -o -name 'events.out.tfevents.*' -o -name 'latest_checkpointed_iteration.txt' -o -name 'reader_replies.sqlite' \) \
     -print0 |
