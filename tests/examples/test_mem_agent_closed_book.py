@@ -69,6 +69,29 @@ def test_the_check_asks_each_question_twice_and_a_second_run_goes_on(tiny_hf_dir
     assert ClosedBook.read(tmp_path / "closed_book.json") == more
 
 
+def test_a_question_the_engine_refuses_is_not_checked_and_the_command_exits_3(tiny_hf_dirs, tmp_path):
+    """A question longer than the engine's context (512 tokens beside the answer's) fails both its attempts: it
+    is left out of the questions checked, not counted as unanswered, and the command exits 3 after writing the
+    file; the others are checked."""
+    from vime_ext.evaluate import UNSCORED_EXIT
+
+    dev = read_hotpotqa(SLICE)
+    order = split_order(dev, seed=0)
+    records = json.loads(SLICE.read_text())
+    long_one = records[dev.questions[order[0]].index]
+    long_one["question"] = "Which of these words comes first? " + "alpha beta gamma delta " * 200
+    source = tmp_path / "dev.json"
+    source.write_text(json.dumps(records))
+    with pytest.raises(SystemExit) as stop:
+        main(["--model-path", str(tiny_hf_dirs["qwen2"]), "--out-dir", str(tmp_path / "out"), "--source",
+              str(source), "--engine-backend", "hf", "--max-new-tokens", "8", "--first", "2"])
+    assert stop.value.code == UNSCORED_EXIT
+    book = ClosedBook.read(tmp_path / "out/closed_book.json")
+    assert book.checked == (order[1],)
+    failed = (tmp_path / "out/samples.failed.jsonl").read_text().splitlines()
+    assert len(failed) == 2 and all("context" in json.loads(line)["error"] for line in failed)
+
+
 def test_the_builder_drops_what_the_given_checks_answered_and_records_them(dev, tmp_path, capsys):
     from examples.mem_agent.hotpotqa_dev import main as build
 
