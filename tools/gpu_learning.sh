@@ -55,12 +55,12 @@ run() {
 #   SWEEP_VARIANTS="SFT_EPOCHS=1; RL_TEMPERATURE=1.3; N_SAMPLES_PER_PROMPT=16 ROLLOUT_BATCH_SIZE=8"
 # The example's MEM_AGENT_ENV / MEM_UPDATE_ENV reaches every variant. The data is prepared once
 # (OUT_DIR/sweep/data), but a variant that sets a variable of the data (sweep_settings) prepares its own (when
-# every variant does, the shared data is not made). Variant i runs under OUT_DIR/sweep/v<i> with a Ray port of its own. Variants are evaluated on the validation items
-# (EVAL_SPLIT=val; MemAgent's at SWEEP_LENGTH, 170 documents, the training length, or a list of lengths), so that
-# the test items are left for the one run with the setting chosen (MemAgent's test items are written at
-# SWEEP_LENGTH alone: the longer ones take minutes to write). Then OUT_DIR/sweep/sweep.md/.json
-# (tools/sweep_table.py): SFT and SFT + RL scores per variant and GRPO's signal (groups of one reward, |advantage|,
-# entropy, KL).
+# every variant does, the shared data is not made). Variant i runs under OUT_DIR/sweep/v<i> with a Ray port of
+# its own. Variants are evaluated on the validation items (EVAL_SPLIT=val; MemAgent's at SWEEP_LENGTH, 170
+# documents, the training length, or a list of lengths), so that the test items are left for the one run with the
+# setting chosen (MemAgent's test items are written at SWEEP_LENGTH alone: the longer ones take minutes to
+# write). Then OUT_DIR/sweep/sweep.md/.json (tools/sweep_table.py): SFT and SFT + RL scores per variant and GRPO's
+# signal (groups of one reward, |advantage|, entropy, KL).
 
 # sweep_settings: for SWEEP_EXAMPLE, SWEEP_ENV (its variables for every run) and SWEEP_DATA_VARS (the variables of
 # its data)

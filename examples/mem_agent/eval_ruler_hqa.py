@@ -19,8 +19,9 @@ already in the output are skipped; a line cut by a kill is dropped and its item 
 mid-document goes on from the last chunk it finished (its chunk and memory are kept in
 ``{SAVE_FILE}.progress.jsonl`` while it runs; its row says ``resumed_at``, and its time is left out of the cost
 figures). Items the engine failed on twice are listed in ``{SAVE_FILE}.failed.jsonl``, retried by the next run
-and never scored as 0; the command then exits with status 3 after every length's summary. At the end, ``SAVE_DIR/ruler_hqa_sub_em.png`` plots sub-EM
-against the number of documents for every ``SAVE_FILE`` found in ``SAVE_DIR``.
+and never scored as 0; the command then exits with status 3 after every length's summary. At the end,
+``SAVE_DIR/ruler_hqa_sub_em.png`` plots sub-EM against the number of documents for every ``SAVE_FILE`` found in
+``SAVE_DIR``.
 
 The engine is started for ``--model-path`` (and stopped at the end) unless ``--model-url`` names a running one.
 The document is read whole unless ``mem_eval_max_chunks`` is set; every cut is logged with its size.
