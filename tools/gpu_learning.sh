@@ -109,7 +109,7 @@ sweep() {
       if [[ " ${vars} " == *" ${name}="* ]]; then datas[i]=${root}/v${i}/data; fi
     done
   done
-  # The shared data only when a variant runs on it (a prepare of MemUpdate's 1.5B recipe takes 2 minutes of a lease)
+  # The shared data only when a variant runs on it (MemUpdate's 1.5B prepare takes 2 minutes of a lease)
   if [[ " ${datas[*]} " == *" ${root}/data "* ]]; then
     log "sweep: ${SWEEP_EXAMPLE}: prepare (${root}/data)"
     # shellcheck disable=SC2086  # SWEEP_ENV is a list of NAME=VALUE words
