@@ -114,8 +114,8 @@ sweep() {
     log "sweep: ${SWEEP_EXAMPLE}: prepare (${root}/data)"
     # shellcheck disable=SC2086  # SWEEP_ENV is a list of NAME=VALUE words
     env ${SWEEP_ENV} EVAL_SPLIT=val LENGTH="${SWEEP_LENGTH:-170}" VAL_LENGTH="${SWEEP_LENGTH:-170}" \
-      VIME_EXT_OUT="${root}" bash "examples/${SWEEP_EXAMPLE}/run-smollm2-gpu.sh" prepare >"${root}/prepare.log" 2>&1 ||
-      { log "sweep: prepare failed: ${root}/prepare.log"; return 1; }
+      VIME_EXT_OUT="${root}" bash "examples/${SWEEP_EXAMPLE}/run-smollm2-gpu.sh" prepare \
+      >"${root}/prepare.log" 2>&1 || { log "sweep: prepare failed: ${root}/prepare.log"; return 1; }
   fi
   for i in "${!variants[@]}"; do
     vars=$(xargs <<<"${variants[i]}")
