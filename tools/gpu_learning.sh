@@ -103,10 +103,10 @@ sweep() {
   mkdir -p "${root}"
   local datas=()
   for i in "${!variants[@]}"; do
-    vars=$(xargs <<<"${variants[i]}")  # trimmed
+    variants[i]=$(xargs <<<"${variants[i]}")  # trimmed
     datas[i]=${root}/data
     for name in ${SWEEP_DATA_VARS}; do
-      if [[ " ${vars} " == *" ${name}="* ]]; then datas[i]=${root}/v${i}/data; fi
+      if [[ " ${variants[i]} " == *" ${name}="* ]]; then datas[i]=${root}/v${i}/data; fi
     done
   done
   # The shared data only when a variant runs on it (MemUpdate's 1.5B prepare takes 2 minutes of a lease)
@@ -118,7 +118,7 @@ sweep() {
       >"${root}/prepare.log" 2>&1 || { log "sweep: prepare failed: ${root}/prepare.log"; return 1; }
   fi
   for i in "${!variants[@]}"; do
-    vars=$(xargs <<<"${variants[i]}")
+    vars=${variants[i]}
     data=${datas[i]}
     gpu=${gpus[i % ${#gpus[@]}]}  # in turn, as seeds_on_gpus places seeds
     log "sweep: start v${i} (GPU ${gpu}) ${vars:-(the recipe)}; data ${data}"

@@ -186,11 +186,11 @@ async def evaluate_items(args: PluginArgs, url: str, items: list[tuple[str, Samp
     ids = {slot.index: item_id for item_id, slot in todo}
     if len(ids) != len(todo):
         raise ValueError(f"{desc}: the samples' indices repeat; each item needs its own index")
-    unused = {item_id: copy.deepcopy(slot) for item_id, slot in todo}  # a retry starts from the item as given
+    given = dict(todo)  # left as the caller made them: each attempt runs on a copy, so a retry starts afresh
     saved = ItemProgress(progress_file, set(rows))
 
     def ready(item_id: str) -> Sample:
-        slot = copy.deepcopy(unused[item_id])
+        slot = copy.deepcopy(given[item_id])
         if (state := saved.state(item_id)) is not None:  # from an earlier run, or this run's failed attempt
             slot.metadata["resume"] = state
         return slot

@@ -49,7 +49,6 @@ class Audit:
     updated_first_result: int = 0
     month_updated: int = 0  # of them, the question names a month
     updated_month_asked: int = 0
-    deletions: float = 0.0
     evidence_deletions: float | None = 0.0  # None: data prepared before asked_evidence was kept
 
 
@@ -110,7 +109,6 @@ def audit(episodes: list[dict], where: str) -> Audit:
         result.calls["create"] += sum(c.name == "manage_memory" and c.arguments.get("operation") == "create"
                                       for c in calls)
         result.calls["delete"] += len(deletes)
-        result.deletions += len(deletes)
         if asked is None:
             result.evidence_deletions = None
         elif result.evidence_deletions is not None:
@@ -131,7 +129,6 @@ def audit(episodes: list[dict], where: str) -> Audit:
                 result.updated_month_asked += month_of(date(first)) == asked_month
     for name in result.calls:
         result.calls[name] /= max(result.episodes, 1)
-    result.deletions /= max(result.episodes, 1)
     if result.evidence_deletions is not None:
         result.evidence_deletions /= max(result.episodes, 1)
     return result
@@ -151,7 +148,7 @@ def table(rows: dict[str, Audit]) -> str:
         lines.append(f"| {name} | {a.episodes} | {calls} | {a.with_rationale} "
                      f"({share(a.rationale_month_asked, a.month_rationales)}) | "
                      f"{share(a.updated_evidence, a.updated)} | {share(a.updated_first_result, a.updated)} | "
-                     f"{share(a.updated_month_asked, a.month_updated)} | {a.deletions:.2f} ({of_evidence}) |")
+                     f"{share(a.updated_month_asked, a.month_updated)} | {a.calls['delete']:.2f} ({of_evidence}) |")
     return "\n".join(lines)
 
 

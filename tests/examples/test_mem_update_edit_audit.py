@@ -30,7 +30,7 @@ def test_the_audit_of_the_records_episodes_gives_the_figures_the_docs_quote(tmp_
     # GRPO dropped the rationale and went back to the first result
     assert rl.with_rationale == 0 and (rl.updated_evidence, rl.updated_first_result, rl.updated_month_asked) == (
         45, 64, 12)
-    assert rl.deletions == 2.0 and rl.evidence_deletions == pytest.approx(6 / 64)
+    assert rl.calls["delete"] == 2.0 and rl.evidence_deletions == pytest.approx(6 / 64)
     printed = capsys.readouterr().out
     assert "| rationale | 64 | 1.00 / 1.00 / 0.00 / 1.00 | 57 (16 of 27) | 50 of 64 | 52 of 64 | 17 of 30 |" in printed
     assert "| no note | 64 |" in printed and "3.53 (-) |" in printed
