@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from vime_ext.engines.servers import EngineConfig, server_command, server_env
-from vime_ext.engines.weight_sync import WeightSync, WeightSyncError, buckets, gpu_handles, ipc_update_info, packed
+from vime_ext.engines.weight_sync import (IpcShare, WeightSync, WeightSyncError, buckets, gpu_handles, ipc_update_info,
+                                          packed)
 
 
 def routes_of(release: str, calls: list) -> httpx.MockTransport:
@@ -111,6 +112,31 @@ def test_a_bucket_reaches_every_engine_at_once_and_a_refusal_names_its_engine(mo
     with pytest.raises(WeightSyncError, match="http://e2/update_weights: HTTP 500 no room for the bucket"):
         sync.send([("w", torch.ones(2, 2))])
     assert sorted(seen) == ["e1", "e2"]
+
+
+def test_engines_sharing_a_gpu_each_get_handles_of_their_own(monkeypatch):
+    """torch's CUDA IPC: each share of a block makes a counter set to 1, which the one process that opens the
+    handle releases when it is done; the sender frees the block only once it reads 0 (unsigned: two releases
+    wrap it, and the block is kept for ever). So two engines on a GPU must each get a share of their own: here
+    every handle posted is opened once, and every counter ends at 0."""
+    counters, shares = {}, iter(range(10**6))
+
+    def share(tensor):  # the sender's side: a new counter per share
+        token = next(shares)
+        counters[token] = 1
+        return "GPU-0", token
+
+    def handle(request: httpx.Request) -> httpx.Response:  # an engine opens every handle it gets, then releases it
+        info = json.loads(request.content)["update_info"]
+        for by_gpu in pickle.loads(base64.b64decode(info["ipc_handles_pickled"])):
+            counters[by_gpu["GPU-0"]] -= 1
+        return httpx.Response(200, json={})
+
+    real_client = httpx.Client
+    monkeypatch.setattr(httpx, "Client", lambda **kw: real_client(transport=httpx.MockTransport(handle)))
+    sync = WeightSync(["http://e1", "http://e2"], bucket_bytes=64, transport="ipc", ipc=IpcShare(share=share))
+    sync.send([("w", torch.ones(4, 4)), ("b", torch.zeros(4))])  # two buckets of 64 bytes
+    assert len(counters) == 2 * 2 and set(counters.values()) == {0}, counters
 
 
 def test_ipc_payload_refuses_host_tensors():

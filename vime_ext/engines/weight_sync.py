@@ -254,11 +254,17 @@ class WeightSync:
     def post_each(self, route: str, **kwargs) -> None:
         """POST the same request to every engine at once (each copies the bucket on its own; engines sharing a GPU
         would otherwise copy one after another); waits for all, then raises the first engine's error."""
+        self.post_all(route, [kwargs] * len(self.engine_urls))
+
+    def post_all(self, route: str, requests: list[dict]) -> None:
+        """POST engine i its own request (``requests[i]``: ``post``'s keyword arguments), all at once, as
+        ``post_each``."""
         if len(self.engine_urls) == 1:
-            self.post(self.engine_urls[0], route, **kwargs)
+            self.post(self.engine_urls[0], route, **requests[0])
             return
         with ThreadPoolExecutor(len(self.engine_urls)) as pool:
-            calls = [pool.submit(self.post, url, route, **kwargs) for url in self.engine_urls]
+            calls = [pool.submit(self.post, url, route, **request)
+                     for url, request in zip(self.engine_urls, requests, strict=True)]
         for call in calls:
             call.result()
 
@@ -321,17 +327,25 @@ class WeightSync:
         """One bucket over CUDA IPC: every rank on the engine's GPUs gives its handles to the lead, which posts
         them in one request. All keep the bucket until the engine has copied it (the lead's post returns after
         the engine loaded it; the others wait for the lead's word), so the shared memory is not reused under it;
-        an engine's refusal is raised on every rank of the group, so none waits for a bucket that never comes."""
+        an engine's refusal is raised on every rank of the group, so none waits for a bucket that never comes.
+
+        Each engine gets handles made for it alone. torch counts a shared block's users in one counter per share,
+        which the one process that opens the handle releases: two engines opening one share release it twice, the
+        (unsigned) counter wraps and the sender never frees the block. With two engines on a GPU
+        (``--rollout-engines-per-gpu 2``) every push then kept a copy of the weights on the trainer's GPU, 7.5 GiB
+        a step at Qwen3-4B's shape, until the engines could not wake (records/peers_w2_h200_run3)."""
         import torch.distributed as dist
 
-        mine = gpu_handles(bucket, self.ipc.share)
+        mine = [gpu_handles(bucket, self.ipc.share) for _ in self.engine_urls]
         parts, failure = [mine], None
         if self.ipc.group is not None:
             parts = [None] * dist.get_world_size(self.ipc.group) if self.ipc.posts else None
             dist.gather_object(mine, parts, dst=self.ipc.lead, group=self.ipc.group)
         if self.ipc.posts:
             try:
-                self.post_each("/update_weights", json={"update_info": ipc_update_info(bucket, parts)})
+                self.post_all("/update_weights", [
+                    {"json": {"update_info": ipc_update_info(bucket, [rank[engine] for rank in parts])}}
+                    for engine in range(len(self.engine_urls))])
             except Exception as error:  # noqa: BLE001 (told to the group, then raised here)
                 failure = error
         if self.ipc.group is not None:

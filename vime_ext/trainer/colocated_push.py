@@ -6,7 +6,7 @@ each of its workers maps the copy on its own GPU. So the ranks on one engine's G
 placed by ``gpu_sharing.py``) form a group: each builds the full tensors (TP gathers within its model copy,
 pipeline stages broadcast to each other: ``iter_all_hf_weights``), and the first of them gathers the group's
 handles and posts them to the engines on those GPUs alone (several with ``--rollout-engines-per-gpu``, each
-mapping the same copy). Every data-parallel copy feeds its own engines, so all GPUs work.
+mapping the same copy through handles of its own). Every data-parallel copy feeds its own engines, so all GPUs work.
 """
 
 from typing import Callable
