@@ -300,7 +300,9 @@ RUNNERS = {"vime_ext": run_vime_ext, "trl": run_trl, "verl": run_verl,
                run_vime_ext, flags=engines_per_gpu(2, "--no-offload-optimizer-state")),
            # the same at W2 (the 4B shape), in micro-batches of 8,192 tokens as vime_ext_state_resident_mb8k: the
            # state (45 GiB) then makes no trip to the host and back (2.8 s a W2 step, records/peers_w2_h200x2_run2)
-           # and beside two engines' share (70 GB) it still fits while they generate
+           # and beside two engines' share (70 GB) it fits while they generate. Its one run (2026-12-02) kept a
+           # copy of the weights per push, the IPC leak since fixed, and stopped at step 2; its two engines took
+           # 24 s to generate where one takes 14.4 (records/peers_w2_h200_run3)
            "vime_ext_2_engines_state_resident_mb8k": functools.partial(
                run_vime_ext, flags=engines_per_gpu(2, "--no-offload-optimizer-state", "--max-tokens-per-gpu", "8192")),
            # two engines, answering token ids only: each engine's API server then builds no log-prob entry per

@@ -148,7 +148,7 @@ peers_workload() {
     w1) shape=qwen3-0.6b; sequences=256; length=1280
         default_peers="vime_ext_2_engines trl_no_checkpointing_mb16 trl" ;;
     w2) shape=qwen3-4b; sequences=64; length=2304
-        default_peers="vime_ext_2_engines_state_resident_mb8k trl vime_ext_2_engines" ;;
+        default_peers="vime_ext_state_resident_mb8k trl vime_ext" ;;
     *) echo "PEERS_WORKLOAD=${workload}: w1 or w2" >&2; exit 2 ;;
   esac
 }
@@ -464,15 +464,17 @@ case "${STAGE}" in
     # tools/bench_peers.py's PEERS_WORKLOAD (w1, default: the random Qwen3-0.6B shape; w2: Qwen3-4B) on this GPU,
     # PEERS in order (default at W1: the rows of docs/performance.md's W1 table, this project with two engines on
     # the GPU, TRL without gradient checkpointing in passes of 16 (its fastest setting tried), TRL at its defaults;
-    # about 18 min at W1: 5-7 min each; at W2: two engines with the optimizer state kept on the GPU and 8,192-token
-    # micro-batches, TRL at its defaults (without gradient checkpointing, not tried at W2, its peak would likely
-    # pass the 143.6 GiB it reached with it), then two engines with the state handed over, should the first run
-    # out of memory; add vime_ext (one engine), vime_ext_2_engines_resident, or bench_peers.py's other rows, and
-    # verl, which needs the wheel set's --verl part, 4-6 min to start and about 100 s a step, so
-    # PEERS_TIME_LIMIT_S=1200 for its 7 steps, and vime_ext again for the drift when a lease has room), then the
-    # engine-only path (PEERS_ENGINE_PATH=0 leaves it out: about 6 min at W1; PEERS_PROFILE_STEPS=N adds a round
-    # with that many engine steps profiled, OUT/generate_path_<workload>/profile_summary.json; PEERS_ENGINES=N runs
-    # it with N engines on the GPU, through the router); into OUT/peers_<workload>, progress in OUT/peers.log. A
+    # about 18 min at W1: 5-7 min each; at W2 (about 21 min: engines at the 4B shape take 3-6 min to start): one
+    # engine with the optimizer state kept on the GPU and 8,192-token micro-batches, TRL at its defaults (without
+    # gradient checkpointing, not tried at W2, its peak would likely pass the 143.6 GiB it reached with it), then
+    # one engine with the state handed over (W2's row of docs/performance.md, and the drift); two engines a GPU
+    # generate slower at W2 than one (records/peers_w2_h200_run3); add vime_ext_2_engines_resident, or
+    # bench_peers.py's other rows, and verl, which needs the wheel set's --verl part, 4-6 min to start and about
+    # 100 s a step, so PEERS_TIME_LIMIT_S=1200 for its 7 steps, and vime_ext again for the drift when a lease has
+    # room), then the engine-only path (PEERS_ENGINE_PATH=0 leaves it out: about 6 min at W1;
+    # PEERS_PROFILE_STEPS=N adds a round with that many engine steps profiled,
+    # OUT/generate_path_<workload>/profile_summary.json; PEERS_ENGINES=N runs it with N engines on the GPU, through
+    # the router); into OUT/peers_<workload>, progress in OUT/peers.log. A
     # framework stopped at the limit keeps the steps it logged, marked in its row.
     peers_workload
     # made once: prepare's Qwen3-4B (HF_CKPT) is W2's model, which other stages may be reading
