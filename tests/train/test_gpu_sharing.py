@@ -180,3 +180,61 @@ def test_the_synchronous_loop_runs_resident_with_no_hand_over(tmp_path):
     for row in steps.values():
         assert "time/weight_sync" in row and "time/train" in row
         assert not {"time/sleep", "time/wake_up", "time/reload", "time/offload"} & set(row)
+
+
+def test_memory_left_after_the_hand_over_that_grows_every_step_is_named():
+    """The trainer's memory left after each hand-over, as W2's runs logged it (records/peers_w2_h200_run3): the
+    two-engine run's grew by a copy of the weights a step (warned once it has grown twice in a row); the
+    one-engine run's stayed put, as did a run whose first step made the optimizer state (one growth only)."""
+    from vime_ext.driver.handover import ReleaseWatch
+
+    leaking = ReleaseWatch()
+    notes = [leaking.add({"released_allocated_gb": gb}) for gb in (52.51, 60.0, 67.5)]
+    assert notes[:2] == [None, None]
+    assert notes[2] == ("the trainer's GPU memory left after the hand-over grew at each of the last 2 steps (52.51, "
+                        "60.00, 67.50 GiB): something keeps GPU memory every step, and the engines will run out of "
+                        "room to wake")
+    steady, first_step = ReleaseWatch(), ReleaseWatch()
+    assert [steady.add({"released_allocated_gb": 0.06}) for _ in range(7)] == [None] * 7
+    assert [first_step.add({"released_allocated_gb": gb}) for gb in (0.06, 45.0, 45.0, 45.1)] == [None] * 4
+    assert ReleaseWatch().add({"train_allocated_gb": 2.0}) is None  # no hand-over (not colocated): nothing to watch
+
+
+class LeakyRanks(Recorder):
+    """Trainer ranks and rollout manager whose memory left after the release grows by 7.5 GiB a push."""
+
+    def __init__(self):
+        super().__init__()
+        self.left = 45.0
+
+    def release_memory(self, keep_weights=False):
+        super().release_memory(keep_weights)
+        if not keep_weights:
+            self.left += 7.5
+        return [{"allocated_gb": self.left}]
+
+    def push_weights(self, target, bucket_bytes):
+        self.calls.append("push")
+
+    def begin_weight_update(self):
+        pass
+
+    def weight_target(self):
+        return None
+
+    def finish_weight_update(self, version):
+        pass
+
+
+def test_the_driver_warns_of_a_hand_over_that_leaks_at_every_step(base, capsys):
+    from types import SimpleNamespace
+
+    from vime_ext.driver.handover import HandOver
+
+    ranks = LeakyRanks()
+    sharing = GpuSharing.from_config(parse_train_args(base + ["--colocate"]), on_gpu=True)
+    handover = HandOver(SimpleNamespace(sharing=sharing, manager=ranks, ranks=ranks, has_engines=True,
+                                        has_actors=True))
+    for version in range(3):
+        handover.to_engines(version, {}, {})
+        assert ("grew at each of the last 2 steps" in capsys.readouterr().out) == (version == 2)

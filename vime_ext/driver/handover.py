@@ -11,6 +11,33 @@ from tqdm import tqdm
 from vime_ext.driver.cluster import Cluster
 
 WEIGHT_BUCKET_BYTES = 512 * 2**20
+# The trainer's GPU memory left after a hand-over grows at every one of this many steps in a row, by at least
+# GROWTH_GIB each time: something keeps memory per step, and the engines will not wake once it fills the GPU.
+GROWTH_STEPS = 2
+GROWTH_GIB = 0.25
+
+
+class ReleaseWatch:
+    """The trainer ranks' memory left on the GPU after each hand-over to the engines (``released_allocated_gb``,
+    the largest over the ranks). It should be the same every step; a leak shows as steady growth long before the
+    engines run out of room to wake (the two-engine IPC push kept a copy of the weights per step this way:
+    52.5, 60.0, 67.5 GiB at Qwen3-4B's shape, then out of memory, records/peers_w2_h200_run3)."""
+
+    def __init__(self, steps: int = GROWTH_STEPS, floor_gib: float = GROWTH_GIB):
+        self.steps, self.floor_gib = steps, floor_gib
+        self.left: list[float] = []
+
+    def add(self, memory: dict[str, float]) -> str | None:
+        """Record one hand-over's figures; a warning when the memory left has grown ``steps`` times in a row."""
+        if "released_allocated_gb" not in memory:
+            return None
+        self.left.append(memory["released_allocated_gb"])
+        last = self.left[-self.steps - 1:]
+        if len(last) <= self.steps or any(b - a < self.floor_gib for a, b in zip(last, last[1:])):
+            return None
+        return (f"the trainer's GPU memory left after the hand-over grew at each of the last {self.steps} steps "
+                f"({', '.join(f'{gb:.2f}' for gb in last)} GiB): something keeps GPU memory every step, and the "
+                "engines will run out of room to wake")
 
 
 class HandOver:
@@ -22,6 +49,7 @@ class HandOver:
         # training, and the weights must not change inside one.
         self.lock = threading.Lock()
         self.pushed: Callable[[int], None] | None = None  # told each version the engines hold (the async producer)
+        self.watch = ReleaseWatch()
 
     @property
     def both_sides(self) -> bool:
@@ -57,6 +85,9 @@ class HandOver:
     def to_engines(self, version: int, times: dict[str, float], memory: dict[str, float]) -> None:
         """The weights of ``version`` to the engines, and the GPUs with them (colocated: woken around the push)."""
         self.sharing.to_engines(lambda: self.push_weights(version), self.cluster.ranks, self.manager, times, memory)
+        warning = self.watch.add(memory)
+        if warning:
+            tqdm.write(warning)
 
     def round_trip(self, version: int, times: dict[str, float], memory: dict[str, float]) -> None:
         """To the trainer and back with ``version``: after a load, a restart, or a healed engine."""
