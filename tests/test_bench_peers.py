@@ -56,6 +56,9 @@ def test_the_gpu_command_passes_train_py_s_parser(tmp_path, tiny_hf_dirs):
     assert not state.cluster.offload_optimizer_state and state.cluster.offload_train
     halved = parse_train_args(real("vime_ext_state_resident_mb8k"))
     assert not halved.cluster.offload_optimizer_state and halved.trainer.max_tokens_per_gpu == 8192  # the later flag
+    beside = parse_train_args(real("vime_ext_resident_mb4608"))  # W2: two 2,304-token sequences a pass
+    assert GpuSharing.from_config(beside, on_gpu=True).mode is Mode.RESIDENT
+    assert beside.trainer.max_tokens_per_gpu == 4608
     larger = parse_train_args(real("vime_ext_mb32k"))
     assert larger.trainer.max_tokens_per_gpu == 32768 and larger.cluster.offload_optimizer_state
     # two engines on the one GPU, each in half the share (run_vime_ext adds the bench's share, 0.5: 0.25 each)

@@ -832,19 +832,21 @@ def test_the_peers_stage_makes_the_model_then_runs_the_bench_and_the_engine_path
     assert made == ["tools/make_random_hf.py", "--shape", shape, "--out", model]
     assert bench[0] == "tools/bench_peers.py" and last(bench, "--model-dir") == model
     assert last(bench, "--workload") == workload == last(path, "--workload")
-    assert bench[bench.index("--frameworks") + 1:bench.index("--time-limit-s")] == ["vime_ext", "trl", "vime_ext"]
+    assert bench[bench.index("--frameworks") + 1:bench.index("--engine-memory")] == ["vime_ext", "trl", "vime_ext"]
+    # every framework's engine share: room for a resident trainer beside W2's engine
+    assert last(bench, "--engine-memory") == {"w1": "0.5", "w2": "0.3"}[workload]
     assert path[0] == "tools/bench_generate_path.py" and last(path, "--model-dir") == model
     assert last(path, "--profile-steps") == "0"  # PEERS_PROFILE_STEPS unset: no profiled round
     assert last(path, "--engines") == "1"  # PEERS_ENGINES unset: one engine
     calls.unlink()  # PEERS unset: the workload's rows (W1: its table's in docs/performance.md; W2: one engine with
-    # the state kept on the GPU, TRL at its defaults, one engine with the state handed over), each a bench row
+    # the state kept on the GPU, TRL at its defaults, trainer and engine resident), each a bench row
     done = subprocess.run(["bash", str(ROOT / "tools/gpu_recipe.sh"), "peers"],
                           env={k: v for k, v in env.items() if k != "PEERS"}, capture_output=True, text=True, timeout=60)
     bench = [json.loads(line) for line in calls.read_text().splitlines()][1]
-    rows = bench[bench.index("--frameworks") + 1:bench.index("--time-limit-s")]
+    rows = bench[bench.index("--frameworks") + 1:bench.index("--engine-memory")]
     assert done.returncode == 0 and rows == {
         "w1": ["vime_ext_2_engines", "trl_no_checkpointing_mb16", "trl"],
-        "w2": ["vime_ext_state_resident_mb8k", "trl", "vime_ext"]}[workload]
+        "w2": ["vime_ext_state_resident_mb8k", "trl", "vime_ext_resident_mb4608"]}[workload]
     assert set(rows) <= set(RUNNERS)
     calls.unlink()  # PEERS_ENGINE_PATH=0: no engine path after the bench (this python makes no model: made again)
     done = subprocess.run(["bash", str(ROOT / "tools/gpu_recipe.sh"), "peers"], env={**env, "PEERS_ENGINE_PATH": "0"},

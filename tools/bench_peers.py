@@ -273,6 +273,13 @@ RUNNERS = {"vime_ext": run_vime_ext, "trl": run_trl, "verl": run_verl,
            "vime_ext_whole": functools.partial(run_vime_ext, flags=("--rollout-stream-interval", "0")),
            # trainer and engine resident side by side: no hand-over between steps
            "vime_ext_resident": functools.partial(run_vime_ext, flags=("--no-offload-train", "--no-offload-rollout")),
+           # the same at W2 (the 4B shape), in micro-batches of two 2,304-token sequences: the trainer's 60 GiB of
+           # weights, gradients and optimizer state and the activations of 4,608 tokens (about 22 GiB at 4.7 MB a
+           # token, records/peers_w2_h200_run3) beside an engine share of 0.3 (42 GiB, its KV cache room for all
+           # 64 sequences) fit an H200, so no hand-over at all: 2.9 s of a W2 step (1.98 s of hand-over and the
+           # state's 0.89 s back from the host) against smaller training passes
+           "vime_ext_resident_mb4608": functools.partial(
+               run_vime_ext, flags=("--no-offload-train", "--no-offload-rollout", "--max-tokens-per-gpu", "4608")),
            # the hand-over without the optimizers' state: it stays on the GPU while the engine generates
            "vime_ext_state_resident": functools.partial(run_vime_ext, flags=("--no-offload-optimizer-state",)),
            # the same with micro-batches of half the tokens: at W2 the state (45 GiB) beside the activations of

@@ -29,7 +29,8 @@
 #   ... gpu_recipe.sh layout EXAMPLE NAME VAR=VALUE... [-- flags]   # one of its runs; sharing_table: the table
 #   ... gpu_recipe.sh sleep_levels   # both examples on one GPU each at --engine-sleep-level 1 and 2, then the table
 # and the peers bench (tools/bench_peers.py: this project, TRL, verl, on one GPU), then the engine-only path:
-#   ... gpu_recipe.sh peers   # PEERS: the frameworks, in order; PEERS_WORKLOAD w1 or w2; progress in
+#   ... gpu_recipe.sh peers   # PEERS: the frameworks, in order; PEERS_WORKLOAD w1 or w2 (PEERS_ENGINE_MEMORY:
+#                             # every engine's share, default 0.5 at W1, 0.3 at W2); progress in
 #                             # VIME_EXT_OUT/peers.log; PEERS_ENGINE_PATH=0: the bench alone;
 #                             # PEERS_PROFILE_STEPS=N: the engine path's last round profiled;
 #                             # PEERS_ENGINES=N: the engine path with N engines on the GPU
@@ -145,10 +146,11 @@ peers_workload() {
   # (the peers-stage tests hold them equal), and the rows the peers stage runs when PEERS is unset
   workload=${PEERS_WORKLOAD:-w1}
   case "${workload}" in
-    w1) shape=qwen3-0.6b; sequences=256; length=1280
+    w1) shape=qwen3-0.6b; sequences=256; length=1280; engine_memory=0.5
         default_peers="vime_ext_2_engines trl_no_checkpointing_mb16 trl" ;;
-    w2) shape=qwen3-4b; sequences=64; length=2304
-        default_peers="vime_ext_state_resident_mb8k trl vime_ext" ;;
+    # W2's engines hold the 64 sequences' KV cache (21 GB) in a 0.3 share, which leaves a resident trainer room
+    w2) shape=qwen3-4b; sequences=64; length=2304; engine_memory=0.3
+        default_peers="vime_ext_state_resident_mb8k trl vime_ext_resident_mb4608" ;;
     *) echo "PEERS_WORKLOAD=${workload}: w1 or w2" >&2; exit 2 ;;
   esac
 }
@@ -467,8 +469,10 @@ case "${STAGE}" in
     # about 18 min at W1: 5-7 min each; at W2 (about 21 min: engines at the 4B shape take 3-6 min to start): one
     # engine with the optimizer state kept on the GPU and 8,192-token micro-batches, TRL at its defaults (without
     # gradient checkpointing, not tried at W2, its peak would likely pass the 143.6 GiB it reached with it), then
-    # one engine with the state handed over (W2's row of docs/performance.md, and the drift); two engines a GPU
-    # generate slower at W2 than one (records/peers_w2_h200_run3); add vime_ext_2_engines_resident, or
+    # the engine and the trainer resident side by side in passes of two sequences; every framework's engine in a
+    # 0.3 share at W2 (room for a resident trainer; the 64 sequences' KV cache needs 21 GB), 0.5 at W1
+    # (PEERS_ENGINE_MEMORY); two engines a GPU generate slower at W2 than one (records/peers_w2_h200_run3);
+    # add vime_ext (one engine, the state handed over: W2's row of docs/performance.md), vime_ext_2_engines_resident, or
     # bench_peers.py's other rows, and verl, which needs the wheel set's --verl part, 4-6 min to start and about
     # 100 s a step, so PEERS_TIME_LIMIT_S=1200 for its 7 steps, and vime_ext again for the drift when a lease has
     # room), then the engine-only path (PEERS_ENGINE_PATH=0 leaves it out: about 6 min at W1;
@@ -484,7 +488,8 @@ case "${STAGE}" in
     # shellcheck disable=SC2086
     python tools/bench_peers.py --workload "${workload}" --model-dir "${WORK}/${shape}-random" \
       --out "${OUT_DIR}/peers_${workload}" --frameworks ${PEERS:-${default_peers}} \
-      --time-limit-s "${PEERS_TIME_LIMIT_S:-600}" >> "${OUT_DIR}/peers.log" 2>&1 || true
+      --engine-memory "${PEERS_ENGINE_MEMORY:-${engine_memory}}" --time-limit-s "${PEERS_TIME_LIMIT_S:-600}" \
+      >> "${OUT_DIR}/peers.log" 2>&1 || true
     if [ "${PEERS_ENGINE_PATH:-1}" != 0 ]; then
       python tools/bench_generate_path.py --workload "${workload}" --model-dir "${WORK}/${shape}-random" \
         --out "${OUT_DIR}/generate_path_${workload}" --rounds 1 --profile-steps "${PEERS_PROFILE_STEPS:-0}" \
