@@ -139,6 +139,54 @@ def test_engines_sharing_a_gpu_each_get_handles_of_their_own(monkeypatch):
     assert len(counters) == 2 * 2 and set(counters.values()) == {0}, counters
 
 
+# An engine's side of one IPC bucket, in a process of its own: open every handle (torch's rebuild, as vLLM's IPC
+# engine does), copy the tensors, let go of them, and print their sum.
+OPEN_AND_RELEASE = """
+import base64, gc, json, pickle, sys
+import torch
+from torch.multiprocessing.reductions import rebuild_cuda_tensor
+info = json.loads(sys.stdin.read())
+opened = [rebuild_cuda_tensor(*next(iter(by_gpu.values())))
+          for by_gpu in pickle.loads(base64.b64decode(info["ipc_handles_pickled"]))]
+total = sum(float(t.clone().float().sum()) for t in opened)
+torch.cuda.synchronize()
+del opened
+gc.collect()
+print(total)
+"""
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA IPC needs a GPU")
+def test_a_push_to_two_processes_on_a_gpu_gives_its_buckets_back(monkeypatch):
+    """Real CUDA IPC: two processes on the GPU (two engines) open each bucket, copy it and let go; afterwards the
+    sender's allocator holds no more than before the push (a handle opened by both wrapped torch's counter and
+    kept every bucket: a copy of the weights a push, records/peers_w2_h200_run3)."""
+    import subprocess
+    import sys
+
+    sums = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        body = json.dumps(json.loads(request.content)["update_info"])
+        done = subprocess.run([sys.executable, "-c", OPEN_AND_RELEASE], input=body,
+                              capture_output=True, text=True, timeout=120)
+        if done.returncode:
+            return httpx.Response(500, text=done.stderr[-2000:])
+        sums.append(float(done.stdout))
+        return httpx.Response(200, json={})
+
+    real_client = httpx.Client
+    monkeypatch.setattr(httpx, "Client", lambda **kw: real_client(transport=httpx.MockTransport(handle)))
+    weights = [(f"w{i}", torch.full((1024, 1024), float(i), device="cuda", dtype=torch.bfloat16)) for i in range(4)]
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    sync = WeightSync(["http://e1", "http://e2"], bucket_bytes=2 * 2**21, transport="ipc")
+    assert sync.send(weights) == 4
+    torch.cuda.ipc_collect()
+    assert sorted(sums) == [1024 * 1024 * (0 + 1)] * 2 + [1024 * 1024 * (2 + 3)] * 2  # two buckets, each engine
+    assert torch.cuda.memory_allocated() == before
+
+
 def test_ipc_payload_refuses_host_tensors():
     with pytest.raises(ValueError, match="w: ipc transport: a tensor on cpu; CUDA IPC shares GPU memory only"):
         gpu_handles({"w": torch.ones(2)})
