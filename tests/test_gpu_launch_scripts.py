@@ -59,6 +59,15 @@ if [ "$1" = -m ] && [[ "$2" == examples.*.eval_* ]]; then
   if [ -n "${{STAND_IN_BASE_FAILS:-}}" ] && [[ " $* " == *" --save-file base "* ]] && [ ! -e "$STAND_IN_BASE_FAILS" ]; then
     touch "$STAND_IN_BASE_FAILS"; exit 1
   fi
+  # STAND_IN_SAMPLES=FILE (gzipped): every row's episodes, SAVE_DIR/NAME.samples.jsonl for each --save-file NAME
+  if [ -n "${{STAND_IN_SAMPLES:-}}" ]; then
+    {python} -c 'import gzip, sys; from pathlib import Path
+args = sys.argv[2:]; out = Path(args[args.index("--save-dir") + 1]); out.mkdir(parents=True, exist_ok=True)
+names = args[args.index("--save-file") + 1:]
+names = names[:next((i for i, a in enumerate(names) if a.startswith("--")), len(names))]
+[out.joinpath(name + ".samples.jsonl").write_bytes(gzip.decompress(Path(sys.argv[1]).read_bytes())) for name in names]
+' "$STAND_IN_SAMPLES" "${{@:3}}"
+  fi
   exec {python} -c 'import json, sys; open(sys.argv[1] + ".eval", "a").write(json.dumps(sys.argv[2:]) + "\\n")' \
     {record} "${{@:3}}"
 fi
@@ -694,9 +703,12 @@ def test_the_sweep_runs_a_variant_per_gpu_on_data_prepared_once(tiny_hf_dirs, tm
 def test_a_mem_update_sweep_chooses_on_the_validation_questions(tiny_hf_dirs, tmp_path):
     """tools/gpu_learning.sh sweep with SWEEP_EXAMPLE=mem_update: the data prepared once (a variant that changes
     it prepares its own), seed 0 of each variant on a GPU of its own, both its evaluations on the validation
-    questions (never the test ones), then the sweep table; two variants on one GPU, with fixed KV caches."""
+    questions (never the test ones), then the sweep table and the audit of each policy's edits (the evaluations
+    here write a recorded run's episodes); two variants on one GPU, with fixed KV caches."""
     model, out = tiny_hf_dirs["qwen3"], tmp_path / "out"
+    episodes = ROOT / "records/mem_update_qwen1.5b_h200_sweep2/eval/v0_sft_s0.samples.jsonl.gz"
     env = {"VIME_EXT_OUT": str(out), "HF_CKPT": str(model), "STAND_IN_GPUS": "2", "CONVERSATIONS": "6",
+           "STAND_IN_SAMPLES": str(episodes),
            "N_TEST": "2", "N_VAL": "1", "EVAL_NUM": "3", "MEMUP_RETRIEVER": "bm25", "READER": "base",
            "SWEEP_EXAMPLE": "mem_update", "SWEEP_GPUS": "1", "SWEEP_PER_GPU": "2", "MEM_UPDATE_ENV": "RL_ROLLOUTS=3",
            "SWEEP_VARIANTS": "SFT_EPOCHS=2; "
@@ -733,6 +745,10 @@ def test_a_mem_update_sweep_chooses_on_the_validation_questions(tiny_hf_dirs, tm
     assert all(last(c, "--vllm-kv-cache-memory-bytes") == str(8 * 2**30) for c in [*grpo.values(), *evals])
     log = (out / "learning.log").read_text()
     assert "start v0 (GPU 1) SFT_EPOCHS=2" in log and "start v1 (GPU 1) MEMUP_ANSWER_NOTE=0" in log
+    audit = json.loads((root / "edit_audit.json").read_text())  # every policy's edits, as the recorded run's
+    assert list(audit) == ["v0 SFT", "v0 SFT + RL", "v1 SFT", "v1 SFT + RL"]
+    assert {row["episodes"] for row in audit.values()} == {64} and audit["v1 SFT + RL"]["updated_month_asked"] == 17
+    assert "| v1 SFT + RL | 64 |" in (root / "edit_audit.md").read_text()
     full["SWEEP_VARIANTS"] = "a=1; b=2; c=3"  # more than SWEEP_PER_GPU x the GPUs: refused with the count
     done = subprocess.run(["bash", str(ROOT / "tools/gpu_learning.sh"), "sweep"], env=full, capture_output=True,
                           text=True, timeout=900)

@@ -60,7 +60,8 @@ run() {
 # documents, the training length, or a list of lengths), so that the test items are left for the one run with the
 # setting chosen (MemAgent's test items are written at SWEEP_LENGTH alone: the longer ones take minutes to
 # write). Then OUT_DIR/sweep/sweep.md/.json (tools/sweep_table.py): SFT and SFT + RL scores per variant and GRPO's
-# signal (groups of one reward, |advantage|, entropy, KL).
+# signal (groups of one reward, |advantage|, entropy, KL); for MemUpdate also OUT_DIR/sweep/edit_audit.md/.json
+# (examples/mem_update/edit_audit.py on each variant's evaluation episodes: which memory each policy updates).
 
 # sweep_settings: for SWEEP_EXAMPLE, SWEEP_ENV (its variables for every run) and SWEEP_DATA_VARS (the variables of
 # its data)
@@ -88,6 +89,21 @@ sweep_variant() {
       RAY_PORT_BASE=$(( 6500 + 10 * i )) \
       bash "examples/${SWEEP_EXAMPLE}/run-smollm2-gpu.sh" "${stage}" || return
   done
+}
+
+# sweep_audit ROOT N: MemUpdate's variants' edits side by side (examples/mem_update/edit_audit.py: the memory each
+# policy updates first, the rationale, deletions), from the episodes of each one's evaluations that wrote them,
+# into ROOT/edit_audit.md/.json
+sweep_audit() {
+  local root=$1 n=$2 i kind file rows=()
+  [ "${SWEEP_EXAMPLE}" = mem_update ] || return 0
+  for (( i = 0; i < n; i++ )); do
+    for kind in sft rl; do
+      file=${root}/v${i}/eval_val/${kind}_s${SEED:-0}.samples.jsonl
+      if [ -s "${file}" ]; then rows+=("v${i} $([ "${kind}" = sft ] && echo SFT || echo SFT + RL)=${file}"); fi
+    done
+  done
+  if (( ${#rows[@]} )); then python -m examples.mem_update.edit_audit "${rows[@]}" --out "${root}/edit_audit"; fi
 }
 
 sweep() {
@@ -132,6 +148,7 @@ sweep() {
     if wait "${pids[i]}"; then log "sweep: end v${i}: exit 0"; else log "sweep: end v${i}: failed"; status=1; fi
   done
   python tools/sweep_table.py "${rows[@]}" --out "${root}/sweep" || status=1
+  sweep_audit "${root}" "${#variants[@]}" || status=1
   log "sweep done: exit ${status}"
   return "${status}"
 }
