@@ -463,23 +463,22 @@ case "${STAGE}" in
         --out "${OUT_DIR}/${EXAMPLE}_replay$([ "${mode}" = eager ] && echo _eager).json" "$@"
     done ;;
   peers)
-    # tools/bench_peers.py's PEERS_WORKLOAD (w1, default: the random Qwen3-0.6B shape; w2: Qwen3-4B) on this GPU,
-    # PEERS in order (default at W1: the rows of docs/performance.md's W1 table, this project with two engines on
-    # the GPU, TRL without gradient checkpointing in passes of 16 (its fastest setting tried), TRL at its defaults;
-    # about 18 min at W1: 5-7 min each; at W2 (about 21 min: engines at the 4B shape take 3-6 min to start): one
-    # engine with the optimizer state kept on the GPU and 8,192-token micro-batches, TRL at its defaults (without
-    # gradient checkpointing, not tried at W2, its peak would likely pass the 143.6 GiB it reached with it), then
-    # the engine and the trainer resident side by side in passes of two sequences; every framework's engine in a
-    # 0.3 share at W2 (room for a resident trainer; the 64 sequences' KV cache needs 21 GB), 0.5 at W1
-    # (PEERS_ENGINE_MEMORY); two engines a GPU generate slower at W2 than one (records/peers_w2_h200_run3);
-    # add vime_ext (one engine, the state handed over: W2's row of docs/performance.md), vime_ext_2_engines_resident, or
-    # bench_peers.py's other rows, and verl, which needs the wheel set's --verl part, 4-6 min to start and about
-    # 100 s a step, so PEERS_TIME_LIMIT_S=1200 for its 7 steps, and vime_ext again for the drift when a lease has
-    # room), then the engine-only path (PEERS_ENGINE_PATH=0 leaves it out: about 6 min at W1;
+    # tools/bench_peers.py's PEERS_WORKLOAD (w1, default: the random Qwen3-0.6B shape; w2: Qwen3-4B) on this GPU, PEERS
+    # in order (default at W1: the rows of docs/performance.md's W1 table, this project with two engines on the GPU, TRL
+    # without gradient checkpointing in passes of 16 (its fastest setting tried), TRL at its defaults; about 18 min at
+    # W1: 5-7 min each; at W2 (about 21 min: engines at the 4B shape take 3-6 min to start): one engine with the
+    # optimizer state kept on the GPU and 8,192-token micro-batches, TRL at its defaults (without gradient
+    # checkpointing, not tried at W2, its peak would likely pass the 143.6 GiB it reached with it), then the engine and
+    # the trainer resident side by side in passes of two sequences; every framework's engine in a 0.3 share at W2 (room
+    # for a resident trainer), 0.5 at W1 (PEERS_ENGINE_MEMORY); two engines a GPU generate slower at W2 than one
+    # (records/peers_w2_h200_run3); add vime_ext (one engine, the state handed over: W2's row of docs/performance.md),
+    # vime_ext_2_engines_resident, or bench_peers.py's other rows, and verl, which needs the wheel set's --verl part,
+    # 4-6 min to start and about 100 s a step, so PEERS_TIME_LIMIT_S=1200 for its 7 steps, and vime_ext again for the
+    # drift when a lease has room), then the engine-only path (PEERS_ENGINE_PATH=0 leaves it out: about 6 min at W1;
     # PEERS_PROFILE_STEPS=N adds a round with that many engine steps profiled,
-    # OUT/generate_path_<workload>/profile_summary.json; PEERS_ENGINES=N runs it with N engines on the GPU, through
-    # the router); into OUT/peers_<workload>, progress in OUT/peers.log. A
-    # framework stopped at the limit keeps the steps it logged, marked in its row.
+    # OUT/generate_path_<workload>/profile_summary.json; PEERS_ENGINES=N runs it with N engines on the GPU, through the
+    # router); into OUT/peers_<workload>, progress in OUT/peers.log. A framework stopped at the limit keeps the steps it
+    # logged, marked in its row.
     peers_workload
     # made once: prepare's Qwen3-4B (HF_CKPT) is W2's model, which other stages may be reading
     if [ ! -f "${WORK}/${shape}-random/config.json" ]; then

@@ -4,6 +4,7 @@ restart an engine that died so that it serves the current weights, never the sta
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 
 from tqdm import tqdm
@@ -25,14 +26,14 @@ class ReleaseWatch:
 
     def __init__(self, steps: int = GROWTH_STEPS, floor_gib: float = GROWTH_GIB):
         self.steps, self.floor_gib = steps, floor_gib
-        self.left: list[float] = []
+        self.last: deque[float] = deque(maxlen=steps + 1)  # the hand-overs the test looks at, no more
 
     def add(self, memory: dict[str, float]) -> str | None:
         """Record one hand-over's figures; a warning when the memory left has grown ``steps`` times in a row."""
         if "released_allocated_gb" not in memory:
             return None
-        self.left.append(memory["released_allocated_gb"])
-        last = self.left[-self.steps - 1:]
+        self.last.append(memory["released_allocated_gb"])
+        last = list(self.last)
         if len(last) <= self.steps or any(b - a < self.floor_gib for a, b in zip(last, last[1:])):
             return None
         return (f"the trainer's GPU memory left after the hand-over grew at each of the last {self.steps} steps "
