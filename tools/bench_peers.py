@@ -277,7 +277,8 @@ RUNNERS = {"vime_ext": run_vime_ext, "trl": run_trl, "verl": run_verl,
            # weights, gradients and optimizer state and the activations of 4,608 tokens (about 22 GiB at 4.7 MB a
            # token, records/peers_w2_h200_run3) beside an engine share of 0.3 (42 GiB, its KV cache room for all
            # 64 sequences) fit an H200, so no hand-over at all: 2.9 s of a W2 step (1.98 s of hand-over and the
-           # state's 0.89 s back from the host) against smaller training passes
+           # state's 0.89 s back from the host) against smaller training passes. It ran in 23.21 s a step against
+           # 25.88 with the hand-over, training 8.43 s against 9.12 (records/peers_w2_h200_run4, run3)
            "vime_ext_resident_mb4608": functools.partial(
                run_vime_ext, flags=("--no-offload-train", "--no-offload-rollout", "--max-tokens-per-gpu", "4608")),
            # the hand-over without the optimizers' state: it stays on the GPU while the engine generates
