@@ -156,6 +156,11 @@ def test_the_trl_rows_run_with_and_without_its_default_gradient_checkpointing(tm
     assert not bench_trl.build_parser().parse_args(base + list(flags)).gradient_checkpointing
     larger = bench_trl.build_parser().parse_args(base + list(RUNNERS["trl_no_checkpointing_mb16"].keywords["flags"]))
     assert not larger.gradient_checkpointing and larger.micro_batch == 16 and WORKLOADS["w1"].prompts * 8 % 16 == 0
+    for n in (2, 4):  # W2's: passes of 4,608 and 9,216 tokens, each dividing its 64 completions
+        flags = RUNNERS[f"trl_no_checkpointing_mb{n}"].keywords["flags"]
+        smaller = bench_trl.build_parser().parse_args(base + list(flags))
+        assert not smaller.gradient_checkpointing and smaller.micro_batch == n
+        assert WORKLOADS["w2"].prompts * WORKLOADS["w2"].samples % n == 0
 
 
 def test_the_phase_plot_stacks_sequential_phases_and_sets_overlapping_ones_side_by_side(tmp_path, monkeypatch):

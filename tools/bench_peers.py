@@ -258,9 +258,12 @@ def engines_per_gpu(n: int, *more: str) -> tuple[str, ...]:
 RUNNERS = {"vime_ext": run_vime_ext, "trl": run_trl, "verl": run_verl,
            # TRL without GRPOConfig's default gradient checkpointing: its fastest training where memory allows
            "trl_no_checkpointing": functools.partial(run_trl, flags=("--no-gradient-checkpointing",)),
-           # and with passes of 16 completions, not 8 (W1: 20,480 tokens a pass, this project's 16,384)
-           "trl_no_checkpointing_mb16": functools.partial(run_trl, flags=("--no-gradient-checkpointing",
-                                                                         "--micro-batch", "16")),
+           # and with passes of 16 completions, not 8 (W1: 20,480 tokens a pass, this project's 16,384); of 2 and
+           # 4 at W2, where 8 would not fit: about 4.7 MB of activations a token (records/peers_w2_h200_run3), so
+           # 18,432 tokens' 87 GB beside TRL's 32 GB of bf16 weights, gradients and Adam states and the engine's
+           # 0.3 share (42 GiB); 4,608 tokens (as vime_ext_resident_mb4608) should fit, 9,216 may
+           **{f"trl_no_checkpointing_mb{n}": functools.partial(
+               run_trl, flags=("--no-gradient-checkpointing", "--micro-batch", str(n))) for n in (2, 4, 16)},
            # verl without its separate old-log-prob pass (bench_verl.BYPASS), as this project's trainer skips it
            "verl_bypass": functools.partial(run_verl, bypass=True),
            # the engines answer token ids only (no --use-tis, no trainer-vs-engine metrics; TRL's runner records

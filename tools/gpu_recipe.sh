@@ -150,7 +150,7 @@ peers_workload() {
         default_peers="vime_ext_2_engines trl_no_checkpointing_mb16 trl" ;;
     # W2's engines hold the 64 sequences' KV cache (21 GB) in a 0.3 share, which leaves a resident trainer room
     w2) shape=qwen3-4b; sequences=64; length=2304; engine_memory=0.3
-        default_peers="vime_ext_state_resident_mb8k trl vime_ext_resident_mb4608" ;;
+        default_peers="trl_no_checkpointing_mb2 vime_ext_resident_mb4608 trl_no_checkpointing_mb4" ;;
     *) echo "PEERS_WORKLOAD=${workload}: w1 or w2" >&2; exit 2 ;;
   esac
 }
@@ -466,12 +466,12 @@ case "${STAGE}" in
     # tools/bench_peers.py's PEERS_WORKLOAD (w1, default: the random Qwen3-0.6B shape; w2: Qwen3-4B) on this GPU, PEERS
     # in order (default at W1: the rows of docs/performance.md's W1 table, this project with two engines on the GPU, TRL
     # without gradient checkpointing in passes of 16 (its fastest setting tried), TRL at its defaults; about 18 min at
-    # W1: 5-7 min each; at W2 (about 21 min: engines at the 4B shape take 3-6 min to start): one engine with the
-    # optimizer state kept on the GPU and 8,192-token micro-batches, TRL at its defaults (without gradient
-    # checkpointing, not tried at W2, its peak would likely pass the 143.6 GiB it reached with it), then the engine and
-    # the trainer resident side by side in passes of two sequences; every framework's engine in a 0.3 share at W2 (room
-    # for a resident trainer), 0.5 at W1 (PEERS_ENGINE_MEMORY); two engines a GPU generate slower at W2 than one
-    # (records/peers_w2_h200_run3); add vime_ext (one engine, the state handed over: W2's row of docs/performance.md),
+    # W1: 5-7 min each; at W2 (about 20 min: engines at the 4B shape take 3-6 min to start): TRL without gradient
+    # checkpointing in passes of 2 completions, this project's engine and trainer resident side by side in passes of
+    # two sequences (W2's row of docs/performance.md, run 4), then TRL in passes of 4 (it may run out of memory; at
+    # its defaults TRL ran four times); every framework's engine in a 0.3 share at W2 (room for a resident trainer),
+    # 0.5 at W1 (PEERS_ENGINE_MEMORY); two engines a GPU generate slower at W2 than one
+    # (records/peers_w2_h200_run3); add trl (its defaults), vime_ext (one engine, the state handed over),
     # vime_ext_2_engines_resident, or bench_peers.py's other rows, and verl, which needs the wheel set's --verl part,
     # 4-6 min to start and about 100 s a step, so PEERS_TIME_LIMIT_S=1200 for its 7 steps, and vime_ext again for the
     # drift when a lease has room), then the engine-only path (PEERS_ENGINE_PATH=0 leaves it out: about 6 min at W1;
