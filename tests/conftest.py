@@ -34,6 +34,27 @@ LONGEST_FIRST = ("train/test_train_loop.py", "train/test_async_training.py", "te
 # fresh machine (about 1.5 GB). A disk that fills midway fails hundreds of tests with errors that do not say why,
 # and slowly: refuse at the start instead.
 MIN_FREE_GB = float(os.environ.get("VIME_EXT_TESTS_MIN_FREE_GB", 6))
+SCRATCH = pytest.StashKey[str]()
+
+
+def pytest_configure(config):
+    """Every process the suite starts (engines, ranks, Ray) writes its temporary files, vLLM's rendezvous files and
+    ZMQ sockets among them, which vLLM leaves behind, into one folder that goes when the session ends: a whole run
+    left some 30 in /tmp. pytest's own folder (checkpoints of failed tests, kept for a look) stays where it was."""
+    import tempfile
+
+    if hasattr(config, "workerinput"):  # an xdist worker: the controller's folder came with its environment
+        return
+    tempfile.gettempdir()  # resolved, and cached, before TMPDIR changes: pytest's folder is made under it
+    config.stash[SCRATCH] = tempfile.mkdtemp(prefix="vx")  # short: Ray's socket paths must stay under 107 bytes
+    os.environ["TMPDIR"] = config.stash[SCRATCH]
+
+
+def pytest_unconfigure(config):
+    import shutil
+
+    if SCRATCH in config.stash:
+        shutil.rmtree(config.stash[SCRATCH], ignore_errors=True)
 
 
 def pytest_sessionstart(session):
