@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -364,8 +365,9 @@ def _spawn(command: list[str], env: dict[str, str], log) -> subprocess.Popen:
 def start_server(name: str, command: list[str], host: str, port: int, env: dict[str, str],
                  log_dir: str | None) -> ServerProcess:
     """Any server process (an engine, the router, a benchmark's stand-in), its output in
-    ``LOG_DIR/<name>_<port>.log`` (default ``$VIME_EXT_LOG_DIR``)."""
-    folder = Path(log_dir or os.environ.get("VIME_EXT_LOG_DIR", "/tmp/vime_ext_engines"))
+    ``LOG_DIR/<name>_<port>.log`` (default ``$VIME_EXT_LOG_DIR``, else ``vime_ext_engines`` in the temporary
+    folder: ``$TMPDIR`` or /tmp)."""
+    folder = Path(log_dir or os.environ.get("VIME_EXT_LOG_DIR") or Path(tempfile.gettempdir()) / "vime_ext_engines")
     folder.mkdir(parents=True, exist_ok=True)
     log_path = folder / f"{name}_{port}.log"
     with open(log_path, "w") as log:
