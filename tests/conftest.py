@@ -39,8 +39,8 @@ SCRATCH = pytest.StashKey[str]()
 
 def pytest_configure(config):
     """Every process the suite starts (engines, ranks, Ray) writes its temporary files, vLLM's rendezvous files and
-    ZMQ sockets among them, which vLLM leaves behind, into one folder that goes when the session ends: a whole run
-    left some 30 in /tmp. pytest's own folder (checkpoints of failed tests, kept for a look) stays where it was."""
+    ZMQ sockets among them, which vLLM leaves behind, into one folder that goes when the session ends (they had piled
+    up in /tmp by the dozen). pytest's own folder (checkpoints of failed tests, kept for a look) stays where it was."""
     import tempfile
 
     if hasattr(config, "workerinput"):  # an xdist worker: the controller's folder came with its environment
