@@ -23,7 +23,6 @@ differs between files is an error, not a pair.
 
 import argparse
 import glob
-import gzip
 import hashlib
 import json
 import math
@@ -32,6 +31,8 @@ import sys
 from pathlib import Path
 
 from scipy import stats
+
+from vime_ext.data.prompt_dataset import json_lines
 
 
 def item_id(row: dict) -> str:
@@ -46,25 +47,19 @@ def read_items(path: Path, key: str, prompts: dict[str, tuple[str, str]] | None 
     first, _, second = key.partition("-")
     values = {}
     prompts = {} if prompts is None else prompts
-    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
+    for where, row in json_lines(path):
         try:
-            row = json.loads(line)
             fields = {**row.get("metrics", {}), **row}  # an evaluation's row keeps the reward's figures in metrics
             value = float(fields[first]) - (float(fields[second]) if second else 0.0)
             item = item_id(row)
-            values[item] = value
-            if "prompt" in row:
-                digest = hashlib.sha256(json.dumps(row["prompt"], sort_keys=True).encode()).hexdigest()
-                seen, where = prompts.setdefault(item, (digest, f"{path}:{number}"))
-                if seen != digest:
-                    raise ValueError(f"{path}:{number}: item {item}'s prompt differs from the one at {where}")
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{number}: not valid JSON ({err.msg})") from None
         except KeyError as err:
-            raise ValueError(f"{path}:{number}: no field {err.args[0]!r}") from None
+            raise ValueError(f"{where}: no field {err.args[0]!r}") from None
+        values[item] = value
+        if "prompt" in row:
+            digest = hashlib.sha256(json.dumps(row["prompt"], sort_keys=True).encode()).hexdigest()
+            seen, first_where = prompts.setdefault(item, (digest, where))
+            if seen != digest:
+                raise ValueError(f"{where}: item {item}'s prompt differs from the one at {first_where}")
     return values
 
 

@@ -21,13 +21,13 @@ Printed as a table, and with ``--out`` written to OUT.md and OUT.json.
 """
 
 import argparse
-import gzip
 import json
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from vime_ext.agent.tool_calls import ToolCall, parse_tool_calls
+from vime_ext.data.prompt_dataset import json_lines
 
 MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
           "November", "December")
@@ -59,19 +59,13 @@ def month_of(text: str) -> tuple[str, str] | None:
 
 
 def read_episodes(path: Path) -> list[dict]:
-    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
     episodes = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
+    for where, row in json_lines(path):
         try:
-            row = json.loads(line)
             episodes.append({"response": row["response"], "question": str(row["prompt"]),
                              "metadata": row["metadata"]})
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{number}: not valid JSON ({err.msg})") from None
         except KeyError as err:
-            raise ValueError(f"{path}:{number}: no field {err.args[0]!r} (an evaluation's samples file?)") from None
+            raise ValueError(f"{where}: no field {err.args[0]!r} (an evaluation's samples file?)") from None
     return episodes
 
 

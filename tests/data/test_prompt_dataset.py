@@ -1,8 +1,9 @@
+import gzip
 import json
 
 import pytest
 
-from vime_ext.data.prompt_dataset import DataError, PromptDataset, read_jsonl
+from vime_ext.data.prompt_dataset import DataError, PromptDataset, json_lines, read_jsonl
 
 
 def write(tmp_path, lines) -> str:
@@ -31,6 +32,21 @@ def test_bad_lines_name_file_line_and_field(tmp_path, bad_line, message):
     path = write(tmp_path, [{"q": "fine", "a": 1}, bad_line])
     with pytest.raises(DataError, match=message.replace("(", r"\(").replace(")", r"\)")):
         read_jsonl(path, input_key="q", label_key="a")
+
+
+def test_gzipped_lines_read_as_plain_ones_and_a_bad_one_is_named(tmp_path):
+    """The records keep results gzipped; the tools that read them (tools/seed_stats.py, the edit audit) use the same
+    reader as prompt data, so a bad line of either is named by file and line."""
+    rows = [{"q": "a"}, {"q": [{"role": "user", "content": "b"}]}]
+    packed = tmp_path / "rows.jsonl.gz"
+    packed.write_bytes(gzip.compress(("\n".join(json.dumps(r) for r in rows) + "\n\n").encode()))
+    assert [(where.rpartition("/")[2], row) for where, row in json_lines(packed)] == [
+        ("rows.jsonl.gz:1", rows[0]), ("rows.jsonl.gz:2", rows[1])]
+    packed.write_bytes(gzip.compress(b'{"q": "a"}\n{"q": \n'))
+    with pytest.raises(DataError, match=r"rows.jsonl.gz:2: not valid JSON \(Expecting value at column 7"):
+        list(json_lines(packed))
+    with pytest.raises(DataError, match="absent.jsonl: no such data file"):
+        list(json_lines(tmp_path / "absent.jsonl"))
 
 
 def test_shuffle_is_seeded_and_resumes_exactly(tmp_path):

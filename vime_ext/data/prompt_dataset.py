@@ -5,6 +5,7 @@ with the file, line number and field in the message. Iteration order is a pure f
 ``state()``/``load_state()`` carry the position, so a resumed run draws exactly the batch it would have drawn.
 """
 
+import gzip
 import json
 import random
 from dataclasses import dataclass
@@ -38,13 +39,13 @@ def _check_prompt(value: Any, where: str, key: str) -> str | list[dict[str, Any]
                     f"{{'role': str, 'content': str}} messages, got {str(value)[:80]!r}")
 
 
-def jsonl_rows(path: str | Path, input_key: str, label_key: str | None = None):
-    """``(where, row)`` for every non-blank line of ``path`` (``where`` is "file:line"): a JSON object holding
-    ``input_key`` (and ``label_key`` when given); anything else raises ``DataError`` naming the line."""
+def json_lines(path: str | Path):
+    """``(where, row)`` for every non-blank line of a JSONL file, gzipped (``.gz``, as the records keep results) or
+    not (``where`` is "file:line"): a line that is not a JSON object raises ``DataError`` naming it."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such data file")
-    with path.open(encoding="utf-8") as f:
+    with (gzip.open if path.suffix == ".gz" else open)(path, "rt", encoding="utf-8") as f:
         for number, line in enumerate(f, start=1):
             where = f"{path}:{number}"
             if not line.strip():
@@ -56,11 +57,18 @@ def jsonl_rows(path: str | Path, input_key: str, label_key: str | None = None):
                 raise DataError(f"{where}: not valid JSON ({err.msg} at column {err.colno}{end})") from err
             if not isinstance(row, dict):
                 raise DataError(f"{where}: expected a JSON object, got {type(row).__name__}")
-            if input_key not in row:
-                raise DataError(f"{where}: missing field {input_key!r} (--input-key); fields: {sorted(row)}")
-            if label_key and label_key not in row:
-                raise DataError(f"{where}: missing field {label_key!r} (--label-key); fields: {sorted(row)}")
             yield where, row
+
+
+def jsonl_rows(path: str | Path, input_key: str, label_key: str | None = None):
+    """``json_lines`` of prompt data: each row holds ``input_key`` (and ``label_key`` when given), or
+    ``DataError`` names the line and the field."""
+    for where, row in json_lines(path):
+        if input_key not in row:
+            raise DataError(f"{where}: missing field {input_key!r} (--input-key); fields: {sorted(row)}")
+        if label_key and label_key not in row:
+            raise DataError(f"{where}: missing field {label_key!r} (--label-key); fields: {sorted(row)}")
+        yield where, row
 
 
 def row_metadata(row: dict, metadata_key: str | None, where: str) -> dict[str, Any]:
