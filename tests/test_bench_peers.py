@@ -105,6 +105,9 @@ def test_result_leaves_the_warm_up_out_and_the_table_compares_with_the_fastest_t
     assert table([ours]).splitlines()[2].endswith("| 4.0 |  |")  # no TRL row: nothing to compare with
     with pytest.raises(ValueError, match="2 steps logged, the workload has 3"):
         result("vime_ext", tiny, steps[:2], gpus=1, wall=1.0)
+    # TRL's count holds the sleeping engine's pool (vLLM frees its memory behind torch's back): taken off
+    trl_steps = [{"time/total": 5.0, "memory/peak_allocated_gb": 171.4, "memory/engine_pool_gb": 42.0}] * 3
+    assert result("trl", tiny, trl_steps, gpus=1, wall=1.0)["peak_gpu_gb"] == pytest.approx(129.4)
 
 
 def test_list_names_every_row_with_the_flags_it_adds(capsys):

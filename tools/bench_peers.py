@@ -372,8 +372,9 @@ def result(framework: str, workload: Workload, steps: list[dict], gpus: int, wal
     # A phase the framework does not time apart is left out (None), not shown as 0
     phases = {name: statistics.median(sum(s.get(k, 0.0) for k in keys) for s in timed)
               if any(k in s for s in timed for k in keys) else None for name, keys in PHASES}
-    peak = max((v for s in timed for k, v in s.items() if k.startswith("memory/") and k.endswith("peak_allocated_gb")),
-               default=None)
+    # The trainer's own peak: less the engine's pool where the framework's count holds it (TRL's one process)
+    peak = max((v - s.get("memory/engine_pool_gb", 0.0) for s in timed for k, v in s.items()
+                if k.startswith("memory/") and k.endswith("peak_allocated_gb")), default=None)
     return {"framework": framework, "workload": asdict(workload), "gpus": gpus, "step_s": step_s,
             "tokens_per_s_per_gpu": workload.tokens_per_step / step_s / gpus, "phases": phases,
             "peak_gpu_gb": peak, "wall_s": wall, "steps_logged": len(steps),

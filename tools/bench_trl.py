@@ -109,6 +109,11 @@ def main(argv=None) -> int:
                    "trl/phases": phases}
             if gpu:
                 row["memory/peak_allocated_gb"] = torch.cuda.max_memory_allocated() / 2**30
+                # vLLM's sleep mode allocates through a torch MemPool and, asleep, releases the pool's memory
+                # behind torch's back: torch still counts it, so the peak above holds the sleeping engine's pool
+                # (it passed the card at W2). bench_peers takes it off to give the trainer's own peak.
+                from vllm.device_allocator.cumem import CuMemAllocator
+                row["memory/engine_pool_gb"] = CuMemAllocator.get_instance().get_current_usage() / 2**30
             with open(steps_file, "a") as f:
                 f.write(json.dumps(row) + "\n")
 
