@@ -35,6 +35,7 @@ def test_a_variant_row_has_both_models_sub_em_and_grpo_signal(tmp_path):
     assert row["entropy"] == mean(r["train/entropy"] for r in steps)
     assert row["uniform groups"] is None  # the fourth run predates the metric
     assert row["reward first/last"] == (steps[0]["rollout/reward_mean"], steps[-1]["rollout/reward_mean"])
+    assert row["rationale first/last"] is None  # MemAgent writes none; MemUpdate's rollouts log the share
     table = (tmp_path / "s.md").read_text()
     assert f"| RL_TEMPERATURE=1.3 | {sft['sub_em']:.1f} (32) | {rl['sub_em']:.1f} (32) | 12 | - |" in table
     assert "| (the recipe) | - | - | 0 | - | - | - | - | - |" in table
@@ -63,9 +64,20 @@ def test_a_mem_update_variant_row_has_both_models_qa_delta_on_the_validation_que
         "QA delta all (val)": {"sft": {"value": sft["qa_delta"], "scored": 64},
                                "rl": {"value": rl["qa_delta"], "scored": 64}}}
     assert row["rl_steps"] == 20 and row["uniform groups"] is not None
+    assert row["rationale first/last"] is None  # the ninth lease predates the metric: "-"
     table = (tmp_path / "s.md").read_text()
     assert "| variant | SFT QA delta unseen (val) | SFT + RL QA delta unseen (val) |" in table
     assert f"| SFT_EPOCHS=2 | {sft['qa_delta_unseen']:+.3f} (64) | {rl['qa_delta_unseen']:+.3f} (64) |" in table
+    # A run that logs the share of episodes writing the rationale: its first and last GRPO step's share
+    metrics = run / "seed_0/rl/tensorboard/metrics.jsonl"
+    logged = [json.loads(line) for line in metrics.read_text().splitlines()]
+    trained = [r for r in logged if "train/loss" in r]
+    for r in logged:
+        r["rollout/rationale"] = 0.875 if r is trained[0] else 0.125
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in logged))
+    (row,) = main(["--variant", f"MEMUP_RATIONALE=1={run}", "--out", str(tmp_path / "s")])
+    assert row["rationale first/last"] == (0.875, 0.125)
+    assert "| 0.88 / 0.12 |" in (tmp_path / "s.md").read_text()
 
 
 def test_a_variant_whose_policy_broke_its_tool_calls_shows_its_unfinished_episodes(tmp_path):

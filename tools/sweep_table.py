@@ -1,7 +1,8 @@
 """One row per variant of a knob sweep of either example's SmolLM2 recipe (``tools/gpu_learning.sh sweep``): the
 SFT and SFT + RL models' scores, and whether GRPO had anything to learn from (the share of groups whose samples all
 got the same reward, the mean |advantage|, the policy's entropy, its KL to the SFT model, MemUpdate's share of
-unfinished episodes, the training reward).
+unfinished episodes, the training reward, and at the first and last step MemUpdate's share of episodes that write
+the demonstrations' rationale).
 
     python tools/sweep_table.py --variant "SFT_EPOCHS=1"=runs/sweep/v0 --variant ...=DIR --out runs/sweep/sweep
 
@@ -25,6 +26,7 @@ from tools.loop_efficiency import read_metrics  # noqa: E402
 # how a policy that has learned to break its tool calls shows (the 1.5B policy at lr 2e-5, 2026-11-30).
 SIGNALS = {"uniform groups": "rollout/uniform_reward_groups", "|adv|": "rollout/advantage_abs_mean",
            "entropy": "train/entropy", "KL": "train/kl", "unfinished": "rollout/unfinished"}
+RATIONALE = "rollout/rationale"
 
 
 def training_rows(path: Path) -> list[dict]:
@@ -69,6 +71,9 @@ def variant_row(name: str, run: Path) -> dict:
         row[label] = mean(values) if values else None
     rewards = [r["rollout/reward_mean"] for r in steps]
     row["reward first/last"] = (rewards[0], rewards[-1]) if rewards else None
+    # MemUpdate's share of episodes that write the demonstrations' rationale: GRPO once dropped it unseen
+    rationale = [r[RATIONALE] for r in steps if RATIONALE in r]
+    row["rationale first/last"] = (rationale[0], rationale[-1]) if rationale else None
     row["per step"] = {"reward": rewards, "uniform groups": [r.get(SIGNALS["uniform groups"]) for r in steps]}
     return row
 
@@ -127,7 +132,7 @@ def fmt(value, digits: int = 3) -> str:
 def markdown(rows: list[dict]) -> str:
     columns = list(dict.fromkeys(label for r in rows for label in r["scores"]))  # in the order first met
     header = ["variant"] + [f"{m} {label}" for label in columns for m in ("SFT", "SFT + RL")] + \
-        ["RL steps", *SIGNALS, "reward first / last"]
+        ["RL steps", *SIGNALS, "reward first / last", "rationale first / last"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
         cells = [r["variant"] or "(the recipe)"]
@@ -136,7 +141,8 @@ def markdown(rows: list[dict]) -> str:
                 got = r["scores"].get(label, {}).get(m)
                 form = ".1f" if label.startswith("sub-EM") else "+.3f"  # sub-EM in points, a QA delta in F1
                 cells.append(f"{got['value']:{form}} ({got['scored']})" if got else "-")
-        cells += [str(r["rl_steps"])] + [fmt(r[label]) for label in SIGNALS] + [fmt(r["reward first/last"])]
+        cells += [str(r["rl_steps"])] + [fmt(r[label]) for label in SIGNALS] + [
+            fmt(r["reward first/last"]), fmt(r["rationale first/last"])]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n\nscore (items scored); the signals are means over the GRPO steps.\n"
 

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from examples.mem_update.locomo import MONTHS, Conversation, load_locomo, session_day, split
+from examples.mem_update.prompts import ANSWERING, INCOMPLETE
 from examples.mem_update.retrieval import make_retriever
 from examples.mem_update.rollout import episode_messages
 from examples.mem_update.settings import MemUpdateSettings
@@ -52,7 +53,6 @@ from vime_ext.agent.sample import Sample
 from vime_ext.agent.tool_calls import tool_message
 
 FINAL = "The store is ready: the facts this question needs are stated with their dates, and the noise is gone."
-INCOMPLETE = "The results do not hold all that it needs, so its facts stay as they are."
 ASKED_MONTH = re.compile(rf"\b({'|'.join(MONTHS)}),? (\d{{4}})\b")
 MAX_DELETES = 2
 SEARCH_K = 10  # the demonstrated search's top_k: what the episode can act on
@@ -85,7 +85,7 @@ def rationale(question: str, evidence: list) -> str:
     asked = f"The question asks about {month.group(1)} {month.group(2)}. " if month else ""
     found = "; and ".join(f"from {_day(m)}: {m.id}, {json.dumps(m.content, ensure_ascii=False)}" if _day(m)
                           else f"{m.id}, {json.dumps(m.content, ensure_ascii=False)}" for m in evidence)
-    return f"{asked}Answering it, {found}"  # each text quoted with its own full stop
+    return f"{asked}{ANSWERING}{found}"  # each text quoted with its own full stop
 
 
 def _call(name: str, **arguments) -> ToolCall:

@@ -21,6 +21,17 @@ Memories:
 
 Question: {question}"""
 
+# The rationale SFT's demonstrations can teach (demonstrations.py --rationale) opens the first reply after the
+# search with one of these: "[The question asks about <month>. ]Answering it, from <date>: <id>, ..." or, when
+# the results lack part of the evidence, INCOMPLETE. The rollout counts the episodes that write one (GRPO dropped
+# it once, which the evaluation's episodes showed only after the run).
+ANSWERING = "Answering it, "
+INCOMPLETE = "The results do not hold all that it needs, so its facts stay as they are."
+
+
+def wrote_rationale(response: str) -> bool:
+    return ANSWERING in response or INCOMPLETE in response
+
 
 def speakers(memories: list[dict]) -> str:
     names = sorted({str(m.get("metadata", {}).get("speaker")) for m in memories

@@ -11,7 +11,7 @@ drops it.
 
 from dataclasses import replace
 
-from examples.mem_update.prompts import SYSTEM, USER, speakers
+from examples.mem_update.prompts import SYSTEM, USER, speakers, wrote_rationale
 from examples.mem_update.retrieval import make_retriever
 from examples.mem_update.settings import MemUpdateSettings
 from examples.mem_update.store import STORE
@@ -80,17 +80,19 @@ async def _episode(args, sample, sampling_params, settings: MemUpdateSettings, n
         chat.append_messages(results)
     out = chat.to_sample(sample)
     out.metadata.update(memory_namespace=namespace.name, finished=finished)
-    out.metrics.update(episode_metrics(namespace, len(chat.turns), used, failed, edits))
+    out.metrics.update(episode_metrics(namespace, len(chat.turns), used, failed, edits, out.response))
     return out
 
 
 def episode_metrics(namespace, turns: int, used: dict[str, int], failed: dict[str, int],
-                    edits: int) -> dict[str, float]:
-    """An episode's counters: every call either ran (``used``, by tool) or failed (``failed``, by what was wrong)."""
+                    edits: int, response: str = "") -> dict[str, float]:
+    """An episode's counters: every call either ran (``used``, by tool) or failed (``failed``, by what was wrong);
+    ``rationale`` 1 where the policy's replies (``response``) hold the demonstrations' rationale."""
     errors = sum(failed.values())
     calls = sum(used.values()) + errors
     return dict(num_turns=float(turns), tool_calls=float(calls), tool_errors=float(errors),
                 valid_tool_calls=float(calls - errors), store_edits=float(edits),
+                rationale=float(wrote_rationale(response)),
                 initial_memory_count=float(len(namespace.initial)), final_memory_count=float(len(namespace)),
                 initial_memory_chars=float(sum(len(m.content) for m in namespace.initial)),
                 final_memory_chars=float(sum(len(m.content) for m in namespace.memories())),

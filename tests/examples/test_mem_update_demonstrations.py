@@ -142,6 +142,7 @@ def test_the_rationale_names_the_asked_month_then_each_evidence_by_its_date(loco
     sentence carries what the first-result habit of the SFT policies misses. The rationale is trained and the
     calls after it still parse."""
     from examples.mem_update.demonstrations import ASKED_MONTH, INCOMPLETE, main
+    from examples.mem_update.prompts import wrote_rationale
 
     months = not_first = incomplete = 0
     for conversation in load_locomo(locomo)[0]:
@@ -150,6 +151,9 @@ def test_the_rationale_names_the_asked_month_then_each_evidence_by_its_date(loco
             STORE.drop(plain.namespace), STORE.drop(said.namespace)
             assert [m.get("tool_calls") for m in said.messages] == [m.get("tool_calls") for m in plain.messages]
             opening = said.messages[4]["content"]  # system, user, the search, its result, then this reply
+            # the rollout's `rationale` metric finds every opening, and none in the episode without it
+            assert wrote_rationale(opening) and not any(wrote_rationale(m.get("content") or "")
+                                                        for m in plain.messages if m["role"] == "assistant")
             differ = [i for i, (a, b) in enumerate(zip(said.messages, plain.messages)) if a != b]
             assert differ == [4] and opening.endswith(plain.messages[4]["content"] or "")  # the rest as it was
             results = json.loads(said.messages[3]["content"])["results"]

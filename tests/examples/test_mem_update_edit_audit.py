@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from examples.mem_update.edit_audit import main, month_of
+from examples.mem_update.edit_audit import main, month_of, read_episodes
+from examples.mem_update.prompts import wrote_rationale
 
 ROOT = Path(__file__).resolve().parents[2]
 SWEEP1 = ROOT / "records/mem_update_qwen1.5b_h200x2_sweep1/eval"
@@ -31,6 +32,9 @@ def test_the_audit_of_the_records_episodes_gives_the_figures_the_docs_quote(tmp_
     assert rl.with_rationale == 0 and (rl.updated_evidence, rl.updated_first_result, rl.updated_month_asked) == (
         45, 64, 12)
     assert rl.calls["delete"] == 2.0 and rl.evidence_deletions == pytest.approx(6 / 64)
+    # the rollout's `rationale` metric (what GRPO's logs count a step) agrees with the audit on these episodes
+    for path, written in ((SWEEP2 / "v0_sft_s0.samples.jsonl.gz", 57), (SWEEP2 / "v0_rl_s0.samples.jsonl.gz", 0)):
+        assert sum(wrote_rationale(e["response"]) for e in read_episodes(path)) == written
     printed = capsys.readouterr().out
     assert "| rationale | 64 | 1.00 / 1.00 / 0.00 / 1.00 | 57 (16 of 27) | 50 of 64 | 52 of 64 | 17 of 30 |" in printed
     assert "| no note | 64 |" in printed and "3.53 (-) |" in printed
