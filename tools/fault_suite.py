@@ -42,6 +42,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from vime_ext.data.prompt_dataset import json_lines  # noqa: E402
 
 ROLLOUTS, SAMPLES = 4, 8
 
@@ -144,8 +145,7 @@ def fresh_folder(out: Path, fault: Fault) -> Path:
 def last_rows(tb: Path) -> dict[int, dict]:
     if not (tb / "metrics.jsonl").is_file():
         return {}
-    rows = [json.loads(line) for line in (tb / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r for r in rows if "rollout/reward_mean" in r}
+    return {r["step"]: r for _, r in json_lines(tb / "metrics.jsonl") if "rollout/reward_mean" in r}
 
 
 def final_weights(save: Path, iteration: int = ROLLOUTS):

@@ -20,6 +20,8 @@ import json
 import statistics
 from pathlib import Path
 
+from vime_ext.data.prompt_dataset import json_lines
+
 # (metric, what it is); the loop's step time is time/total.
 PHASES = [("rollout", "generation"), ("sleep", "engines to sleep"), ("reload", "trainer memory back"),
           ("log_probs", "old and reference log-probs"), ("train", "optimizer steps"), ("save", "checkpoint"),
@@ -30,13 +32,8 @@ MEMORY_FIELDS = ("allocated_gb", "reserved_gb", "peak_allocated_gb", "device_use
 
 
 def read_metrics(path: Path) -> list[dict]:
-    rows = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{number}: not a JSON line ({err.msg})") from err
+    """A run's ``metrics.jsonl``, gzipped or not; a line that is not JSON is named by file and line."""
+    rows = [row for _, row in json_lines(path)]
     if not rows:
         raise ValueError(f"{path}: no rollouts logged")
     return rows

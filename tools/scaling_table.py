@@ -13,6 +13,8 @@ import json
 import statistics
 from pathlib import Path
 
+from vime_ext.data.prompt_dataset import json_lines
+
 # (metric in metrics.jsonl, column heading); per-second rates grow with GPUs, seconds shrink.
 COLUMNS = [("rollout/tokens_per_s", "rollout tok/s"), ("train/tokens_per_s", "train tok/s"),
            ("time/rollout", "rollout s"), ("time/log_probs", "log-probs s"), ("time/train", "train s"),
@@ -22,13 +24,7 @@ COLUMNS = [("rollout/tokens_per_s", "rollout tok/s"), ("train/tokens_per_s", "tr
 def training_rollouts(metrics_path: Path) -> list[dict]:
     """The training rollouts' lines of a ``metrics.jsonl`` (evaluation lines carry no step figures); a line that
     is not JSON is named by file and line. At least two: the first is left out as warm-up."""
-    rows = []
-    for number, line in enumerate(metrics_path.read_text().splitlines(), start=1):
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{metrics_path}:{number}: not valid JSON ({err.msg})") from err
-    rows = [r for r in rows if "time/total" in r]
+    rows = [r for _, r in json_lines(metrics_path) if "time/total" in r]
     if len(rows) < 2:
         raise ValueError(f"{metrics_path}: {len(rows)} training rollouts; the table needs 2 or more (the first "
                          "is left out as warm-up)")
