@@ -18,7 +18,7 @@ import pytest
 
 from tests.conftest import run_launch_script
 METRICS = ["memory_reward", "initial_memory_count", "final_memory_count", "num_turns", "tool_calls", "tool_errors",
-           "qa_before", "qa_after", "efficiency", "unfinished"]
+           "qa_before", "qa_after", "efficiency", "unfinished", "rationale"]
 
 
 @pytest.mark.slow
