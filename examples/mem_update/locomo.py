@@ -154,8 +154,9 @@ def split(conversations: list[Conversation], n_test: int = 3, seed: int = 42, n_
 def prompt_records(conversations: list[Conversation], extra_questions: int = 3, seed: int = 42) -> list[dict]:
     """One record per QA item: the question as the prompt, the answer as the label, and in the metadata the
     conversation's initial memories, the category, up to ``extra_questions`` other questions of the same
-    conversation (the reward can score those too) and the evidence any of its questions names (``asked_evidence``:
-    what the demonstrated baseline keeps; a memory of other evidence is noise to it)."""
+    conversation (the reward can score those too; each with its evidence, which ``headroom.py`` reads) and the
+    evidence any of its questions names (``asked_evidence``: what the demonstrated baseline keeps; a memory of
+    other evidence is noise to it)."""
     rng = random.Random(seed)
     records = []
     for conversation in conversations:
@@ -166,7 +167,7 @@ def prompt_records(conversations: list[Conversation], extra_questions: int = 3, 
             records.append({"prompt": item["question"], "label": item["answer"], "metadata": {
                 "sample_id": conversation.sample_id, "category": item["category"], "evidence": item["evidence"],
                 "memories": conversation.memories, "asked_evidence": asked,
-                "extra_qa": [{k2: q[k2] for k2 in ("question", "answer", "category")} for q in extra]}})
+                "extra_qa": [{k2: q[k2] for k2 in ("question", "answer", "category", "evidence")} for q in extra]}})
     return records
 
 
