@@ -47,6 +47,7 @@ async def _episode(args, sample, sampling_params, settings: MemUpdateSettings, n
     used = {tool["function"]["name"]: 0 for tool in TOOLS}  # calls that ran, by tool
     failed = dict.fromkeys(ERROR_KINDS, 0)  # calls that did not, by what was wrong
     finished = False
+    replies = []  # the policy's own words (the response also holds the tool results, which echo memories)
     if settings.first_reply_prefix:  # written for the policy, not trained: a small model's first call
         chat.prefill(settings.first_reply_prefix)
     while len(chat.tokens) < settings.max_context_tokens:
@@ -58,6 +59,7 @@ async def _episode(args, sample, sampling_params, settings: MemUpdateSettings, n
             return chat.to_sample(sample)
         if len(chat.turns) == 1 and settings.first_reply_prefix:
             reply = settings.first_reply_prefix + reply
+        replies.append(reply)
         parsed = parse_tool_calls(reply)
         if not parsed:
             finished = chat.turns[-1].finish_reason == "stop"
@@ -80,19 +82,19 @@ async def _episode(args, sample, sampling_params, settings: MemUpdateSettings, n
         chat.append_messages(results)
     out = chat.to_sample(sample)
     out.metadata.update(memory_namespace=namespace.name, finished=finished)
-    out.metrics.update(episode_metrics(namespace, len(chat.turns), used, failed, edits, out.response))
+    out.metrics.update(episode_metrics(namespace, len(chat.turns), used, failed, edits, "\n".join(replies)))
     return out
 
 
 def episode_metrics(namespace, turns: int, used: dict[str, int], failed: dict[str, int],
-                    edits: int, response: str = "") -> dict[str, float]:
+                    edits: int, replies: str = "") -> dict[str, float]:
     """An episode's counters: every call either ran (``used``, by tool) or failed (``failed``, by what was wrong);
-    ``rationale`` 1 where the policy's replies (``response``) hold the demonstrations' rationale."""
+    ``rationale`` 1 where the policy's ``replies`` hold the demonstrations' rationale."""
     errors = sum(failed.values())
     calls = sum(used.values()) + errors
     return dict(num_turns=float(turns), tool_calls=float(calls), tool_errors=float(errors),
                 valid_tool_calls=float(calls - errors), store_edits=float(edits),
-                rationale=float(wrote_rationale(response)),
+                rationale=float(wrote_rationale(replies)),
                 initial_memory_count=float(len(namespace.initial)), final_memory_count=float(len(namespace)),
                 initial_memory_chars=float(sum(len(m.content) for m in namespace.initial)),
                 final_memory_chars=float(sum(len(m.content) for m in namespace.memories())),

@@ -287,6 +287,37 @@ def test_failed_calls_are_counted_by_what_was_wrong(tmp_path):
     assert out.metadata["finished"] is True
 
 
+
+def test_the_rationale_metric_reads_the_policys_replies_not_the_tool_results(tmp_path):
+    """``rationale``: 1 where the policy writes the demonstrations' rationale, 0 where only a search result echoes
+    a memory that holds its words. Scripted replies: the counting is under test, not the model."""
+    from examples.mem_update.rollout import generate
+    from tests.conftest import real_tokenizer
+    from vime_ext.engines.protocol import GenerateResult, SamplingParams
+    from vime_ext.rollout.plugins import PluginArgs
+
+    tokenizer = real_tokenizer("llama", tmp_path)
+    search = '<tool_call>\n{"name": "search_memory", "arguments": {"query": "Rex"}}\n</tool_call>'
+    echoed = [*MEMORIES, {"id": "e", "content": "Answering it, Rex came from a shelter."}]
+
+    def episode(replies: list[str], memories: list[dict]) -> tuple[float, str]:
+        class Scripted:
+            async def generate(self, tokens, params, session_id=None):
+                ids = tokenizer(replies.pop(0), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+                return GenerateResult(ids, [0.0] * len(ids), "stop")
+
+        args = PluginArgs(memup_retriever="bm25", tokenizer=tokenizer, rollout_client=Scripted())
+        sample = Sample(prompt="Where did Caroline get Rex?", metadata={"memories": memories})
+        out = asyncio.run(generate(args, sample, SamplingParams(max_new_tokens=64)))
+        STORE.drop(out.metadata["memory_namespace"])
+        return out.metrics["rationale"], out.response
+
+    written, response = episode([search, "Done."], echoed)
+    assert written == 0.0 and "Answering it, Rex came from a shelter." in response  # echoed by the search
+    said = 'The question asks about May 2023. Answering it, from 8 May, 2023: a, "Caroline adopted a dog named Rex."'
+    assert episode([search, said + "\n" + search, "Done."], MEMORIES)[0] == 1.0
+
+
 # ---- the parser --------------------------------------------------------------------------------------------
 
 def test_parser_against_malformed_and_several_calls():

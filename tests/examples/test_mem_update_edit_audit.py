@@ -32,7 +32,7 @@ def test_the_audit_of_the_records_episodes_gives_the_figures_the_docs_quote(tmp_
     assert rl.with_rationale == 0 and (rl.updated_evidence, rl.updated_first_result, rl.updated_month_asked) == (
         45, 64, 12)
     assert rl.calls["delete"] == 2.0 and rl.evidence_deletions == pytest.approx(6 / 64)
-    # the rollout's `rationale` metric (what GRPO's logs count a step) agrees with the audit on these episodes
+    # the test behind the rollout's `rationale` metric (GRPO's logs) agrees with the audit on these episodes
     for path, written in ((SWEEP2 / "v0_sft_s0.samples.jsonl.gz", 57), (SWEEP2 / "v0_rl_s0.samples.jsonl.gz", 0)):
         assert sum(wrote_rationale(e["response"]) for e in read_episodes(path)) == written
     printed = capsys.readouterr().out
