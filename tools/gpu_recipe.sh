@@ -468,8 +468,8 @@ case "${STAGE}" in
     # without gradient checkpointing in passes of 16 (its fastest setting tried), TRL at its defaults; about 18 min at
     # W1: 5-7 min each; at W2 (about 20 min: engines at the 4B shape take 3-6 min to start): TRL without gradient
     # checkpointing in passes of 2 completions, this project's engine and trainer resident side by side in passes of
-    # two sequences (W2's row of docs/performance.md, run 4), then TRL in passes of 4 (it may run out of memory; at
-    # its defaults TRL ran four times); every framework's engine in a 0.3 share at W2 (room for a resident trainer),
+    # two sequences, then TRL in passes of 4 (its fastest setting tried): W2's table of docs/performance.md, run 5,
+    # 19 min; every framework's engine in a 0.3 share at W2 (room for a resident trainer),
     # 0.5 at W1 (PEERS_ENGINE_MEMORY); two engines a GPU generate slower at W2 than one
     # (records/peers_w2_h200_run3); add trl (its defaults), vime_ext (one engine, the state handed over),
     # vime_ext_2_engines_resident, or bench_peers.py's other rows, and verl, which needs the wheel set's --verl part,
