@@ -21,6 +21,7 @@ from statistics import mean
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tools.loop_efficiency import read_metrics  # noqa: E402
+from vime_ext.reports import report  # noqa: E402
 
 # Means over a variant's GRPO steps. "unfinished" (MemUpdate's episodes with no final reply: "-" for MemAgent) is
 # how a policy that has learned to break its tool calls shows (the 1.5B policy at lr 2e-5, 2026-11-30).
@@ -160,11 +161,8 @@ def main(argv=None) -> list[dict]:
             parser.error(f"--variant {spec!r}: expected NAME=DIR with DIR a folder")
         rows.append(variant_row(name, Path(folder)))
     text = markdown(rows)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out + ".md").write_text(text)
-    Path(args.out + ".json").write_text(json.dumps(rows, indent=1))
+    report(text, rows, args.out)
     plot(rows, Path(args.out + ".png"))
-    print(text)
     return rows
 
 

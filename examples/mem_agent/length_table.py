@@ -21,6 +21,7 @@ from pathlib import Path
 
 from examples.mem_agent.eval_ruler_hqa import save_sub_em_figure, summarize
 from vime_ext.evaluate import mean_and_range, model_groups, saved_rows
+from vime_ext.reports import report
 
 JUDGES = ("sub_em", "em", "f1")
 # The ceiling rows' names, by what the reader keeps before the novel's author is known (demonstrations.KEEPS)
@@ -194,17 +195,13 @@ def main(argv=None) -> dict:
         if args.cost_of not in summaries:
             parser.error(f"--cost-of {args.cost_of}: no such SAVE_FILE; found {sorted(summaries)}")
         parts.append(cost(summaries[args.cost_of], args.cost_of))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     text = "\n\n".join(p for p in parts if p) + "\n"
-    out.with_suffix(".md").write_text(text)
     result = {name: {str(n): {"seeds": cell.seeds, **{f"{j}_mean": cell.mean(j) for j in JUDGES},
                               "sub_em_min": min(cell.values(), default=None),
                               "sub_em_max": max(cell.values(), default=None)}
                      for n, cell in sorted(cells.items())} for name, cells in table.items()}
-    out.with_suffix(".json").write_text(json.dumps(result, indent=1))
-    plot(table, out.with_suffix(".png"))
-    print(text)
+    report(text, result, args.out)
+    plot(table, Path(f"{args.out}.png"))
     return result
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from vime_ext.agent.tool_calls import ToolCall, parse_tool_calls
 from vime_ext.data.prompt_dataset import json_lines
+from vime_ext.reports import report
 
 MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
           "November", "December")
@@ -160,12 +161,7 @@ def main(argv=None) -> dict[str, Audit]:
         if not path.is_file():
             parser.error(f"{name}: no file {path}")
         rows[name] = audit(read_episodes(path), f"{path}")
-    text = table(rows)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.with_suffix(".md").write_text(text + "\n")
-        args.out.with_suffix(".json").write_text(json.dumps({k: asdict(v) for k, v in rows.items()}, indent=1))
+    report(table(rows), {k: asdict(v) for k, v in rows.items()}, args.out)
     return rows
 
 

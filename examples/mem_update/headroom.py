@@ -18,13 +18,13 @@ are refused with the line named. Printed as a table; with ``--out``, OUT.md and 
 """
 
 import argparse
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from examples.mem_update.retrieval import make_retriever
 from examples.mem_update.store import Memory
 from vime_ext.data.prompt_dataset import DataError, json_lines
+from vime_ext.reports import report
 
 
 @dataclass
@@ -91,12 +91,7 @@ def main(argv=None) -> dict[str, Headroom]:
     parser.add_argument("--out", type=Path, help="also write OUT.md and OUT.json")
     args = parser.parse_args(argv)
     rows = headroom(args.data, args.retriever, args.top_k, args.extra_questions)
-    text = table(rows, args.top_k)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.with_suffix(".md").write_text(text + "\n")
-        args.out.with_suffix(".json").write_text(json.dumps({k: asdict(v) for k, v in rows.items()}, indent=1))
+    report(table(rows, args.top_k), {k: asdict(v) for k, v in rows.items()}, args.out)
     return rows
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from examples.mem_update.eval_mem_update import TOOL_NAMES
 from examples.mem_update.tools import ERROR_KINDS
 from vime_ext.evaluate import mean_and_range, model_groups
+from vime_ext.reports import report
 
 COLUMNS = [("qa_before", "QA before", 3), ("qa_after", "QA after", 3), ("qa_delta", "QA delta", 3),
            ("qa_delta_seen", "QA delta, seen question", 3), ("qa_delta_unseen", "QA delta, unseen questions", 3),
@@ -80,14 +81,10 @@ def main(argv=None) -> dict:
     groups = model_groups(args.model, list(found))
     models = {name: [found[f] for f in files] for name, files in groups.items()}
     text = markdown(models, args.sft, args.rl) + "\n"
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".md").write_text(text)
     result = {name: {"seeds": {f: found[f] for f in files},
                      "means": {key: mean(models[name], key) for key, _, _ in COLUMNS}}
               for name, files in groups.items()}
-    out.with_suffix(".json").write_text(json.dumps(result, indent=1))
-    print(text)
+    report(text, result, args.out)
     return result
 
 
