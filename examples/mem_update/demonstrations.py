@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from examples.mem_update.locomo import MONTHS, Conversation, load_locomo, session_day, split
-from examples.mem_update.prompts import ANSWERING, INCOMPLETE
+from examples.mem_update.prompts import ANSWERING, ASKS_ABOUT, INCOMPLETE
 from examples.mem_update.retrieval import make_retriever
 from examples.mem_update.rollout import episode_messages
 from examples.mem_update.settings import MemUpdateSettings
@@ -82,7 +82,7 @@ def rationale(question: str, evidence: list) -> str:
     if not evidence:
         return INCOMPLETE
     month = ASKED_MONTH.search(question)
-    asked = f"The question asks about {month.group(1)} {month.group(2)}. " if month else ""
+    asked = f"{ASKS_ABOUT}{month.group(1)} {month.group(2)}. " if month else ""
     found = "; and ".join(f"from {_day(m)}: {m.id}, {json.dumps(m.content, ensure_ascii=False)}" if _day(m)
                           else f"{m.id}, {json.dumps(m.content, ensure_ascii=False)}" for m in evidence)
     return f"{asked}{ANSWERING}{found}"  # each text quoted with its own full stop

@@ -26,6 +26,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from examples.mem_update.prompts import ANSWERING, ASKS_ABOUT
 from vime_ext.agent.tool_calls import ToolCall, parse_tool_calls
 from vime_ext.data.prompt_dataset import json_lines
 from vime_ext.reports import report
@@ -33,7 +34,8 @@ from vime_ext.reports import report
 MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
           "November", "December")
 MONTH_YEAR = re.compile(rf"\b({'|'.join(MONTHS)}) (\d{{4}})\b")
-RATIONALE = re.compile(r"The question asks about (.+?)\. Answering it, from ([^:]+):")
+# the month the rationale says the question asks about, and the date it answers from
+RATIONALE = re.compile(rf"{re.escape(ASKS_ABOUT)}(.+?)\. {re.escape(ANSWERING)}from ([^:]+):")
 TOOL_RESPONSE = re.compile(r"<tool_response>\s*(.*?)\s*</tool_response>", re.S)
 
 

@@ -25,6 +25,7 @@ Question: {question}"""
 # search with one of these: "[The question asks about <month>. ]Answering it, from <date>: <id>, ..." or, when
 # the results lack part of the evidence, INCOMPLETE. The rollout counts the episodes that write one (GRPO dropped
 # it once, which the evaluation's episodes showed only after the run).
+ASKS_ABOUT = "The question asks about "
 ANSWERING = "Answering it, "
 INCOMPLETE = "The results do not hold all that it needs, so its facts stay as they are."
 
