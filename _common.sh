@@ -292,13 +292,17 @@ grpo_from_sft() {
 # EVALUATE sft_sSEED WORK/seed_SEED/sft, logged to WORK/seed_SEED/sft_eval.log); then the RL save's (EVALUATE
 # rl_sSEED WORK/seed_SEED/rl). The SFT row exists even when GRPO fails, and the seed's last step is one evaluation
 # instead of two. An SFT evaluation that fails beside GRPO runs once more after it (again_if_failed). Fails if any
-# part did. Why the
-# evaluation waits: engines on one GPU start one at a time, and GRPO's, queued behind the evaluation's
-# (MemUpdate's: a model and a reader), lost 2-3 minutes of RL_MINUTES (4 x H200 runs of 2026-11-26 and 27).
+# part did. SFT_EVAL_BESIDE=0: one after the other instead (grpo_then_evaluations). Why the evaluation waits:
+# engines on one GPU start one at a time, and GRPO's, queued behind the evaluation's (MemUpdate's: a model and a
+# reader), lost 2-3 minutes of RL_MINUTES (4 x H200 runs of 2026-11-26 and 27).
 grpo_beside_sft_eval() {
   local evaluate=$1 work=$2 seed=$3 script=$4 grpo sft_eval status=0
   local metrics=${work}/seed_${seed}/rl/tensorboard/metrics.jsonl
   shift 4
+  if [ "${SFT_EVAL_BESIDE:-1}" = 0 ]; then
+    grpo_then_evaluations "${evaluate}" "${work}" "${seed}" "${script}" "$@"
+    return
+  fi
   grpo_from_sft "${script}" "${work}" "${seed}" "$@" &
   grpo=$!
   while kill -0 "${grpo}" 2>/dev/null && [ ! -s "${metrics}" ]; do sleep 2; done
@@ -314,6 +318,26 @@ grpo_beside_sft_eval() {
   again_if_failed "${sft_eval}" "the SFT evaluation" GRPO "${work}/seed_${seed}/sft_eval.log" \
     "${evaluate}" "sft_s${seed}" "${work}/seed_${seed}/sft" ||
     { echo "the SFT evaluation failed again: no SFT row for seed ${seed}" >&2; status=1; }
+  return "${status}"
+}
+
+# grpo_then_evaluations EVALUATE WORK SEED LAUNCH_SCRIPT [train.py flags]: the same one after the other (GRPO, the
+# SFT save's evaluation, the RL save's), for a GPU without room for an evaluation beside GRPO (SFT_EVAL_BESIDE=0):
+# on an 80-GB H100 the 1.5B MemUpdate policy's GRPO ran out of memory at its sixth step once the SFT evaluation's
+# two engines (13.6 GiB each, KV_CACHE_GIB=8) had started beside its trainer (34.7 GiB at 8192-token micro-batches)
+# and reward reader (14.4 GiB), 2026-12-02. Fails if any part did; the SFT row is made even when GRPO fails.
+grpo_then_evaluations() {
+  local evaluate=$1 work=$2 seed=$3 script=$4 grpo=0 status=0
+  shift 4
+  grpo_from_sft "${script}" "${work}" "${seed}" "$@" || grpo=$?
+  "${evaluate}" "sft_s${seed}" "${work}/seed_${seed}/sft" >"${work}/seed_${seed}/sft_eval.log" 2>&1 ||
+    { echo "the SFT evaluation failed (${work}/seed_${seed}/sft_eval.log): no SFT row for seed ${seed}" >&2; status=1; }
+  if [ "${grpo}" = 0 ]; then
+    "${evaluate}" "rl_s${seed}" "${work}/seed_${seed}/rl" || status=$?
+  else
+    echo "GRPO failed (exit ${grpo}): no SFT + RL evaluation for seed ${seed}" >&2
+    status=${grpo}
+  fi
   return "${status}"
 }
 

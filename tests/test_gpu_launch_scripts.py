@@ -310,13 +310,16 @@ def test_seeds_share_gpus_in_turn_with_fixed_kv_caches(tmp_path):
     assert done.returncode == 2 and "RL_MAX_TOKENS=4096" in done.stderr and "MAX_MODEL_LEN=8192" in done.stderr
 
 
-@pytest.mark.parametrize("grpo_fails, sft_eval_fails", [(False, 0), (True, 0), (False, 1), (False, 2)])
-def test_the_sft_evaluation_starts_after_grpos_first_rollout(grpo_fails, sft_eval_fails, tmp_path):
+@pytest.mark.parametrize("grpo_fails, sft_eval_fails, beside",
+                         [(False, 0, 1), (True, 0, 1), (False, 1, 1), (False, 2, 1), (False, 0, 0), (True, 0, 0),
+                          (False, 1, 0)])
+def test_the_sft_evaluation_starts_after_grpos_first_rollout(grpo_fails, sft_eval_fails, beside, tmp_path):
     """grpo_beside_sft_eval (_common.sh, real) with GRPO and the evaluations as shell stand-ins: the SFT save's
     evaluation starts once GRPO has logged its first rollout, so that GRPO's engines do not queue behind the
     evaluation's, and runs while GRPO trains on; a GRPO run that fails before logging one still gets its SFT
     evaluation, and no RL one. An SFT evaluation that fails beside GRPO (its engines out of memory) runs once more
-    after GRPO's own evaluation; failing again, the seed fails."""
+    after GRPO's own evaluation; failing again, the seed fails. SFT_EVAL_BESIDE=0 (a GPU without room for both):
+    GRPO, then the SFT evaluation, then the RL one, each after the last; the SFT row even when GRPO fails."""
     log, work, tries = tmp_path / "order", tmp_path / "work", tmp_path / "sft_tries"
     (work / "seed_0").mkdir(parents=True)
     script = f"""
@@ -331,11 +334,22 @@ evaluate() {{
   echo "evaluate $1 $2" >>{log}
   if [ "$1" = sft_s0 ]; then echo x >>{tries}; [ "$(wc -l <{tries})" -gt {sft_eval_fails} ] || return 1; fi
 }}
-grpo_beside_sft_eval evaluate {work} 0 launch.sh --lr 1
+SFT_EVAL_BESIDE={beside} grpo_beside_sft_eval evaluate {work} 0 launch.sh --lr 1
 """
     done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
     order = log.read_text().splitlines()
-    if sft_eval_fails:
+    sft, rl = f"evaluate sft_s0 {work}/seed_0/sft", f"evaluate rl_s0 {work}/seed_0/rl"
+    if not beside:
+        if grpo_fails:
+            assert done.returncode == 3 and "GRPO failed (exit 3)" in done.stderr
+            assert order == ["grpo-start", "grpo-failed", sft]
+        elif sft_eval_fails:
+            assert done.returncode == 1 and "the SFT evaluation failed" in done.stderr
+            assert order == ["grpo-start", "grpo-rollout-0", "grpo-end", sft, rl]
+        else:
+            assert done.returncode == 0, done.stderr
+            assert order == ["grpo-start", "grpo-rollout-0", "grpo-end", sft, rl]
+    elif sft_eval_fails:
         assert order == ["grpo-start", "grpo-rollout-0", f"evaluate sft_s0 {work}/seed_0/sft", "grpo-end",
                          f"evaluate rl_s0 {work}/seed_0/rl", f"evaluate sft_s0 {work}/seed_0/sft"]
         assert "the SFT evaluation failed beside GRPO" in done.stderr
@@ -529,6 +543,15 @@ def test_the_mem_update_smollm2_recipe_chains_sft_rl_and_both_evaluations(tiny_h
                               tmp_path / "train_args.json.eval", stage="base")
     assert last(a, "--test-data") == str(data / "val_eval.jsonl") and last(a, "--save-dir") == str(work / "eval_val")
     assert last(a, "--reader-replies-file") == str(work / "eval_val/reader_replies.sqlite")
+    # BASELINES: some of those rows (the rows without a policy take minutes, the base model's episodes longer); a
+    # word that names none is refused
+    (a,) = evaluations_of_all("examples/mem_update/run-smollm2-gpu.sh",
+                              {**full, "EVAL_SPLIT": "val", "BASELINES": "noop demonstrated"},
+                              tmp_path / "train_args.json.eval", stage="base")
+    assert after(a, "--edit", 2) == ["noop", "demonstrated"] and after(a, "--save-file", 2) == ["noop", "demonstrated"]
+    done = subprocess.run(["bash", str(ROOT / "examples/mem_update/run-smollm2-gpu.sh"), "base"],
+                          env={**full, "BASELINES": "noop demo"}, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "BASELINES=noop demo: demo is none of base noop oracle demonstrated" in done.stderr
     # EVAL_SPLIT=fact, the `saved` stage: the seed's SFT and SFT + RL saves (converted once, by the seed stage) and
     # the rows without training on every question of the fact consolidation set, made from FACT_DATA (here a
     # made-up parquet of the real file's layout) when first needed; no demonstrated row (nothing demonstrates it)

@@ -143,11 +143,20 @@ one_seed() {
 
 # the rows without training, on one policy engine and one reader: the base model, nobody editing (no-op), the
 # gold answers added (oracle) and SFT's demonstrated episodes (demonstrated; labels known, as the oracle's; not on
-# the fact consolidation questions, which have no demonstrations)
+# the fact consolidation questions, which have no demonstrations). BASELINES: some of them ("noop demonstrated":
+# the rows without a policy, minutes where the base model's episodes take longer)
 baselines() {
-  local rows="noop oracle"
-  if [ "${EVAL_SPLIT}" != fact ]; then rows+=" demonstrated"; fi
-  EDIT="agent ${rows}" evaluate "base ${rows}"
+  local rows=() edits=() row
+  for row in ${BASELINES:-base noop oracle demonstrated}; do
+    case "${row}" in
+      base) edits+=(agent) ;;
+      noop | oracle) edits+=("${row}") ;;
+      demonstrated) if [ "${EVAL_SPLIT}" = fact ]; then continue; fi; edits+=("${row}") ;;
+      *) echo "BASELINES=${BASELINES}: ${row} is none of base noop oracle demonstrated" >&2; return 2 ;;
+    esac
+    rows+=("${row}")
+  done
+  EDIT="${edits[*]}" evaluate "${rows[*]}"
 }
 
 # saved: the seeds' (SEEDS) saved SFT and SFT + RL models and the rows without training scored on EVAL_SPLIT's
