@@ -1,7 +1,7 @@
 """What the untouched store leaves a MemUpdate editor to gain, read from prepared data before any model runs:
 
     python -m examples.mem_update.headroom runs/mem_update_smollm2/data/val_eval.jsonl [--retriever embedding] \
-        [--top-k 5] [--extra-questions 3] [--out headroom]
+        [--top-k 5] [--extra-questions 3] [--reader DIR [--batch 16]] [--out headroom]
 
 For the question each episode shows the agent and for the unseen ones the evaluation also scores
 (``extra_qa``, the first ``--extra-questions``), on the store as prepared:
@@ -13,18 +13,34 @@ For the question each episode shows the agent and for the unseen ones the evalua
 - how many unseen questions share evidence with the shown one: an edit made for the shown question reaches an
   unseen one directly only through those; the rest it reaches only through what it deletes or adds beside them.
 
+With ``--reader`` (an HF model folder or a packaged model's name: the evaluation's fixed reader), also what the
+reader makes of the untouched store: its greedy reply to every question, from the same prompt the reward builds
+(``reward.reader_prompt``) and scored as the reward scores it (``reward.reply_f1``), by question kind and LoCoMo
+category; and of the replies that miss (F1 below 1), how many hold every token of the answer and say more (the
+reader knew it: a longer reply), how many say only part of it (a shorter reply, such as a bare "Yes" against
+"Yes, Kofi plays the flute", which token F1 scores 0), and the rest (another answer). Misses of the first two
+kinds are the answer's form, not the store's content. Greedy, with transformers (bf16 on a GPU, fp32 on a CPU:
+the engines' bf16 replies can differ in a few questions); the first misses of each kind are kept in OUT.json.
+
 The data must come from ``prepare_data.py`` as it is now (each unseen question with its ``evidence``); older files
 are refused with the line named. Printed as a table; with ``--out``, OUT.md and OUT.json too.
 """
 
 import argparse
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
+from examples.mem_update.locomo import CATEGORIES
 from examples.mem_update.retrieval import make_retriever
+from examples.mem_update.reward import answer_line, reader_prompt, reply_f1
+from examples.mem_update.settings import MemUpdateSettings
 from examples.mem_update.store import Memory
+from vime_ext.agent.rewards import normalize_text
 from vime_ext.data.prompt_dataset import DataError, json_lines
 from vime_ext.reports import report
+
+EXAMPLES_KEPT = 3  # misses of each kind kept in OUT.json, per row
 
 
 @dataclass
@@ -44,6 +60,91 @@ class Headroom:
         self.tops_with_noise += noise > 0
 
 
+@dataclass
+class Ask:
+    """One scored question on the untouched store: what the reader is asked, from which memories."""
+    group: str  # shown or unseen
+    category: str
+    question: str
+    answer: str
+    top: list[Memory]
+
+
+def miss_kind(reply: str, answer: str) -> str:
+    """How a reply that misses relates to the answer, token sets after normalising: "longer" (every answer token
+    in the reply, and more), "shorter" (every reply token in the answer, not all of it), "other"."""
+    got, want = set(normalize_text(answer_line(reply)).split()), set(normalize_text(answer).split())
+    if want and want <= got:
+        return "longer"
+    if got and got <= want:
+        return "shorter"
+    return "other"
+
+
+@dataclass
+class ReaderRow:
+    questions: int = 0
+    f1: float = 0.0  # summed; the table shows the mean
+    misses: int = 0
+    kinds: dict[str, int] = field(default_factory=lambda: {"longer": 0, "shorter": 0, "other": 0})
+    examples: list[dict] = field(default_factory=list)
+
+    def add(self, ask: Ask, reply: str) -> None:
+        score = reply_f1(reply, ask.answer)
+        self.questions += 1
+        self.f1 += score
+        if score < 1.0:
+            self.misses += 1
+            kind = miss_kind(reply, ask.answer)
+            self.kinds[kind] += 1
+            if sum(e["kind"] == kind for e in self.examples) < EXAMPLES_KEPT:
+                self.examples.append({"kind": kind, "question": ask.question, "answer": ask.answer,
+                                      "reply": answer_line(reply), "f1": round(score, 3)})
+
+
+def reader_replies(model: str, prompts: list[list[int]], batch: int = 16, max_new_tokens: int = 32) -> list[str]:
+    """The reader's greedy replies to token-id prompts, a batch at a time (left-padded)."""
+    import torch
+    from tqdm import tqdm
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gpu = torch.cuda.is_available()
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    tokenizer.padding_side = "left"
+    net = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16 if gpu else torch.float32).eval()
+    net.to("cuda" if gpu else "cpu")
+    replies = []
+    for start in tqdm(range(0, len(prompts), batch), desc="reader", unit="batch"):
+        chunk = tokenizer.pad({"input_ids": prompts[start:start + batch]}, return_tensors="pt").to(net.device)
+        with torch.no_grad():
+            out = net.generate(**chunk, max_new_tokens=max_new_tokens, do_sample=False,
+                               pad_token_id=tokenizer.pad_token_id)
+        width = chunk["input_ids"].shape[1]
+        replies += [tokenizer.decode(row[width:], skip_special_tokens=True) for row in out]
+    return replies
+
+
+def reader_rows(asks: list[Ask], model: str, batch: int = 16) -> dict[str, ReaderRow]:
+    """The reader's scores on the untouched store, per question kind and category ("unseen temporal", ...)."""
+    from transformers import AutoTokenizer
+
+    args, settings = SimpleNamespace(tokenizer=AutoTokenizer.from_pretrained(model)), MemUpdateSettings()
+    prompts = [reader_prompt(args, settings, a.question, a.top)[1] for a in asks]
+    rows: dict[str, ReaderRow] = {}
+    for ask, reply in zip(asks, reader_replies(model, prompts, batch, settings.reader_max_tokens)):
+        rows.setdefault(f"{ask.group} {ask.category}", ReaderRow()).add(ask, reply)
+    return dict(sorted(rows.items()))
+
+
+def reader_table(rows: dict[str, ReaderRow]) -> str:
+    lines = ["| questions | scored | F1 (mean) | missed (F1 < 1) | of them: longer / shorter / other |",
+             "|---|---|---|---|---|"]
+    for name, r in rows.items():
+        lines.append(f"| {name} | {r.questions} | {r.f1 / r.questions:.3f} | {r.misses} | "
+                     f"{r.kinds['longer']} / {r.kinds['shorter']} / {r.kinds['other']} |")
+    return "\n".join(lines)
+
+
 def _field(row: dict, key: str, where: str):
     if key not in row:
         raise DataError(f"{where}: no {key!r}; prepare the data again (examples/mem_update/prepare_data.py)")
@@ -51,23 +152,28 @@ def _field(row: dict, key: str, where: str):
 
 
 def headroom(path: Path, retriever: str = "embedding", top_k: int = 5,
-             extra_questions: int = 3) -> dict[str, Headroom]:
-    """The shown and the unseen questions' figures over every episode of a prepared data file."""
+             extra_questions: int = 3) -> tuple[dict[str, Headroom], list[Ask]]:
+    """The shown and the unseen questions' figures over every episode of a prepared data file, and each scored
+    question with its top k (what the reader would be asked)."""
     search = make_retriever(retriever)
     shown, unseen = Headroom(), Headroom()
+    asks = []
     for where, row in json_lines(path):
         meta = _field(row, "metadata", where)
         memories = [Memory.from_record(r, i) for i, r in enumerate(_field(meta, "memories", where))]
         asked = set(_field(meta, "asked_evidence", where))
         evidence = set(_field(meta, "evidence", where))
-        questions = [(shown, str(row.get("prompt", "")), evidence)]
+        questions = [(shown, "shown", meta.get("category"), str(row.get("prompt", "")), row.get("label"), evidence)]
         for extra in _field(meta, "extra_qa", where)[:extra_questions]:
             other = set(_field(extra, "evidence", f"{where} (extra_qa)"))
             unseen.shares_evidence += bool(other & evidence)
-            questions.append((unseen, str(extra["question"]), other))
-        for counts, question, needs in questions:
-            counts.add(needs, [m for m, _ in search.search(question, memories, top_k=top_k)], asked)
-    return {"shown": shown, "unseen": unseen}
+            questions.append((unseen, "unseen", extra.get("category"), str(extra["question"]),
+                              _field(extra, "answer", f"{where} (extra_qa)"), other))
+        for counts, group, category, question, answer, needs in questions:
+            top = [m for m, _ in search.search(question, memories, top_k=top_k)]
+            counts.add(needs, top, asked)
+            asks.append(Ask(group, CATEGORIES.get(category, "unknown"), question, str(answer), top))
+    return {"shown": shown, "unseen": unseen}, asks
 
 
 def table(rows: dict[str, Headroom], top_k: int) -> str:
@@ -88,11 +194,21 @@ def main(argv=None) -> dict[str, Headroom]:
     parser.add_argument("--top-k", type=int, default=5, help="memories the reader is given (memup_top_k)")
     parser.add_argument("--extra-questions", type=int, default=3,
                         help="unseen questions scored (memup_extra_questions)")
+    parser.add_argument("--reader", help="also the reader's replies on the untouched store: an HF model folder or a "
+                                         "packaged model's name (qwen2.5-coder-1.5b, the recipe's reader)")
+    parser.add_argument("--batch", type=int, default=16, help="the reader's prompts a batch")
     parser.add_argument("--out", type=Path, help="also write OUT.md and OUT.json")
     args = parser.parse_args(argv)
-    rows = headroom(args.data, args.retriever, args.top_k, args.extra_questions)
-    report(table(rows, args.top_k), {k: asdict(v) for k, v in rows.items()}, args.out)
-    return rows
+    rows, asks = headroom(args.data, args.retriever, args.top_k, args.extra_questions)
+    text, figures = table(rows, args.top_k), {k: asdict(v) for k, v in rows.items()}
+    if args.reader:
+        from vime_ext.models.packaged import model_folder
+
+        read = reader_rows(asks, model_folder(args.reader), args.batch)
+        text += "\n\nThe reader on the untouched store:\n\n" + reader_table(read)
+        figures["reader"] = {k: asdict(v) for k, v in read.items()}
+    report(text, figures, args.out)
+    return figures
 
 
 if __name__ == "__main__":

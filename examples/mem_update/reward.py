@@ -85,7 +85,7 @@ def _tokenizer(path: str):
     return AutoTokenizer.from_pretrained(path)
 
 
-def _reader_prompt(args, settings: MemUpdateSettings, question: str, retrieved: list[Memory]):
+def reader_prompt(args, settings: MemUpdateSettings, question: str, retrieved: list[Memory]):
     """The reader's tokenizer and its prompt's token ids: the question and the retrieved memories."""
     listing = "\n".join(f"- {m.content}" + (f" ({m.metadata['date']})" if m.metadata.get("date") else "")
                         for m in retrieved) or "(none)"
@@ -105,18 +105,27 @@ async def _ask_reader(args, ids: list[int], params: SamplingParams):
 async def reader_score(args, settings: MemUpdateSettings, question: str, answer: str,
                        retrieved: list[Memory]) -> float:
     """The reader's answer from the retrieved memories, scored by token F1."""
-    tokenizer, ids = _reader_prompt(args, settings, question, retrieved)
+    tokenizer, ids = reader_prompt(args, settings, question, retrieved)
     params = SamplingParams(temperature=0.0, max_new_tokens=settings.reader_max_tokens, log_probs=False)
     result = await _ask_reader(args, ids, params)
-    reply = tokenizer.decode(result.token_ids, skip_special_tokens=True)
-    return token_f1(reply.strip().split("\n")[0], answer)  # the first line: the answer, not what follows
+    return reply_f1(tokenizer.decode(result.token_ids, skip_special_tokens=True), answer)
+
+
+def answer_line(reply: str) -> str:
+    """What of a reader's reply is its answer: the first line, not what follows."""
+    return reply.strip().split("\n")[0]
+
+
+def reply_f1(reply: str, answer: str) -> float:
+    """A reader's reply scored against the gold answer: token F1 of its answer line."""
+    return token_f1(answer_line(reply), answer)
 
 
 async def answer_likelihood(args, settings: MemUpdateSettings, question: str, answer: str,
                             retrieved: list[Memory]) -> float:
     """The reader's probability of the gold answer as its reply to the same prompt: exp of the mean log-prob of
     the answer's tokens (in (0, 1]; an answer without tokens scores EMPTY_ANSWER_SCORE, as the proxy's does)."""
-    tokenizer, ids = _reader_prompt(args, settings, question, retrieved)
+    tokenizer, ids = reader_prompt(args, settings, question, retrieved)
     answer_ids = tokenizer(str(answer), add_special_tokens=False)["input_ids"]
     if not answer_ids:
         return EMPTY_ANSWER_SCORE

