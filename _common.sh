@@ -323,7 +323,7 @@ grpo_beside_sft_eval() {
 
 # grpo_then_evaluations EVALUATE WORK SEED LAUNCH_SCRIPT [train.py flags]: the same one after the other (GRPO, the
 # SFT save's evaluation, the RL save's), for a GPU without room for an evaluation beside GRPO (SFT_EVAL_BESIDE=0):
-# on an 80-GB H100 the 1.5B MemUpdate policy's GRPO ran out of memory at its sixth step once the SFT evaluation's
+# on an 80-GB H100 the 1.5B MemUpdate policy's GRPO ran out of memory in its seventh step once the SFT evaluation's
 # two engines (13.6 GiB each, KV_CACHE_GIB=8) had started beside its trainer (34.7 GiB at 8192-token micro-batches)
 # and reward reader (14.4 GiB), 2026-12-02. Fails if any part did; the SFT row is made even when GRPO fails.
 grpo_then_evaluations() {

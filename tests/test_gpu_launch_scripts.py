@@ -552,6 +552,10 @@ def test_the_mem_update_smollm2_recipe_chains_sft_rl_and_both_evaluations(tiny_h
     done = subprocess.run(["bash", str(ROOT / "examples/mem_update/run-smollm2-gpu.sh"), "base"],
                           env={**full, "BASELINES": "noop demo"}, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "BASELINES=noop demo: demo is none of base noop oracle demonstrated" in done.stderr
+    done = subprocess.run(["bash", str(ROOT / "examples/mem_update/run-smollm2-gpu.sh"), "base"],
+                          env={**full, "BASELINES": "demonstrated", "EVAL_SPLIT": "fact"}, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 2 and "BASELINES=demonstrated: no row to evaluate on EVAL_SPLIT=fact" in done.stderr
     # EVAL_SPLIT=fact, the `saved` stage: the seed's SFT and SFT + RL saves (converted once, by the seed stage) and
     # the rows without training on every question of the fact consolidation set, made from FACT_DATA (here a
     # made-up parquet of the real file's layout) when first needed; no demonstrated row (nothing demonstrates it)

@@ -156,6 +156,10 @@ baselines() {
     esac
     rows+=("${row}")
   done
+  if (( ${#rows[@]} == 0 )); then
+    echo "BASELINES=${BASELINES}: no row to evaluate on EVAL_SPLIT=${EVAL_SPLIT} (demonstrated has no fact row)" >&2
+    return 2
+  fi
   EDIT="${edits[*]}" evaluate "${rows[*]}"
 }
 
