@@ -19,8 +19,9 @@ reader makes of the untouched store: its greedy reply to every question, from th
 category; and of the replies that miss (F1 below 1), how many hold every token of the answer and say more (the
 reader knew it: a longer reply), how many say only part of it (a shorter reply, such as a bare "Yes" against
 "Yes, Kofi plays the flute", which token F1 scores 0), and the rest (another answer). Misses of the first two
-kinds are the answer's form, not the store's content. Greedy, with transformers (bf16 on a GPU, fp32 on a CPU:
-the engines' bf16 replies can differ in a few questions); the first misses of each kind are kept in OUT.json.
+kinds are the answer's form, not the store's content. Greedy, on the in-process transformers engine
+(``HFEngine``; bf16 on a GPU, fp32 on a CPU: the vLLM engines' bf16 replies can differ in a few questions); the
+first misses of each kind are kept in OUT.json.
 
 The data must come from ``prepare_data.py`` as it is now (each unseen question with its ``evidence``); older files
 are refused with the line named. Printed as a table; with ``--out``, OUT.md and OUT.json too.
@@ -102,36 +103,34 @@ class ReaderRow:
                                       "reply": answer_line(reply), "f1": round(score, 3)})
 
 
-def reader_replies(model: str, prompts: list[list[int]], batch: int = 16, max_new_tokens: int = 32) -> list[str]:
-    """The reader's greedy replies to token-id prompts, a batch at a time (left-padded)."""
-    import torch
+def reader_replies(engine, prompts: list[list[int]], max_new_tokens: int = 32) -> list[str]:
+    """The reader's greedy replies to token-id prompts, from an in-process ``HFEngine`` (its batched generation,
+    ``max_batch_size`` prompts at a time), decoded as the reward decodes them."""
     from tqdm import tqdm
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    gpu = torch.cuda.is_available()
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    tokenizer.padding_side = "left"
-    net = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16 if gpu else torch.float32).eval()
-    net.to("cuda" if gpu else "cpu")
+    from vime_ext.engines.protocol import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, log_probs=False)
     replies = []
-    for start in tqdm(range(0, len(prompts), batch), desc="reader", unit="batch"):
-        chunk = tokenizer.pad({"input_ids": prompts[start:start + batch]}, return_tensors="pt").to(net.device)
-        with torch.no_grad():
-            out = net.generate(**chunk, max_new_tokens=max_new_tokens, do_sample=False,
-                               pad_token_id=tokenizer.pad_token_id)
-        width = chunk["input_ids"].shape[1]
-        replies += [tokenizer.decode(row[width:], skip_special_tokens=True) for row in out]
+    for start in tqdm(range(0, len(prompts), engine.max_batch_size), desc="reader", unit="batch"):
+        results = engine.generate_batch(prompts[start:start + engine.max_batch_size], params)
+        replies += [engine.tokenizer.decode(r.token_ids, skip_special_tokens=True) for r in results]
     return replies
 
 
 def reader_rows(asks: list[Ask], model: str, batch: int = 16) -> dict[str, ReaderRow]:
-    """The reader's scores on the untouched store, per question kind and category ("unseen temporal", ...)."""
-    from transformers import AutoTokenizer
+    """The reader's scores on the untouched store, per question kind and category ("unseen temporal", ...); the
+    model in bf16 on a GPU, fp32 on a CPU."""
+    import torch
 
-    args, settings = SimpleNamespace(tokenizer=AutoTokenizer.from_pretrained(model)), MemUpdateSettings()
+    from vime_ext.engines.hf_engine import HFEngine
+
+    engine = HFEngine(model, dtype=torch.bfloat16 if torch.cuda.is_available() else torch.float32,
+                      max_batch_size=batch)
+    args, settings = SimpleNamespace(tokenizer=engine.tokenizer), MemUpdateSettings()
     prompts = [reader_prompt(args, settings, a.question, a.top)[1] for a in asks]
     rows: dict[str, ReaderRow] = {}
-    for ask, reply in zip(asks, reader_replies(model, prompts, batch, settings.reader_max_tokens)):
+    for ask, reply in zip(asks, reader_replies(engine, prompts, settings.reader_max_tokens)):
         rows.setdefault(f"{ask.group} {ask.category}", ReaderRow()).add(ask, reply)
     return dict(sorted(rows.items()))
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from examples.mem_update.headroom import Ask, headroom, main, miss_kind, reader_replies, reader_rows
+from examples.mem_update.headroom import headroom, main, miss_kind, reader_replies, reader_rows
 from examples.mem_update.reward import reply_f1
 from examples.mem_update.locomo import generate_locomo, load_locomo, prompt_records
 from vime_ext.data.prompt_dataset import DataError
@@ -59,8 +59,8 @@ def test_how_a_miss_is_told():
 
 
 def test_the_readers_replies_on_the_untouched_store(tiny_hf_dirs, tmp_path):
-    """A real (tiny, random) model as the reader: replies in left-padded batches equal each prompt's own greedy
-    reply; every scored question is in its row (question kind and category) with the F1 the reward gives it; the
+    """A real (tiny, random) model as the reader: replies in left-padded batches (the in-process HFEngine) equal
+    each prompt's own greedy reply; every scored question is in its row (question kind and category) with the F1 the reward gives it; the
     command line adds the reader's table."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -69,7 +69,9 @@ def test_the_readers_replies_on_the_untouched_store(tiny_hf_dirs, tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(model)
     prompts = [tokenizer(text)["input_ids"] for text in ("Where is Oslo?", "A much longer prompt about a cat named "
                                                          "Pepper and the grey weather")]
-    batched = reader_replies(model, prompts, batch=2, max_new_tokens=6)
+    from vime_ext.engines.hf_engine import HFEngine
+
+    batched = reader_replies(HFEngine(model, max_batch_size=2), prompts, max_new_tokens=6)
     net = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
     for ids, reply in zip(prompts, batched):
         alone = net.generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False,
