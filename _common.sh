@@ -310,11 +310,7 @@ grpo_beside_sft_eval() {
   "${evaluate}" "sft_s${seed}" "${work}/seed_${seed}/sft" >"${work}/seed_${seed}/sft_eval.log" 2>&1 &
   sft_eval=$!
   wait "${grpo}" || status=$?
-  if [ "${status}" = 0 ]; then
-    "${evaluate}" "rl_s${seed}" "${work}/seed_${seed}/rl" || status=$?
-  else
-    echo "GRPO failed (exit ${status}): no SFT + RL evaluation for seed ${seed}" >&2
-  fi
+  rl_evaluation "${evaluate}" "${work}" "${seed}" "${status}" || status=$?
   again_if_failed "${sft_eval}" "the SFT evaluation" GRPO "${work}/seed_${seed}/sft_eval.log" \
     "${evaluate}" "sft_s${seed}" "${work}/seed_${seed}/sft" ||
     { echo "the SFT evaluation failed again: no SFT row for seed ${seed}" >&2; status=1; }
@@ -332,13 +328,19 @@ grpo_then_evaluations() {
   grpo_from_sft "${script}" "${work}" "${seed}" "$@" || grpo=$?
   "${evaluate}" "sft_s${seed}" "${work}/seed_${seed}/sft" >"${work}/seed_${seed}/sft_eval.log" 2>&1 ||
     { echo "the SFT evaluation failed (${work}/seed_${seed}/sft_eval.log): no SFT row for seed ${seed}" >&2; status=1; }
-  if [ "${grpo}" = 0 ]; then
-    "${evaluate}" "rl_s${seed}" "${work}/seed_${seed}/rl" || status=$?
-  else
-    echo "GRPO failed (exit ${grpo}): no SFT + RL evaluation for seed ${seed}" >&2
-    status=${grpo}
-  fi
+  rl_evaluation "${evaluate}" "${work}" "${seed}" "${grpo}" || status=$?
   return "${status}"
+}
+
+# rl_evaluation EVALUATE WORK SEED GRPO_STATUS: the RL save's evaluation (EVALUATE rl_sSEED WORK/seed_SEED/rl) after
+# a GRPO run that exited 0; after one that failed, why there is none, and GRPO's status
+rl_evaluation() {
+  if [ "$4" = 0 ]; then
+    "$1" "rl_s$3" "$2/seed_$3/rl"
+    return
+  fi
+  echo "GRPO failed (exit $4): no SFT + RL evaluation for seed $3" >&2
+  return "$4"
 }
 
 # again_if_failed PID WHAT BESIDE LOG COMMAND...: waits for PID, COMMAND started in the background beside BESIDE on
