@@ -60,8 +60,8 @@ def test_how_a_miss_is_told():
 
 def test_the_readers_replies_on_the_untouched_store(tiny_hf_dirs, tmp_path):
     """A real (tiny, random) model as the reader: replies in left-padded batches (the in-process HFEngine) equal
-    each prompt's own greedy reply; every scored question is in its row (question kind and category) with the F1 the reward gives it; the
-    command line adds the reader's table."""
+    each prompt's own greedy reply; every scored question is in its row (question kind and category) with the F1
+    the reward gives it; the command line adds the reader's table."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
