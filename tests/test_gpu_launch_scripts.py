@@ -527,7 +527,7 @@ def test_the_mem_update_smollm2_recipe_chains_sft_rl_and_both_evaluations(tiny_h
     evals = evaluations_of_all("examples/mem_update/run-smollm2-gpu.sh", {**full, "READER": str(reader)},
                                tmp_path / "train_args.json.eval", stage="base")
     (a,) = evals  # one run, the four rows in turn on its engines
-    assert after(a, "--edit", 4) == ["agent", "noop", "oracle", "demonstrated"]
+    assert after(a, "--edit", 4) == ["agent", "noop", "oracle", "demonstrated"] and "consolidated" not in a
     assert after(a, "--save-file", 4) == ["base", "noop", "oracle", "demonstrated"] and \
         last(a, "--reader-model") == str(reader)
     # one seed a GPU, no KV_CACHE_GIB: vLLM sizes the caches from the shares
@@ -551,7 +551,8 @@ def test_the_mem_update_smollm2_recipe_chains_sft_rl_and_both_evaluations(tiny_h
     assert after(a, "--edit", 2) == ["noop", "demonstrated"] and after(a, "--save-file", 2) == ["noop", "demonstrated"]
     done = subprocess.run(["bash", str(ROOT / "examples/mem_update/run-smollm2-gpu.sh"), "base"],
                           env={**full, "BASELINES": "noop demo"}, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 2 and "BASELINES=noop demo: demo is none of base noop oracle demonstrated" in done.stderr
+    assert done.returncode == 2 and \
+        "BASELINES=noop demo: demo is none of base noop oracle demonstrated consolidated" in done.stderr
     done = subprocess.run(["bash", str(ROOT / "examples/mem_update/run-smollm2-gpu.sh"), "base"],
                           env={**full, "BASELINES": "demonstrated", "EVAL_SPLIT": "fact"}, capture_output=True,
                           text=True, timeout=300)
@@ -584,7 +585,8 @@ def test_the_mem_update_smollm2_recipe_chains_sft_rl_and_both_evaluations(tiny_h
     for a, save_file in ((sft_eval, "sft_s2"), (rl_eval, "rl_s2")):
         assert last(a, "--save-file") == save_file and last(a, "--edit") == "agent"
         assert last(a, "--model-path") == str(work / f"seed_2/{save_file[:-3]}/hf/iter_0000001")
-    assert after(rows, "--edit", 3) == ["agent", "noop", "oracle"] and "demonstrated" not in rows
+    # on the fact questions, consolidated (every superseded fact deleted) in demonstrated's place
+    assert after(rows, "--edit", 4) == ["agent", "noop", "oracle", "consolidated"] and "demonstrated" not in rows
     for a in (sft_eval, rl_eval, rows):
         assert last(a, "--test-data") == str(data / "fact_eval.jsonl")
         assert last(a, "--save-dir") == str(work / "eval_fact")

@@ -1,5 +1,5 @@
 """Edits made without the policy, as generate plug-ins the evaluation runs in the agent's place
-(``eval_mem_update.py --edit noop|oracle|demonstrated``), scored by the same reward:
+(``eval_mem_update.py --edit noop|oracle|demonstrated|consolidated``), scored by the same reward:
 
 - ``noop``: the store is left as it is (doing nothing: the row a learned editor must beat);
 - ``oracle``: for every question the episode is scored on (the one shown and ``memup_extra_questions`` others of
@@ -9,7 +9,11 @@
   its answer note unless ``memup_answer_note`` is 0, as the recipe's data), through the same tools: what
   imitating them perfectly would score. It knows which memories
   are evidence and which are noise from the data's labels (``evidence``, ``asked_evidence``), which a policy
-  does not: a reference row, like the oracle, not a baseline to beat.
+  does not: a reference row, like the oracle, not a baseline to beat;
+- ``consolidated`` (fact consolidation data only): every fact that a later fact of the same slot restates is
+  deleted (``fact_consolidation.superseded``), for all questions at once: what resolving every conflict in the list
+  gives, from the list's order alone, no gold answer read. A reference row for an editor's content work: unlike
+  the oracle's answers, it is an edit a policy could make with the tools (one delete per conflict).
 
 None asks the engine anything; the episode ends finished, with the agent's counters.
 """
@@ -17,6 +21,7 @@ None asks the engine anything; the episode ends finished, with the agent's count
 from dataclasses import replace
 
 from examples.mem_update.demonstrations import plan_and_play
+from examples.mem_update.fact_consolidation import superseded
 from examples.mem_update.retrieval import make_retriever
 from examples.mem_update.rollout import episode_metrics
 from examples.mem_update.settings import MemUpdateSettings
@@ -79,3 +84,17 @@ async def demonstrated(args, sample, sampling_params, evaluation: bool = False):
     for call, _ in played.calls:
         calls[call.name] += 1
     return _episode(sample, namespace, sum(n for name, n in calls.items() if name in CHANGES_STORE), calls)
+
+
+async def consolidated(args, sample, sampling_params, evaluation: bool = False):
+    memories = sample.metadata.get("memories") or []
+    if not any(isinstance(m, dict) and m.get("source") == "fact_list" for m in memories):
+        raise ValueError(f"sample {sample.index}: the consolidated row needs fact consolidation data (memories of "
+                         "source 'fact_list': prepare_data.py --fact-consolidation)")
+    namespace = _namespace(sample)
+    older = superseded(memories)
+    for memory_id in older:
+        namespace.delete(memory_id)
+    calls = {tool["function"]["name"]: 0 for tool in TOOLS}
+    calls["delete_memory"] = len(older)
+    return _episode(sample, namespace, len(older), calls)

@@ -142,22 +142,25 @@ one_seed() {
 }
 
 # the rows without training, on one policy engine and one reader: the base model, nobody editing (no-op), the
-# gold answers added (oracle) and SFT's demonstrated episodes (demonstrated; labels known, as the oracle's; not on
-# the fact consolidation questions, which have no demonstrations). BASELINES: some of them ("noop demonstrated":
-# the rows without a policy, minutes where the base model's episodes take longer)
+# gold answers added (oracle), SFT's demonstrated episodes (demonstrated; labels known, as the oracle's; not on
+# the fact consolidation questions, which have no demonstrations) and, on those only, every superseded fact
+# deleted (consolidated: what resolving every conflict gives). BASELINES: some of them ("noop demonstrated": the
+# rows without a policy, minutes where the base model's episodes take longer)
 baselines() {
   local rows=() edits=() row
-  for row in ${BASELINES:-base noop oracle demonstrated}; do
+  for row in ${BASELINES:-base noop oracle demonstrated consolidated}; do
     case "${row}" in
       base) edits+=(agent) ;;
       noop | oracle) edits+=("${row}") ;;
       demonstrated) if [ "${EVAL_SPLIT}" = fact ]; then continue; fi; edits+=("${row}") ;;
-      *) echo "BASELINES=${BASELINES}: ${row} is none of base noop oracle demonstrated" >&2; return 2 ;;
+      consolidated) if [ "${EVAL_SPLIT}" != fact ]; then continue; fi; edits+=("${row}") ;;
+      *) echo "BASELINES=${BASELINES}: ${row} is none of base noop oracle demonstrated consolidated" >&2; return 2 ;;
     esac
     rows+=("${row}")
   done
   if (( ${#rows[@]} == 0 )); then
-    echo "BASELINES=${BASELINES}: no row to evaluate on EVAL_SPLIT=${EVAL_SPLIT} (demonstrated has no fact row)" >&2
+    echo "BASELINES=${BASELINES}: no row to evaluate on EVAL_SPLIT=${EVAL_SPLIT} (demonstrated has no fact row," \
+      "consolidated only a fact row)" >&2
     return 2
   fi
   EDIT="${edits[*]}" evaluate "${rows[*]}"
@@ -193,7 +196,7 @@ table() {
   local name key
   models_with_results "${RESULTS}/%s.json" "no-op (store untouched)=noop" base=base "SFT=sft_s*" \
     "SFT + RL=rl_s*" "demonstrated (SFT's episodes, labels known)=demonstrated" \
-    "oracle (gold answers added)=oracle"
+    "consolidated (superseded facts deleted)=consolidated" "oracle (gold answers added)=oracle"
   python -m examples.mem_update.results_table --results "${RESULTS}" "${MODEL_ARGS[@]}" \
     --out "${TABLE_DIR}/mem_update_smollm2"
   models_with_results "%s" "SFT + RL=${RESULTS}/rl_s*.samples.jsonl" "SFT=${RESULTS}/sft_s*.samples.jsonl" \
