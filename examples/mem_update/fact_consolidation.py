@@ -65,7 +65,7 @@ def slot(fact: str) -> str | None:
 def superseded(memories: list[dict[str, Any]]) -> list[str]:
     """The ids of the facts that a later fact of the same slot restates (the list's order says which is newer):
     what consolidating the list deletes. Memories that are not numbered facts are left out."""
-    latest: dict[str, tuple[int, str]] = {}
+    latest: dict[str, str] = {}  # slot -> the id of its newest statement so far
     older = []
     numbered = [(m["metadata"]["position"], m) for m in memories
                 if m.get("source") == "fact_list" and "position" in (m.get("metadata") or {})]
@@ -74,8 +74,8 @@ def superseded(memories: list[dict[str, Any]]) -> list[str]:
         if key is None:
             continue
         if key in latest:
-            older.append(latest[key][1])
-        latest[key] = (position, memory["id"])
+            older.append(latest[key])
+        latest[key] = memory["id"]
     return older
 
 
