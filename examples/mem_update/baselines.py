@@ -26,6 +26,7 @@ from examples.mem_update.retrieval import make_retriever
 from examples.mem_update.rollout import episode_metrics
 from examples.mem_update.settings import MemUpdateSettings
 from examples.mem_update.store import STORE
+from examples.mem_update.sweep import play_sweep
 from examples.mem_update.tools import CHANGES_STORE, ERROR_KINDS, TOOLS, ToolBox
 from vime_ext.agent.sample import Status
 
@@ -37,11 +38,12 @@ def _namespace(sample):
     return STORE.create(memories, prefix="baseline")
 
 
-def _episode(sample, namespace, edits: int, calls: dict[str, int] | None = None):
-    """The finished episode on ``namespace``, with the agent's counters: ``calls`` by tool (a reply each, then the
-    final one), none by default."""
+def _episode(sample, namespace, edits: int, calls: dict[str, int] | None = None, replies: int | None = None):
+    """The finished episode on ``namespace``, with the agent's counters: ``calls`` by tool, none by default, made in
+    ``replies`` replies before the final one (default: a reply each)."""
     calls = calls or {tool["function"]["name"]: 0 for tool in TOOLS}
-    turns = sum(calls.values()) + 1 if any(calls.values()) else 0
+    replies = sum(calls.values()) if replies is None else replies
+    turns = replies + 1 if any(calls.values()) else 0
     metrics = {**sample.metrics, **episode_metrics(namespace, turns, calls, dict.fromkeys(ERROR_KINDS, 0), edits)}
     return replace(sample, metadata={**sample.metadata, "memory_namespace": namespace.name, "finished": True},
                    metrics=metrics, response="", status=Status.COMPLETED)
@@ -86,11 +88,16 @@ async def demonstrated(args, sample, sampling_params, evaluation: bool = False):
     return _episode(sample, namespace, sum(n for name, n in calls.items() if name in CHANGES_STORE), calls)
 
 
-async def consolidated(args, sample, sampling_params, evaluation: bool = False):
+def _fact_list(sample, row: str) -> None:
     memories = sample.metadata.get("memories") or []
     if not any(isinstance(m, dict) and m.get("source") == "fact_list" for m in memories):
-        raise ValueError(f"sample {sample.index}: the consolidated row needs fact consolidation data (memories of "
+        raise ValueError(f"sample {sample.index}: the {row} row needs fact consolidation data (memories of "
                          "source 'fact_list': prepare_data.py --fact-consolidation)")
+
+
+async def consolidated(args, sample, sampling_params, evaluation: bool = False):
+    _fact_list(sample, "consolidated")
+    memories = sample.metadata["memories"]
     namespace = _namespace(sample)
     older = superseded(memories)
     for memory_id in older:
@@ -98,3 +105,20 @@ async def consolidated(args, sample, sampling_params, evaluation: bool = False):
     calls = {tool["function"]["name"]: 0 for tool in TOOLS}
     calls["delete_memory"] = len(older)
     return _episode(sample, namespace, len(older), calls)
+
+
+async def swept(args, sample, sampling_params, evaluation: bool = False):
+    _fact_list(sample, "swept")
+    settings = MemUpdateSettings.from_args(args)
+    namespace = _namespace(sample)
+    try:
+        replies = play_sweep(str(sample.prompt), ToolBox(namespace, make_retriever(settings.retriever)),
+                             where=f"sample {sample.index}")
+    except BaseException:
+        STORE.drop(namespace.name)
+        raise
+    calls = {tool["function"]["name"]: 0 for tool in TOOLS}
+    for reply in replies:
+        for call, _ in reply.calls:
+            calls[call.name] += 1
+    return _episode(sample, namespace, calls["delete_memory"], calls, len(replies))

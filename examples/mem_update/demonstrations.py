@@ -34,11 +34,19 @@ tools under ``tools``), from the training split only (``prepare_data.py``'s spli
     python -m examples.mem_update.demonstrations --locomo data/mem_update/locomo_generated.json \\
         --out data/mem_update/sft.jsonl [--retriever embedding|bm25] [--n-test 3] [--seed 42] [--no-answer-note] \\
         [--rationale]
+
+On fact lists (``prepare_data.py --generate-fact-lists``), ``--sweep-prompts train.jsonl`` writes instead the
+consolidation sweep of ``sweep.py`` for each record: the searches the episode's budget holds, each followed by
+deleting what its results show restated later (several calls in one reply), then a final reply:
+
+    python -m examples.mem_update.demonstrations --sweep-prompts data/fact_lists/train.jsonl \\
+        --out data/fact_lists/sft.jsonl
 """
 
 import argparse
 import json
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,9 +56,12 @@ from examples.mem_update.retrieval import make_retriever
 from examples.mem_update.rollout import episode_messages
 from examples.mem_update.settings import MemUpdateSettings
 from examples.mem_update.store import STORE
+from examples.mem_update.sweep import FINAL as SWEEP_FINAL
+from examples.mem_update.sweep import play_sweep
 from examples.mem_update.tools import TOOLS, ToolBox, ToolCall
 from vime_ext.agent.sample import Sample
 from vime_ext.agent.tool_calls import tool_message
+from vime_ext.data.prompt_dataset import DataError, json_lines
 
 FINAL = "The store is ready: the facts this question needs are stated with their dates, and the noise is gone."
 ASKED_MONTH = re.compile(rf"\b({'|'.join(MONTHS)}),? (\d{{4}})\b")
@@ -158,12 +169,56 @@ def demonstration(conversation: Conversation, item: dict, settings: MemUpdateSet
     texts = [None] * len(played.calls) + [FINAL]  # each reply's words before its call (the last: no call)
     if with_rationale:
         texts[1] = played.rationale if texts[1] is None else f"{played.rationale} {texts[1]}"
-    for (call, result), text in zip(played.calls, texts):
-        messages += [{"role": "assistant", "content": text, "tool_calls": [
-                         {"type": "function", "function": {"name": call.name, "arguments": call.arguments}}]},
-                     tool_message(result)]
+    for played_call, text in zip(played.calls, texts):
+        messages += reply_messages(text, [played_call])
     messages.append({"role": "assistant", "content": texts[-1]})
     return Demonstration(messages, [call.name for call, _ in played.calls], namespace.name)
+
+
+def reply_messages(text: str | None, calls: list[tuple[ToolCall, dict]]) -> list[dict]:
+    """A reply (its words, then its calls) and a tool message with each call's result."""
+    return [{"role": "assistant", "content": text, "tool_calls": [
+                {"type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+                for call, _ in calls]},
+            *[tool_message(result) for _, result in calls]]
+
+
+def sweep_demonstration(record: dict, settings: MemUpdateSettings, where: str = "") -> Demonstration:
+    """The consolidation sweep (``sweep.py``) for a prompt record of fact list data: its chat, played on a
+    namespace of the record's memories (dropped after)."""
+    memories = record["metadata"]["memories"]
+    namespace = STORE.create(memories)
+    try:
+        replies = play_sweep(str(record["prompt"]), ToolBox(namespace, make_retriever(settings.retriever)),
+                             where=where)
+    finally:
+        STORE.drop(namespace.name)
+    messages = episode_messages(Sample(prompt=record["prompt"], metadata={"memories": memories}), settings,
+                                len(memories))
+    for reply in replies:
+        messages += reply_messages(None, reply.calls)
+    messages.append({"role": "assistant", "content": SWEEP_FINAL})
+    return Demonstration(messages, [call.name for reply in replies for call, _ in reply.calls], namespace.name)
+
+
+def write_sweep_demonstrations(prompts: str | Path, out: str | Path,
+                               settings: MemUpdateSettings) -> tuple[Path, dict[str, int]]:
+    """A sweep chat for every record of a prompt file of fact lists (``prepare_data.py --generate-fact-lists``'s
+    train.jsonl); returns the path and the calls per tool."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    counts: dict[str, int] = {}
+    with out.open("w", encoding="utf-8") as f:
+        for where, record in json_lines(prompts):
+            if not any(m.get("source") == "fact_list" for m in record.get("metadata", {}).get("memories", [])):
+                raise DataError(f"{where}: not fact list data (no memory of source 'fact_list'): --sweep-prompts "
+                                "takes prepare_data.py --generate-fact-lists's records")
+            demo = sweep_demonstration(record, settings, where)
+            for name in demo.calls:
+                counts[name] = counts.get(name, 0) + 1
+            f.write(json.dumps({"messages": demo.messages, "tools": TOOLS, "metadata": {
+                "sample_id": record["metadata"].get("sample_id"), "where": where}}, ensure_ascii=False) + "\n")
+    return out, counts
 
 
 def write_demonstrations(locomo: str | Path, out: str | Path, settings: MemUpdateSettings, n_test: int = 3,
@@ -190,7 +245,11 @@ def write_demonstrations(locomo: str | Path, out: str | Path, settings: MemUpdat
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description="MemUpdate demonstrations (SFT chats) of good episodes")
-    parser.add_argument("--locomo", required=True, help="a locomo10.json-format file (e.g. prepare_data's)")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--locomo", help="a locomo10.json-format file (e.g. prepare_data's)")
+    source.add_argument("--sweep-prompts", metavar="TRAIN_JSONL",
+                        help="fact list prompt records (prepare_data.py --generate-fact-lists's train.jsonl): a "
+                             "consolidation sweep (sweep.py) per record")
     parser.add_argument("--out", required=True)
     parser.add_argument("--retriever", choices=["embedding", "bm25"], default="embedding",
                         help="as memup_retriever in the RL run: the search results the chats show")
@@ -203,8 +262,15 @@ def main(argv=None) -> None:
                         help="open the reply after the search with the month asked about and the evidence's "
                              "dates, ids and texts")
     args = parser.parse_args(argv)
-    path, counts = write_demonstrations(args.locomo, args.out, MemUpdateSettings(retriever=args.retriever),
-                                        args.n_test, args.seed, args.n_val, args.answer_note, args.rationale)
+    settings = MemUpdateSettings(retriever=args.retriever)
+    if args.sweep_prompts:
+        try:
+            path, counts = write_sweep_demonstrations(args.sweep_prompts, args.out, settings)
+        except DataError as err:
+            sys.exit(f"demonstrations: {err}")
+    else:
+        path, counts = write_demonstrations(args.locomo, args.out, settings, args.n_test, args.seed, args.n_val,
+                                            args.answer_note, args.rationale)
     print(f"{path}: calls per tool {json.dumps(counts)}")
 
 

@@ -1,14 +1,14 @@
 """QA on held-out conversations before and after the agent's edits.
 
     python -m examples.mem_update.eval_mem_update --model-path DIR --test-data test.jsonl --save-dir results \
-        [--save-file NAME ...] [--edit agent|noop|oracle|demonstrated|consolidated ...] [--reader-model DIR
+        [--save-file NAME ...] [--edit agent|noop|oracle|demonstrated|consolidated|swept ...] [--reader-model DIR
         [--reader-replies-file F]]
         [--engine-backend vllm|hf] [--engine-dtype float32] [--force] [--vllm-X ...]
 
 Each test prompt is one episode of the served model on its conversation's initial memories (greedy by default;
-``--edit noop|oracle|demonstrated|consolidated``: the store left alone, given each scored question's gold answer,
-edited as SFT's demonstrations do, or, on fact consolidation data, every superseded fact deleted, in the model's
-place; several edits: a row each, on the same engines),
+``--edit noop|oracle|demonstrated|consolidated|swept``: the store left alone, given each scored question's gold
+answer, edited as SFT's demonstrations do, or, on fact consolidation data, every superseded fact deleted or those
+that a consolidation sweep's searches show, in the model's place; several edits: a row each, on the same engines),
 scored by the training reward: the QA score of the store before and after, with the settings of
 ``--custom-config-path``. Writes ``SAVE_DIR/SAVE_FILE.json`` (qa_before, qa_after, the delta, reward, per LoCoMo
 category, tool calls and errors per episode, failed episodes) and prints it. Each finished episode goes to
@@ -33,7 +33,7 @@ HERE = Path(__file__).resolve().parent
 TOOL_NAMES = [tool["function"]["name"] for tool in TOOLS]
 EDITS = {"agent": "examples.mem_update.rollout.generate", "noop": "examples.mem_update.baselines.noop",
          "oracle": "examples.mem_update.baselines.oracle", "demonstrated": "examples.mem_update.baselines.demonstrated",
-         "consolidated": "examples.mem_update.baselines.consolidated"}
+         "consolidated": "examples.mem_update.baselines.consolidated", "swept": "examples.mem_update.baselines.swept"}
 
 
 def summarize(metrics: dict[str, float]) -> dict:
@@ -88,7 +88,8 @@ def main(argv=None) -> list[dict]:
                         help="who edits the store: the served model (agent), nobody (noop: doing nothing), the "
                              "oracle (each scored question's gold answer added: the ceiling), or SFT's demonstrated "
                              "episode (demonstrated: what perfect imitation scores), every superseded fact deleted "
-                             "(consolidated: fact consolidation data only); baselines.py. Several: "
+                             "(consolidated) or those a sweep's searches show (swept; both fact consolidation data "
+                             "only); baselines.py. Several: "
                              "one row each, in turn, on the same engines (one start; the reader's reply to a "
                              "prompt is the same in every row)")
     parser.add_argument("--reader-replies-file", default=None,

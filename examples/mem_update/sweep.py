@@ -1,0 +1,78 @@
+"""A consolidation sweep on a numbered fact list (fact consolidation data): the edit a policy could learn to make
+with the tools alone, reading only what its searches show.
+
+A fact list states some facts twice with different values, and the later statement (the larger number at the
+start of its text) is the one that holds. An episode that sweeps:
+
+1. searches for the question it was shown (``top_k`` 20), and then for the relation phrases of the list's
+   templates ("was born in the city of", ...) in turn (``top_k`` 20), one search per reply, ``searches`` in all;
+2. in the reply after each search, deletes every fact that the results show restated by a later fact of the same
+   slot (``fact_consolidation.slot``: the fact without its value), before the next search in that reply;
+3. ends with a reply without a call.
+
+No gold answer and no label is read: which fact is older comes from the numbers the results show, as a policy
+would read them. ``searches`` is what fits the episode's token budget (``memup_max_context_tokens``, 8192 by
+default): a search of 20 facts returns about 900 tokens beside the 1,500 of the prompt and tools, so five
+searches and their deletes fit it (six went over on some episodes of the real list).
+``consolidated`` (every superseded fact of the list deleted) is what a sweep over the whole list would reach.
+"""
+
+from dataclasses import dataclass
+
+from examples.mem_update.fact_consolidation import _FACT, _VERB_PHRASES, slot
+from examples.mem_update.tools import ToolBox, ToolCall
+
+SWEEP_K = 20  # the searches' top_k (the schema's largest)
+SEARCHES = 5  # with the Qwen tokenizer: 6,800 to 7,100 tokens on the real list, 7,800 to 8,140 on fact_lists'
+SWEEP_QUERIES = _VERB_PHRASES  # the relation phrases of the list's templates, searched in their order
+FINAL = "The store is consolidated: each fact the searches showed restated later now holds its latest value only."
+
+
+@dataclass(frozen=True)
+class Reply:
+    calls: list[tuple[ToolCall, dict]]  # each call of the reply and its real result, in order
+
+
+def restated(results: list[dict], gone: set[str] = frozenset()) -> list[str]:
+    """The ids of the shown facts that a later shown fact of the same slot restates, in the order of the facts
+    that restate them (``gone``: ids deleted already, left out)."""
+    newest: dict[str, tuple[int, str]] = {}
+    older = []
+    numbered = [(int(match.group(1)), hit["id"], hit["content"]) for hit in results
+                if hit["id"] not in gone and (match := _FACT.fullmatch(str(hit["content"]).strip()))]
+    for number, memory_id, content in sorted(numbered):
+        key = slot(content)
+        if key is None:
+            continue
+        if key in newest:
+            older.append(newest[key][1])
+        newest[key] = (number, memory_id)
+    return older
+
+
+def play_sweep(question: str, box: ToolBox, searches: int = SEARCHES, where: str = "") -> list[Reply]:
+    """The sweep's replies with calls (the final reply, ``FINAL``, has none), each call run on ``box``."""
+    if searches < 1:
+        raise ValueError(f"{where}: a sweep needs at least one search")
+    queries = [question, *SWEEP_QUERIES][:searches]
+    replies, pending, gone = [], [], set()
+
+    def play(call: ToolCall, calls: list) -> dict:
+        result = box.run(call)
+        if result.error:
+            raise ValueError(f"{where}: sweep call {call} failed: {result.content}")
+        calls.append((call, result.content))
+        return result.content
+
+    for query in [*queries, None]:
+        calls: list[tuple[ToolCall, dict]] = []
+        for memory_id in pending:
+            play(ToolCall("delete_memory", {"memory_id": memory_id, "reason": "restated later with another value"}),
+                 calls)
+            gone.add(memory_id)
+        if query is not None:
+            pending = restated(play(ToolCall("search_memory", {"query": query, "top_k": SWEEP_K}), calls)["results"],
+                               gone)
+        if calls:
+            replies.append(Reply(calls))
+    return replies

@@ -1,0 +1,64 @@
+"""Generated fact lists (examples/mem_update/fact_lists.py) in the real fact consolidation format, split into
+prompt data, and the sweep demonstrations trained on them (demonstrations.py --sweep-prompts)."""
+
+import json
+
+import pytest
+
+from examples.mem_update.demonstrations import main as demonstrations
+from examples.mem_update.fact_consolidation import _FACT, slot, superseded
+from examples.mem_update.fact_lists import generate_fact_list
+from examples.mem_update.prepare_data import main as prepare
+from examples.mem_update.store import STORE
+
+
+def test_a_list_restates_slots_later_and_asks_for_their_latest_values():
+    lists = [generate_fact_list(k, facts=120, restated=40, questions=30) for k in range(2)]
+    for facts in lists:
+        texts = [m["content"] for m in facts.memories]
+        assert [int(_FACT.fullmatch(t).group(1)) for t in texts] == list(range(120))  # numbered in order
+        assert all(slot(t) is not None for t in texts)  # every fact in a template slot.py reads
+        assert len(superseded(facts.memories)) == 40  # each restated slot: one older statement
+        latest = {slot(t): t for t in texts}  # each slot's last statement (later ones overwrite)
+        restated = {slot(m["content"]) for m in facts.memories if m["id"] in superseded(facts.memories)}
+        asked = 0
+        for item in facts.qa:
+            assert item["category"] == 4
+            # the question names the slot's subject; its answer is the value of the slot's last statement
+            named = [w for w in item["question"].rstrip("?").split()[1:] if w[0].isupper()]
+            matches = [s for s, t in latest.items()
+                       if t.endswith(f" {item['answer']}.") and all(w in s for w in named)]
+            assert matches, item
+            asked += any(s in restated for s in matches)
+        assert len(facts.qa) == 30 and asked >= round(30 * 0.82)
+    assert lists[0].memories != lists[1].memories
+    assert generate_fact_list(0, facts=120, restated=40, questions=30) == lists[0]  # reproducible
+    with pytest.raises(ValueError, match="restated 70: a list of 120 facts restates between 0 and 60"):
+        generate_fact_list(0, facts=120, restated=70)
+
+
+def test_prepared_lists_give_sweep_demonstrations_that_delete_only_older_statements(tmp_path):
+    # lists of 60 facts (the real size, 455, makes each chat about 7,000 tokens), 40 slots: 40 questions each
+    summary = prepare(["--generate-fact-lists", "--num-conversations", "4", "--n-test", "1", "--n-val", "1",
+                       "--facts", "60", "20", "--out-dir", str(tmp_path), "--extra-questions", "2"])
+    assert summary["train"]["prompts"] == 80 and summary["test"]["prompts"] == 40
+    assert summary["train"]["memories_per_conversation"] == [60, 60]
+    demonstrations(["--sweep-prompts", str(tmp_path / "train.jsonl"), "--out", str(tmp_path / "sft.jsonl"),
+                    "--retriever", "bm25"])
+    chats = [json.loads(line) for line in (tmp_path / "sft.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (tmp_path / "train.jsonl").read_text().splitlines()]
+    assert len(chats) == 80 and len(STORE) == 0
+    for chat, record in zip(chats, records):
+        messages = chat["messages"]
+        assert messages[1]["content"].startswith(f"Question to prepare for: {record['prompt']}")
+        calls = [c["function"] for m in messages if m["role"] == "assistant" for c in m.get("tool_calls") or []]
+        assert calls[0] == {"name": "search_memory", "arguments": {"query": record["prompt"], "top_k": 20}}
+        assert sum(c["name"] == "search_memory" for c in calls) == 5 and messages[-1]["role"] == "assistant"
+        deleted = {c["arguments"]["memory_id"] for c in calls if c["name"] == "delete_memory"}
+        # every delete is an older statement of a restated slot; with 60 facts and 20 per search most are seen
+        assert deleted and deleted <= set(superseded(record["metadata"]["memories"]))
+        assert sum(m["role"] == "tool" for m in messages) == len(calls)
+    with pytest.raises(SystemExit, match="--sweep-prompts takes"):  # LoCoMo-format records are refused by line
+        (tmp_path / "locomo.jsonl").write_text(json.dumps({"prompt": "Q?", "metadata": {"memories": [
+            {"id": "m1", "content": "Ada lives in Oslo.", "source": "observation"}]}}) + "\n")
+        demonstrations(["--sweep-prompts", str(tmp_path / "locomo.jsonl"), "--out", str(tmp_path / "x.jsonl")])
