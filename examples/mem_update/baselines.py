@@ -113,7 +113,7 @@ async def swept(args, sample, sampling_params, evaluation: bool = False):
     namespace = _namespace(sample)
     try:
         replies = play_sweep(str(sample.prompt), ToolBox(namespace, make_retriever(settings.retriever)),
-                             where=f"sample {sample.index}")
+                             settings.sweep_searches, where=f"sample {sample.index}")
     except BaseException:
         STORE.drop(namespace.name)
         raise

@@ -183,14 +183,15 @@ def reply_messages(text: str | None, calls: list[tuple[ToolCall, dict]]) -> list
             *[tool_message(result) for _, result in calls]]
 
 
-def sweep_demonstration(record: dict, settings: MemUpdateSettings, where: str = "") -> Demonstration:
-    """The consolidation sweep (``sweep.py``) for a prompt record of fact list data: its chat, played on a
-    namespace of the record's memories (dropped after)."""
+def sweep_demonstration(record: dict, settings: MemUpdateSettings, where: str = "",
+                        searches: int | None = None) -> Demonstration:
+    """The consolidation sweep (``sweep.py``, ``searches`` or ``settings.sweep_searches`` of them) for a prompt
+    record of fact list data: its chat, played on a namespace of the record's memories (dropped after)."""
     memories = record["metadata"]["memories"]
     namespace = STORE.create(memories)
     try:
         replies = play_sweep(str(record["prompt"]), ToolBox(namespace, make_retriever(settings.retriever)),
-                             where=where)
+                             searches or settings.sweep_searches, where=where)
     finally:
         STORE.drop(namespace.name)
     messages = episode_messages(Sample(prompt=record["prompt"], metadata={"memories": memories}), settings,
@@ -201,10 +202,17 @@ def sweep_demonstration(record: dict, settings: MemUpdateSettings, where: str = 
     return Demonstration(messages, [call.name for reply in replies for call, _ in reply.calls], namespace.name)
 
 
-def write_sweep_demonstrations(prompts: str | Path, out: str | Path,
-                               settings: MemUpdateSettings) -> tuple[Path, dict[str, int]]:
+def chat_tokens(tokenizer, messages: list[dict]) -> int:
+    """The chat's length as the policy's template renders it (with the tools)."""
+    return len(tokenizer(tokenizer.apply_chat_template(messages, tools=TOOLS, tokenize=False))["input_ids"])
+
+
+def write_sweep_demonstrations(prompts: str | Path, out: str | Path, settings: MemUpdateSettings, tokenizer=None,
+                               max_tokens: int | None = None) -> tuple[Path, dict[str, int]]:
     """A sweep chat for every record of a prompt file of fact lists (``prepare_data.py --generate-fact-lists``'s
-    train.jsonl); returns the path and the calls per tool."""
+    train.jsonl); returns the path and the calls per tool (and ``searches_<n>``: the chats of n searches). With
+    a ``tokenizer``, a chat over ``max_tokens`` is played again with one search fewer until it fits: the searches
+    the policy's context holds (SmolLM2's template renders the chats longer than Qwen's)."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     counts: dict[str, int] = {}
@@ -213,8 +221,13 @@ def write_sweep_demonstrations(prompts: str | Path, out: str | Path,
             if not any(m.get("source") == "fact_list" for m in record.get("metadata", {}).get("memories", [])):
                 raise DataError(f"{where}: not fact list data (no memory of source 'fact_list'): --sweep-prompts "
                                 "takes prepare_data.py --generate-fact-lists's records")
-            demo = sweep_demonstration(record, settings, where)
-            for name in demo.calls:
+            for searches in range(settings.sweep_searches, 0, -1):
+                demo = sweep_demonstration(record, settings, where, searches)
+                if tokenizer is None or chat_tokens(tokenizer, demo.messages) <= max_tokens:
+                    break
+            else:
+                raise DataError(f"{where}: even a sweep of one search renders to more than {max_tokens} tokens")
+            for name in [*demo.calls, f"searches_{searches}"]:
                 counts[name] = counts.get(name, 0) + 1
             f.write(json.dumps({"messages": demo.messages, "tools": TOOLS, "metadata": {
                 "sample_id": record["metadata"].get("sample_id"), "where": where}}, ensure_ascii=False) + "\n")
@@ -253,6 +266,11 @@ def main(argv=None) -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--retriever", choices=["embedding", "bm25"], default="embedding",
                         help="as memup_retriever in the RL run: the search results the chats show")
+    parser.add_argument("--sweep-searches", type=int, default=MemUpdateSettings.sweep_searches,
+                        help="with --sweep-prompts: the sweep's searches (memup_sweep_searches)")
+    parser.add_argument("--tokenizer", help="with --sweep-prompts: the policy's HF dir; a chat over --max-tokens "
+                        "is played with fewer searches")
+    parser.add_argument("--max-tokens", type=int, default=8192, help="with --tokenizer: the policy's context")
     parser.add_argument("--n-test", type=int, default=3, help="held-out conversations (as prepare_data.py)")
     parser.add_argument("--n-val", type=int, default=0, help="validation conversations (as prepare_data.py)")
     parser.add_argument("--seed", type=int, default=42, help="the split's seed (as prepare_data.py)")
@@ -262,10 +280,16 @@ def main(argv=None) -> None:
                         help="open the reply after the search with the month asked about and the evidence's "
                              "dates, ids and texts")
     args = parser.parse_args(argv)
-    settings = MemUpdateSettings(retriever=args.retriever)
+    settings = MemUpdateSettings(retriever=args.retriever, sweep_searches=args.sweep_searches)
     if args.sweep_prompts:
+        tokenizer = None
+        if args.tokenizer:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
         try:
-            path, counts = write_sweep_demonstrations(args.sweep_prompts, args.out, settings)
+            path, counts = write_sweep_demonstrations(args.sweep_prompts, args.out, settings, tokenizer,
+                                                      args.max_tokens)
         except DataError as err:
             sys.exit(f"demonstrations: {err}")
     else:

@@ -102,8 +102,10 @@ open(sys.argv[2], "w").writelines(sorted(random.Random(0).sample(lines, n), key=
       "${DATA_ROOT}/${split}.jsonl" "${DATA_ROOT}/${split}_eval.jsonl" "${EVAL_NUM}"
   done
   if [ "${TRAIN_ON}" = fact_lists ]; then
+    # each chat within the policy's context: fewer searches where its template renders the chat longer
     python -m examples.mem_update.demonstrations --sweep-prompts "${DATA_ROOT}/train.jsonl" \
-      --out "${DATA_ROOT}/sft.jsonl" --retriever "${MEMUP_RETRIEVER:-embedding}"
+      --out "${DATA_ROOT}/sft.jsonl" --retriever "${MEMUP_RETRIEVER:-embedding}" \
+      --sweep-searches "${MEMUP_SWEEP_SEARCHES:-5}" --tokenizer "${HF_CKPT}" --max-tokens "${MAX_MODEL_LEN}"
   else
     python -m examples.mem_update.demonstrations --locomo "${DATA_ROOT}/locomo_generated.json" \
       --out "${DATA_ROOT}/sft.jsonl" --retriever "${MEMUP_RETRIEVER:-embedding}" --n-test "${N_TEST}" \

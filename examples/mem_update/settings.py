@@ -53,6 +53,9 @@ class MemUpdateSettings:
     # 1 or 0: SFT's demonstrations with or without their answer note (demonstrations.py --no-answer-note, set from
     # MEMUP_ANSWER_NOTE as the recipe's data is); the demonstrated row (baselines.py) plays the same episodes
     answer_note: int = 1
+    # the consolidation sweep's searches (sweep.py): the swept row plays it with this many, and so do the
+    # demonstrations (demonstrations.py --sweep-prompts, fewer where a chat is over the policy's context)
+    sweep_searches: int = 5
 
     @classmethod
     def from_args(cls, args) -> "MemUpdateSettings":
@@ -73,8 +76,9 @@ class MemUpdateSettings:
         if settings.scorer == "reader" and getattr(args, "rm_url", None) and not reader_tokenizer(settings, args):
             raise ValueError("--rm-url names the reader, a model served elsewhere; give its tokenizer (an HF dir) "
                              "as memup_reader_tokenizer")
-        if min(settings.top_k, settings.max_turns, settings.max_context_tokens) < 1:
-            raise ValueError("memup_top_k, memup_max_turns and memup_max_context_tokens must be positive")
+        if min(settings.top_k, settings.max_turns, settings.max_context_tokens, settings.sweep_searches) < 1:
+            raise ValueError("memup_top_k, memup_max_turns, memup_max_context_tokens and memup_sweep_searches must "
+                             "be positive")
         if settings.efficiency_min > settings.efficiency_max:
             raise ValueError("memup_efficiency_min is above memup_efficiency_max")
         if settings.answer_note not in (0, 1):

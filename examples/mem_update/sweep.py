@@ -11,9 +11,11 @@ start of its text) is the one that holds. An episode that sweeps:
 3. ends with a reply without a call.
 
 No gold answer and no label is read: which fact is older comes from the numbers the results show, as a policy
-would read them. ``searches`` is what fits the episode's token budget (``memup_max_context_tokens``, 8192 by
-default): a search of 20 facts returns about 900 tokens beside the 1,500 of the prompt and tools, so five
-searches and their deletes fit it (six went over on some episodes of the real list).
+would read them. ``searches`` (``memup_sweep_searches``, 5) is what fits the episode's token budget
+(``memup_max_context_tokens``, 8192 by default): a search of 20 facts returns about 900 tokens beside the 1,500
+of the prompt and tools. With the Qwen tokenizer five searches and their deletes take 6,800 to 7,100 tokens on
+the real list (six went over on some questions) and 7,800 to 8,140 on generated lists (``fact_lists.py``, where
+more conflicts show per search); SmolLM2's template renders the same chats to 8,350-8,600, so four fit it.
 ``consolidated`` (every superseded fact of the list deleted) is what a sweep over the whole list would reach.
 """
 
@@ -23,7 +25,6 @@ from examples.mem_update.fact_consolidation import _FACT, _VERB_PHRASES, slot
 from examples.mem_update.tools import ToolBox, ToolCall
 
 SWEEP_K = 20  # the searches' top_k (the schema's largest)
-SEARCHES = 5  # with the Qwen tokenizer: 6,800 to 7,100 tokens on the real list, 7,800 to 8,140 on fact_lists'
 SWEEP_QUERIES = _VERB_PHRASES  # the relation phrases of the list's templates, searched in their order
 FINAL = "The store is consolidated: each fact the searches showed restated later now holds its latest value only."
 
@@ -50,7 +51,7 @@ def restated(results: list[dict], gone: set[str] = frozenset()) -> list[str]:
     return older
 
 
-def play_sweep(question: str, box: ToolBox, searches: int = SEARCHES, where: str = "") -> list[Reply]:
+def play_sweep(question: str, box: ToolBox, searches: int, where: str = "") -> list[Reply]:
     """The sweep's replies with calls (the final reply, ``FINAL``, has none), each call run on ``box``."""
     if searches < 1:
         raise ValueError(f"{where}: a sweep needs at least one search")

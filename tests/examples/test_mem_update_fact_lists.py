@@ -62,3 +62,29 @@ def test_prepared_lists_give_sweep_demonstrations_that_delete_only_older_stateme
         (tmp_path / "locomo.jsonl").write_text(json.dumps({"prompt": "Q?", "metadata": {"memories": [
             {"id": "m1", "content": "Ada lives in Oslo.", "source": "observation"}]}}) + "\n")
         demonstrations(["--sweep-prompts", str(tmp_path / "locomo.jsonl"), "--out", str(tmp_path / "x.jsonl")])
+
+
+def test_a_sweep_chat_over_the_policys_context_is_played_with_fewer_searches(tmp_path, tiny_hf_dirs):
+    """--tokenizer/--max-tokens: each chat within the policy's context (SmolLM2's template renders the real-size
+    chats of five searches past its 8,192 tokens), the searches it holds counted; none fits: a clear error."""
+    from transformers import AutoTokenizer
+
+    from examples.mem_update.demonstrations import chat_tokens
+
+    prepare(["--generate-fact-lists", "--num-conversations", "3", "--n-test", "1", "--facts", "60", "20",
+             "--out-dir", str(tmp_path)])
+    train = tmp_path / "train.jsonl"
+    demonstrations(["--sweep-prompts", str(train), "--out", str(tmp_path / "full.jsonl"), "--retriever", "bm25"])
+    tokenizer = AutoTokenizer.from_pretrained(tiny_hf_dirs["qwen3"])
+    full = [chat_tokens(tokenizer, json.loads(line)["messages"]) for line in (tmp_path / "full.jsonl").open()]
+    limit = min(full) - 1  # every chat of five searches is over it
+    demonstrations(["--sweep-prompts", str(train), "--out", str(tmp_path / "fit.jsonl"), "--retriever", "bm25",
+                    "--tokenizer", str(tiny_hf_dirs["qwen3"]), "--max-tokens", str(limit)])
+    fit = [json.loads(line)["messages"] for line in (tmp_path / "fit.jsonl").open()]
+    assert len(fit) == len(full) and all(chat_tokens(tokenizer, chat) <= limit for chat in fit)
+    searches = [sum(c["function"]["name"] == "search_memory" for m in chat if m["role"] == "assistant"
+                    for c in m.get("tool_calls") or []) for chat in fit]
+    assert max(searches) == 4  # one fewer was enough for the longest
+    with pytest.raises(SystemExit, match="even a sweep of one search renders to more than 500 tokens"):
+        demonstrations(["--sweep-prompts", str(train), "--out", str(tmp_path / "none.jsonl"), "--retriever", "bm25",
+                        "--tokenizer", str(tiny_hf_dirs["qwen3"]), "--max-tokens", "500"])
