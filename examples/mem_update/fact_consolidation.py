@@ -31,14 +31,14 @@ MEMBER_SHA256 = "24d5c3f09ce0ce15625cb9f8a98f44f0d864ca6c94d7b4ad04eb697ca3a5ff4
 COLUMNS = ("context", "questions", "answers", "metadata")
 KINDS = {"mh": 1, "sh": 4}  # LoCoMo's categories: multi-hop, single-hop
 _SOURCE = re.compile(r"factconsolidation_(mh|sh)_(\d+k)")
-_FACT = re.compile(r"(\d+)\. (.+)")
+FACT_LINE = re.compile(r"(\d+)\. (.+)")
 # A fact's slot is the fact without its value: "Thomas Kyd was born in the city of" for "Thomas Kyd was born in the
 # city of London.". Facts are written from a fixed set of relation templates (MQuAKE's): "The <relation> of
 # <subject> is <value>", a few of their own shape, and "<subject> <verb phrase> <value>" with the phrases below.
 _OWN_SHAPE = [re.compile(pattern) for pattern in (r"(The univeristy where .+ was educated is) .+",  # sic, the data's
                                                   r"(The university where .+ was educated is) .+",
                                                   r"(The type of music that .+ plays is) .+", r"(.+?'s child is) .+")]
-_VERB_PHRASES = ("is a citizen of", "was born in the city of", "died in the city of", "worked in the city of",
+VERB_PHRASES = ("is a citizen of", "was born in the city of", "died in the city of", "worked in the city of",
                  "plays the position of", "is associated with the sport of", "speaks the language of",
                  "was created in the country of", "is located in the continent of", "is married to",
                  "was developed by", "was performed by", "is famous for", "is affiliated with the religion of",
@@ -50,33 +50,38 @@ _THE = re.compile(r"(The .+ is) .+")
 def slot(fact: str) -> str | None:
     """The fact without its value (its number, if written, dropped), or None where no template fits; two facts of
     one slot with different values are a conflict, which the later one wins."""
-    text = _FACT.fullmatch(fact.strip())
+    text = FACT_LINE.fullmatch(fact.strip())
     text = (text.group(2) if text else fact.strip()).rstrip(".")
     for shape in _OWN_SHAPE:
         if match := shape.fullmatch(text):
             return match.group(1)
-    for phrase in _VERB_PHRASES:
+    for phrase in VERB_PHRASES:
         if f" {phrase} " in text:
             return f"{text.split(f' {phrase} ')[0]} {phrase}"
     match = _THE.fullmatch(text)
     return match.group(1) if match else None
 
 
-def superseded(memories: list[dict[str, Any]]) -> list[str]:
-    """The ids of the facts that a later fact of the same slot restates (the list's order says which is newer):
-    what consolidating the list deletes. Memories that are not numbered facts are left out."""
+def older_statements(facts: list[tuple[int, str, str]]) -> list[str]:
+    """Of ``facts`` (number, id, text), the ids of those that a later fact (a larger number) of the same slot
+    restates, in the order of the facts that restate them; a fact of no known slot is never one."""
     latest: dict[str, str] = {}  # slot -> the id of its newest statement so far
     older = []
-    numbered = [(m["metadata"]["position"], m) for m in memories
-                if m.get("source") == "fact_list" and "position" in (m.get("metadata") or {})]
-    for position, memory in sorted(numbered, key=lambda pair: pair[0]):
-        key = slot(memory["content"])
+    for _, memory_id, text in sorted(facts):
+        key = slot(text)
         if key is None:
             continue
         if key in latest:
             older.append(latest[key])
-        latest[key] = memory["id"]
+        latest[key] = memory_id
     return older
+
+
+def superseded(memories: list[dict[str, Any]]) -> list[str]:
+    """The ids of the facts that a later fact of the same slot restates (the list's order says which is newer):
+    what consolidating the list deletes. Memories that are not numbered facts are left out."""
+    return older_statements([(m["metadata"]["position"], m["id"], m["content"]) for m in memories
+                             if m.get("source") == "fact_list" and "position" in (m.get("metadata") or {})])
 
 
 def read_parquet_bytes(source: Path) -> tuple[bytes, str]:
@@ -104,7 +109,7 @@ def parse_row(row: dict[str, Any], where: str, problems: list[str]) -> Conversat
         line = line.strip()
         if not line or line == "Here is a list of facts:":
             continue
-        fact = _FACT.fullmatch(line)
+        fact = FACT_LINE.fullmatch(line)
         if not fact:
             problems.append(f"{where}: context line {number} is not 'N. fact': {line[:60]!r}; skipped")
             continue

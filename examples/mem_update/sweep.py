@@ -21,11 +21,11 @@ more conflicts show per search); SmolLM2's template renders the same chats to 8,
 
 from dataclasses import dataclass
 
-from examples.mem_update.fact_consolidation import _FACT, _VERB_PHRASES, slot
+from examples.mem_update.fact_consolidation import FACT_LINE, VERB_PHRASES, older_statements
 from examples.mem_update.tools import ToolBox, ToolCall
 
 SWEEP_K = 20  # the searches' top_k (the schema's largest)
-SWEEP_QUERIES = _VERB_PHRASES  # the relation phrases of the list's templates, searched in their order
+SWEEP_QUERIES = VERB_PHRASES  # the relation phrases of the list's templates, searched in their order
 FINAL = "The store is consolidated: each fact the searches showed restated later now holds its latest value only."
 
 
@@ -37,18 +37,8 @@ class Reply:
 def restated(results: list[dict], gone: set[str] = frozenset()) -> list[str]:
     """The ids of the shown facts that a later shown fact of the same slot restates, in the order of the facts
     that restate them (``gone``: ids deleted already, left out)."""
-    newest: dict[str, tuple[int, str]] = {}
-    older = []
-    numbered = [(int(match.group(1)), hit["id"], hit["content"]) for hit in results
-                if hit["id"] not in gone and (match := _FACT.fullmatch(str(hit["content"]).strip()))]
-    for number, memory_id, content in sorted(numbered):
-        key = slot(content)
-        if key is None:
-            continue
-        if key in newest:
-            older.append(newest[key][1])
-        newest[key] = (number, memory_id)
-    return older
+    return older_statements([(int(match.group(1)), hit["id"], hit["content"]) for hit in results
+                             if hit["id"] not in gone and (match := FACT_LINE.fullmatch(str(hit["content"]).strip()))])
 
 
 def play_sweep(question: str, box: ToolBox, searches: int, where: str = "") -> list[Reply]:

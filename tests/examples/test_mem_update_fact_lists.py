@@ -6,7 +6,7 @@ import json
 import pytest
 
 from examples.mem_update.demonstrations import main as demonstrations
-from examples.mem_update.fact_consolidation import _FACT, slot, superseded
+from examples.mem_update.fact_consolidation import FACT_LINE, slot, superseded
 from examples.mem_update.fact_lists import generate_fact_list
 from examples.mem_update.prepare_data import main as prepare
 from examples.mem_update.store import STORE
@@ -16,7 +16,7 @@ def test_a_list_restates_slots_later_and_asks_for_their_latest_values():
     lists = [generate_fact_list(k, facts=120, restated=40, questions=30) for k in range(2)]
     for facts in lists:
         texts = [m["content"] for m in facts.memories]
-        assert [int(_FACT.fullmatch(t).group(1)) for t in texts] == list(range(120))  # numbered in order
+        assert [int(FACT_LINE.fullmatch(t).group(1)) for t in texts] == list(range(120))  # numbered in order
         assert all(slot(t) is not None for t in texts)  # every fact in a template slot.py reads
         assert len(superseded(facts.memories)) == 40  # each restated slot: one older statement
         latest = {slot(t): t for t in texts}  # each slot's last statement (later ones overwrite)
