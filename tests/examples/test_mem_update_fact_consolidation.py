@@ -86,6 +86,18 @@ def test_prepare_data_writes_every_context_as_test_prompts(parquet, tmp_path):
     assert records[0]["label"] == "Lima" and len(records[0]["metadata"]["memories"]) == 4
 
 
+def scored_and_other_data_refused(row, args, episode) -> None:
+    """A row's episode is scored by the reward (which drops its namespace), and a sample that is not fact list
+    data is refused by name, nothing left in the store."""
+    scored = asyncio.run(reward(args, episode))
+    assert scored["qa_after"] >= scored["qa_before"] and len(STORE) == 0
+    other = Sample(prompt="Where?", label="Oslo", index=5, metadata={"memories": [
+        {"id": "m1", "content": "Ada lives in Oslo.", "source": "observation"}]})
+    with pytest.raises(ValueError, match=f"sample 5: the {row.__name__} row needs fact consolidation data"):
+        asyncio.run(row(args, other, None))
+    assert len(STORE) == 0
+
+
 def test_a_fact_s_slot_is_the_fact_without_its_value():
     """Each template shape the real file writes (the facts made up here): two facts of one slot are a conflict."""
     assert slot("12. Ada Vale was born in the city of New Lima.") == "Ada Vale was born in the city of"
@@ -113,13 +125,7 @@ def test_the_consolidated_row_deletes_each_older_statement_of_a_restated_fact(pa
     kept = [m.id for m in STORE.get(episode.metadata["memory_namespace"]).memories()]
     assert kept == ["f1", "f2", "f3"] and episode.metrics["calls_delete_memory"] == 1.0
     assert episode.metrics["store_edits"] == 1.0 and episode.metadata["finished"]
-    scored = asyncio.run(reward(args, episode))
-    assert scored["qa_after"] >= scored["qa_before"] and len(STORE) == 0
-    other = Sample(prompt="Where?", label="Oslo", index=5, metadata={"memories": [
-        {"id": "m1", "content": "Ada lives in Oslo.", "source": "observation"}]})
-    with pytest.raises(ValueError, match="sample 5: the consolidated row needs fact consolidation data"):
-        asyncio.run(consolidated(args, other, None))
-    assert len(STORE) == 0
+    scored_and_other_data_refused(consolidated, args, episode)
 
 
 def test_a_sweep_deletes_what_its_results_show_restated_later():
@@ -158,10 +164,4 @@ def test_the_swept_row_searches_then_deletes_in_the_next_reply(parquet):
     # five searches in five replies (the first deletes riding with the second search), then the final reply
     assert episode.metrics["calls_search_memory"] == 5.0 and episode.metrics["calls_delete_memory"] == 1.0
     assert episode.metrics["num_turns"] == 6.0 and episode.metrics["store_edits"] == 1.0
-    scored = asyncio.run(reward(args, episode))
-    assert scored["qa_after"] >= scored["qa_before"] and len(STORE) == 0
-    other = Sample(prompt="Where?", label="Oslo", index=5, metadata={"memories": [
-        {"id": "m1", "content": "Ada lives in Oslo.", "source": "observation"}]})
-    with pytest.raises(ValueError, match="sample 5: the swept row needs fact consolidation data"):
-        asyncio.run(swept(args, other, None))
-    assert len(STORE) == 0
+    scored_and_other_data_refused(swept, args, episode)
