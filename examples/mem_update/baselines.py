@@ -92,7 +92,7 @@ def _fact_list(sample, row: str) -> None:
     memories = sample.metadata.get("memories") or []
     if not any(isinstance(m, dict) and m.get("source") == "fact_list" for m in memories):
         raise ValueError(f"sample {sample.index}: the {row} row needs fact consolidation data (memories of "
-                         "source 'fact_list': prepare_data.py --fact-consolidation)")
+                         "source 'fact_list': prepare_data.py --fact-consolidation or --generate-fact-lists)")
 
 
 async def consolidated(args, sample, sampling_params, evaluation: bool = False):

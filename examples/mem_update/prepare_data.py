@@ -77,8 +77,11 @@ def main(argv=None) -> dict:
             parts = {"test": conversations}
         else:
             if args.generate_fact_lists:
-                conversations = generate_fact_lists(args.num_conversations, args.seed, facts=args.facts[0],
-                                                    restated=args.facts[1])
+                try:
+                    conversations = generate_fact_lists(args.num_conversations, args.seed, facts=args.facts[0],
+                                                        restated=args.facts[1])
+                except ValueError as err:  # the sizes asked for cannot make a list
+                    sys.exit(f"prepare_data: --facts: {err}")
                 problems = []
                 path = Path("fact_lists.generate_fact_lists")
             else:

@@ -37,6 +37,11 @@ def test_a_list_restates_slots_later_and_asks_for_their_latest_values():
         generate_fact_list(0, facts=120, restated=70)
 
 
+def test_prepare_data_refuses_list_sizes_that_cannot_be_made(tmp_path):
+    with pytest.raises(SystemExit, match="prepare_data: --facts: restated 70: a list of 120 facts restates"):
+        prepare(["--generate-fact-lists", "--facts", "120", "70", "--out-dir", str(tmp_path)])
+
+
 def test_prepared_lists_give_sweep_demonstrations_that_delete_only_older_statements(tmp_path):
     # lists of 60 facts (the real size, 455, makes each chat about 7,000 tokens), 40 slots: 40 questions each
     summary = prepare(["--generate-fact-lists", "--num-conversations", "4", "--n-test", "1", "--n-val", "1",
