@@ -30,6 +30,7 @@ two clean runs' distance from the starting weights, and cannot say "equal".
 """
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -334,7 +335,8 @@ def gpu_suite(args, out: Path) -> None:
     4B model's are 8 GB as saved). Every row is also appended to OUT/results.jsonl as it comes."""
     work = Path(args.gpu).resolve()
     clean: dict[str, dict] = {}
-    start: list = []  # the starting weights, read at most once (8 GB; the first run converts them), None if unread
+    # the starting weights, read at most once (8 GB; the first run converts them): None if there are none
+    starting_weights = functools.cache(lambda: final_weights(work / "qwen3-4b-random_torch_dist", 0))
     results = []
     for i, (fault, layout) in gpu_plan(args.only, visible_gpus(), clean_first=not args.no_clean):
         print(f"[{fault.name}] {fault.what} ...", flush=True)
@@ -346,12 +348,10 @@ def gpu_suite(args, out: Path) -> None:
         if weights is not None and reference and reference["weights"] is not None:
             row["weights_note"] = f"{max_diff(weights, reference['weights']):.2g}"
         elif weights is not None:  # the clean run, or a row without a usable one: how far training moved it
-            if not start:
-                start.append(final_weights(work / "qwen3-4b-random_torch_dist", 0))
-            if start[0] is not None:
+            if (start := starting_weights()) is not None:
                 label = ("clean: " if fault.name.startswith("clean") else
                          "no clean run; " if reference is None else "the clean run saved no weights; ")
-                row["weights_note"] = f"{label}{max_diff(weights, start[0]):.2g} from the start"
+                row["weights_note"] = f"{label}{max_diff(weights, start):.2g} from the start"
         own = row["seconds"] if fault.name.startswith("clean") else None  # None: no clean run (--no-clean)
         row.update(layout=layout, name=fault.name, clean_seconds=(reference or {}).get("seconds", own))
         results.append(row)
