@@ -38,12 +38,14 @@ def _namespace(sample):
     return STORE.create(memories, prefix="baseline")
 
 
-def _episode(sample, namespace, edits: int, calls: dict[str, int] | None = None, replies: int | None = None):
-    """The finished episode on ``namespace``, with the agent's counters: ``calls`` by tool, none by default, made in
-    ``replies`` replies before the final one (default: a reply each)."""
-    calls = calls or {tool["function"]["name"]: 0 for tool in TOOLS}
-    replies = sum(calls.values()) if replies is None else replies
-    turns = replies + 1 if any(calls.values()) else 0
+def _episode(sample, namespace, edits: int, called: list[str] = (), replies: int | None = None):
+    """The finished episode on ``namespace``, with the agent's counters: the tools ``called``, one name a call, none
+    by default, made in ``replies`` replies before the final one (default: a reply each)."""
+    calls = {tool["function"]["name"]: 0 for tool in TOOLS}
+    for name in called:
+        calls[name] += 1
+    replies = len(called) if replies is None else replies
+    turns = replies + 1 if called else 0
     metrics = {**sample.metrics, **episode_metrics(namespace, turns, calls, dict.fromkeys(ERROR_KINDS, 0), edits)}
     return replace(sample, metadata={**sample.metadata, "memory_namespace": namespace.name, "finished": True},
                    metrics=metrics, response="", status=Status.COMPLETED)
@@ -82,10 +84,8 @@ async def demonstrated(args, sample, sampling_params, evaluation: bool = False):
     except BaseException:
         STORE.drop(namespace.name)
         raise
-    calls = {tool["function"]["name"]: 0 for tool in TOOLS}
-    for call, _ in played.calls:
-        calls[call.name] += 1
-    return _episode(sample, namespace, sum(n for name, n in calls.items() if name in CHANGES_STORE), calls)
+    called = [call.name for call, _ in played.calls]
+    return _episode(sample, namespace, sum(name in CHANGES_STORE for name in called), called)
 
 
 def _fact_list(sample, row: str) -> None:
@@ -102,9 +102,7 @@ async def consolidated(args, sample, sampling_params, evaluation: bool = False):
     older = superseded(memories)
     for memory_id in older:
         namespace.delete(memory_id)
-    calls = {tool["function"]["name"]: 0 for tool in TOOLS}
-    calls["delete_memory"] = len(older)
-    return _episode(sample, namespace, len(older), calls)
+    return _episode(sample, namespace, len(older), ["delete_memory"] * len(older))
 
 
 async def swept(args, sample, sampling_params, evaluation: bool = False):
@@ -117,8 +115,5 @@ async def swept(args, sample, sampling_params, evaluation: bool = False):
     except BaseException:
         STORE.drop(namespace.name)
         raise
-    calls = {tool["function"]["name"]: 0 for tool in TOOLS}
-    for reply in replies:
-        for call, _ in reply.calls:
-            calls[call.name] += 1
-    return _episode(sample, namespace, calls["delete_memory"], calls, len(replies))
+    called = [call.name for reply in replies for call, _ in reply.calls]
+    return _episode(sample, namespace, called.count("delete_memory"), called, len(replies))

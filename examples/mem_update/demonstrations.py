@@ -203,8 +203,11 @@ def sweep_demonstration(record: dict, settings: MemUpdateSettings, where: str = 
 
 
 def chat_tokens(tokenizer, messages: list[dict]) -> int:
-    """The chat's length as the policy's template renders it (with the tools)."""
-    return len(tokenizer(tokenizer.apply_chat_template(messages, tools=TOOLS, tokenize=False))["input_ids"])
+    """The chat's length as SFT counts it against ``--sft-max-len``: its longest training sequence under the
+    policy's template, with the tools (``sft_rollout``'s masker)."""
+    from vime_ext.rollout.sft_rollout import masker_for  # the rollout package: only where a tokenizer is given
+
+    return max(len(sequence.tokens) for sequence in masker_for(tokenizer)(messages, TOOLS).sequences)
 
 
 def write_sweep_demonstrations(prompts: str | Path, out: str | Path, settings: MemUpdateSettings, tokenizer=None,
