@@ -29,6 +29,7 @@ from examples.mem_update.store import STORE
 from examples.mem_update.sweep import play_sweep
 from examples.mem_update.tools import CHANGES_STORE, ERROR_KINDS, TOOLS, ToolBox
 from vime_ext.agent.sample import Status
+from vime_ext.agent.tool_calls import ToolCall, calls_as_text
 
 
 def _namespace(sample):
@@ -38,17 +39,19 @@ def _namespace(sample):
     return STORE.create(memories, prefix="baseline")
 
 
-def _episode(sample, namespace, edits: int, called: list[str] = (), replies: int | None = None):
-    """The finished episode on ``namespace``, with the agent's counters: the tools ``called``, one name a call, none
-    by default, made in ``replies`` replies before the final one (default: a reply each)."""
+def _episode(sample, namespace, edits: int, called: list[ToolCall] = (), replies: int | None = None):
+    """The finished episode on ``namespace``, with the agent's counters: the tool calls ``called``, none by default,
+    made in ``replies`` replies before the final one (default: a reply each). The calls are its response, written
+    as a policy writes them, so that what reads a policy's episodes (edit_audit.py) reads the row's alike."""
     calls = {tool["function"]["name"]: 0 for tool in TOOLS}
-    for name in called:
-        calls[name] += 1
+    for call in called:
+        calls[call.name] += 1
     replies = len(called) if replies is None else replies
     turns = replies + 1 if called else 0
     metrics = {**sample.metrics, **episode_metrics(namespace, turns, calls, dict.fromkeys(ERROR_KINDS, 0), edits)}
+    response = calls_as_text([{"function": {"name": c.name, "arguments": c.arguments}} for c in called])
     return replace(sample, metadata={**sample.metadata, "memory_namespace": namespace.name, "finished": True},
-                   metrics=metrics, response="", status=Status.COMPLETED)
+                   metrics=metrics, response=response, status=Status.COMPLETED)
 
 
 def _added(sample, contents: list[str]):
@@ -84,8 +87,8 @@ async def demonstrated(args, sample, sampling_params, evaluation: bool = False):
     except BaseException:
         STORE.drop(namespace.name)
         raise
-    called = [call.name for call, _ in played.calls]
-    return _episode(sample, namespace, sum(name in CHANGES_STORE for name in called), called)
+    called = [call for call, _ in played.calls]
+    return _episode(sample, namespace, sum(call.name in CHANGES_STORE for call in called), called)
 
 
 def _fact_list(sample, row: str) -> None:
@@ -102,7 +105,8 @@ async def consolidated(args, sample, sampling_params, evaluation: bool = False):
     older = superseded(memories)
     for memory_id in older:
         namespace.delete(memory_id)
-    return _episode(sample, namespace, len(older), ["delete_memory"] * len(older))
+    return _episode(sample, namespace, len(older),
+                    [ToolCall("delete_memory", {"memory_id": memory_id}) for memory_id in older])
 
 
 async def swept(args, sample, sampling_params, evaluation: bool = False):
@@ -115,5 +119,5 @@ async def swept(args, sample, sampling_params, evaluation: bool = False):
     except BaseException:
         STORE.drop(namespace.name)
         raise
-    called = [call.name for reply in replies for call, _ in reply.calls]
-    return _episode(sample, namespace, called.count("delete_memory"), called, len(replies))
+    called = [call for reply in replies for call, _ in reply.calls]
+    return _episode(sample, namespace, sum(call.name == "delete_memory" for call in called), called, len(replies))

@@ -15,7 +15,12 @@ store before the episode, each memory with the turns it came from and its date).
 - of the episodes that update a memory, the first memory updated: one the shown question's answer comes from
   (its evidence), the first search result, and, where the question names a month, a memory of that month;
 - deletions per episode, and those of a memory that some question of the conversation needs (asked evidence;
-  "-" for data prepared before it was kept).
+  "-" for data prepared before it was kept);
+- on fact lists (``prepare_data.py --generate-fact-lists`` or ``--fact-consolidation``), the distinct facts deleted
+  per episode by what they were (``fact_consolidation.statement_kinds``): superseded (a later fact restates them:
+  what consolidating deletes), the latest statement of a restated slot (an answer lost), a fact stated once, or an
+  id not in the store; and the share that were superseded. Can a policy that writes the sweep's calls tell which
+  fact is the older?
 
 Printed as a table, and with ``--out`` written to OUT.md and OUT.json.
 """
@@ -26,6 +31,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from examples.mem_update.fact_consolidation import statement_kinds
 from examples.mem_update.prompts import ANSWERING, ASKS_ABOUT
 from vime_ext.agent.tool_calls import ToolCall, parse_tool_calls
 from vime_ext.data.prompt_dataset import json_lines
@@ -36,7 +42,8 @@ MONTHS = ("January", "February", "March", "April", "May", "June", "July", "Augus
 MONTH_YEAR = re.compile(rf"\b({'|'.join(MONTHS)}) (\d{{4}})\b")
 # the month the rationale says the question asks about, and the date it answers from
 RATIONALE = re.compile(rf"{re.escape(ASKS_ABOUT)}(.+?)\. {re.escape(ANSWERING)}from ([^:]+):")
-TOOL_RESPONSE = re.compile(r"<tool_response>\s*(.*?)\s*</tool_response>", re.S)
+RESULTS = '{"results": '  # how search_memory's answer begins (tools.py)
+FACT_KINDS = ("superseded", "latest", "single", "absent")  # statement_kinds' kinds, and an id not in the store
 
 
 @dataclass
@@ -53,6 +60,16 @@ class Audit:
     month_updated: int = 0  # of them, the question names a month
     updated_month_asked: int = 0
     evidence_deletions: float | None = 0.0  # None: data prepared before asked_evidence was kept
+    # fact lists: distinct facts deleted per episode by statement_kinds' kind, "absent" for an id not in the store;
+    # and those the episode's searches showed (what deleting shown facts at random would hit: the chance row)
+    fact_deletions: dict[str, float] | None = None
+    fact_shown: dict[str, float] | None = None
+
+    @staticmethod
+    def superseded_share(counts: dict[str, float] | None) -> str:
+        """The share of ``counts`` (fact_deletions or fact_shown) that were superseded facts ("-" for none)."""
+        total = sum((counts or {}).values())
+        return f"{counts['superseded'] / total:.1%}" if total else "-"
 
 
 def month_of(text: str) -> tuple[str, str] | None:
@@ -72,16 +89,25 @@ def read_episodes(path: Path) -> list[dict]:
     return episodes
 
 
+def search_results(response: str) -> list[list[str]]:
+    """The ids each search's results showed, search by search, read from the tools' answers in the response
+    (whichever way the chat template wrapped them: Qwen's <tool_response> tags, SmolLM2's "tool" turns)."""
+    decoder, shown, at = json.JSONDecoder(), [], response.find(RESULTS)
+    while at != -1:
+        try:
+            answer, end = decoder.raw_decode(response, at)
+        except json.JSONDecodeError:
+            end = at + len(RESULTS)
+        else:
+            if isinstance(answer.get("results"), list):
+                shown.append([str(r.get("id")) for r in answer["results"] if isinstance(r, dict)])
+        at = response.find(RESULTS, end)
+    return shown
+
+
 def first_results(response: str) -> list[str]:
     """The ids of the first search's results, in their order ([] when no search answered)."""
-    for body in TOOL_RESPONSE.findall(response):
-        try:
-            answer = json.loads(body)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(answer, dict) and isinstance(answer.get("results"), list):
-            return [str(r.get("id")) for r in answer["results"] if isinstance(r, dict)]
-    return []
+    return next(iter(search_results(response)), [])
 
 
 def audit(episodes: list[dict], where: str) -> Audit:
@@ -110,6 +136,13 @@ def audit(episodes: list[dict], where: str) -> Audit:
             result.evidence_deletions = None
         elif result.evidence_deletions is not None:
             result.evidence_deletions += sum(bool(turns(m) & set(asked)) for m in deletes)
+        if kinds := statement_kinds(list(memories.values())):
+            if result.fact_deletions is None:
+                result.fact_deletions, result.fact_shown = ({kind: 0.0 for kind in FACT_KINDS} for _ in range(2))
+            for memory_id in dict.fromkeys(deletes):  # a fact deleted twice is one deletion (the second fails)
+                result.fact_deletions[kinds.get(memory_id, "absent")] += 1
+            for memory_id in {i for shown in search_results(episode["response"]) for i in shown}:
+                result.fact_shown[kinds.get(memory_id, "absent")] += 1
         if (said := RATIONALE.search(episode["response"])) is not None:
             result.with_rationale += 1
             if asked_month is not None:
@@ -128,6 +161,9 @@ def audit(episodes: list[dict], where: str) -> Audit:
         result.calls[name] /= max(result.episodes, 1)
     if result.evidence_deletions is not None:
         result.evidence_deletions /= max(result.episodes, 1)
+    for counts in (result.fact_deletions, result.fact_shown):
+        for kind in counts or {}:
+            counts[kind] /= max(result.episodes, 1)
     return result
 
 
@@ -146,6 +182,16 @@ def table(rows: dict[str, Audit]) -> str:
                      f"({share(a.rationale_month_asked, a.month_rationales)}) | "
                      f"{share(a.updated_evidence, a.updated)} | {share(a.updated_first_result, a.updated)} | "
                      f"{share(a.updated_month_asked, a.month_updated)} | {a.calls['delete']:.2f} ({of_evidence}) |")
+    facts = {name: a for name, a in rows.items() if a.fact_deletions is not None}
+    if facts:
+        lines += ["", "Fact lists, distinct facts deleted an episode, and the share superseded of those its searches "
+                  "showed (deleting shown facts at random):", "",
+                  "| row | superseded (right) | latest statement (an answer lost) | stated once | not in the store | "
+                  "share superseded | shown: facts, share superseded |", "|---|---|---|---|---|---|---|"]
+        for name, a in facts.items():
+            kinds = " | ".join(f"{a.fact_deletions[k]:.2f}" for k in FACT_KINDS)
+            lines.append(f"| {name} | {kinds} | {a.superseded_share(a.fact_deletions)} | "
+                         f"{sum(a.fact_shown.values()):.1f}, {a.superseded_share(a.fact_shown)} |")
     return "\n".join(lines)
 
 

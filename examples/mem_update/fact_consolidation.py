@@ -77,11 +77,27 @@ def older_statements(facts: list[tuple[int, str, str]]) -> list[str]:
     return older
 
 
+def numbered_facts(memories: list[dict[str, Any]]) -> list[tuple[int, str, str]]:
+    """The store's numbered facts as (number, id, text); memories that are not numbered facts are left out."""
+    return [(m["metadata"]["position"], m["id"], m["content"]) for m in memories
+            if m.get("source") == "fact_list" and "position" in (m.get("metadata") or {})]
+
+
 def superseded(memories: list[dict[str, Any]]) -> list[str]:
     """The ids of the facts that a later fact of the same slot restates (the list's order says which is newer):
     what consolidating the list deletes. Memories that are not numbered facts are left out."""
-    return older_statements([(m["metadata"]["position"], m["id"], m["content"]) for m in memories
-                             if m.get("source") == "fact_list" and "position" in (m.get("metadata") or {})])
+    return older_statements(numbered_facts(memories))
+
+
+def statement_kinds(memories: list[dict[str, Any]]) -> dict[str, str]:
+    """Each numbered fact's id: "superseded" (a later fact restates its slot; consolidating deletes it), "latest"
+    (the newest statement of a slot stated more than once: the answer its questions need) or "single" (its slot
+    stated once, or no known slot). Empty for a store of no fact list."""
+    facts = numbered_facts(memories)
+    older = set(older_statements(facts))
+    restated = {slot(text) for _, memory_id, text in facts if memory_id in older}
+    return {memory_id: "superseded" if memory_id in older else "latest" if slot(text) in restated else "single"
+            for _, memory_id, text in facts}
 
 
 def read_parquet_bytes(source: Path) -> tuple[bytes, str]:

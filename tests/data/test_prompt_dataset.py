@@ -1,5 +1,6 @@
 import gzip
 import json
+import lzma
 
 import pytest
 
@@ -45,6 +46,9 @@ def test_gzipped_lines_read_as_plain_ones_and_a_bad_one_is_named(tmp_path):
     packed.write_bytes(gzip.compress(b'{"q": "a"}\n{"q": \n'))
     with pytest.raises(DataError, match=r"rows.jsonl.gz:2: not valid JSON \(Expecting value at column 7"):
         list(json_lines(packed))
+    xz = tmp_path / "rows.jsonl.xz"  # the records' fact-list episodes
+    xz.write_bytes(lzma.compress(("\n".join(json.dumps(r) for r in rows) + "\n").encode()))
+    assert [row for _, row in json_lines(xz)] == rows
     with pytest.raises(DataError, match="absent.jsonl: no such data file"):
         list(json_lines(tmp_path / "absent.jsonl"))
 

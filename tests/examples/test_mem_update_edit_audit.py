@@ -13,6 +13,7 @@ from examples.mem_update.prompts import wrote_rationale
 ROOT = Path(__file__).resolve().parents[2]
 SWEEP1 = ROOT / "records/mem_update_qwen1.5b_h200x2_sweep1/eval"
 SWEEP2 = ROOT / "records/mem_update_qwen1.5b_h200_sweep2/eval"
+FACT_VAL1 = ROOT / "records/mem_update_smollm2_h200_factval1/eval"
 
 
 def test_the_audit_of_the_records_episodes_gives_the_figures_the_docs_quote(tmp_path, capsys):
@@ -40,6 +41,20 @@ def test_the_audit_of_the_records_episodes_gives_the_figures_the_docs_quote(tmp_
     assert "| no note | 64 |" in printed and "3.53 (-) |" in printed
     assert (tmp_path / "audit.md").read_text().strip() == printed.strip()
     assert json.loads((tmp_path / "audit.json").read_text())["rationale"]["with_rationale"] == 57
+
+
+def test_on_fact_lists_the_audit_tells_superseded_deletions_from_lost_answers(capsys):
+    """The records' SmolLM2 episodes after SFT on the consolidation sweep (generated fact lists, SmolLM2's chat
+    template): it deletes as many facts as the sweep, but superseded ones only at the rate its searches show them,
+    the figures docs/mem_update.md quotes."""
+    rows = main([f"SFT s0={FACT_VAL1 / 'sft_s0.samples.jsonl.xz'}", f"no-op={FACT_VAL1 / 'noop.samples.jsonl.xz'}"])
+    sft, noop = rows["SFT s0"], rows["no-op"]
+    assert sft.fact_deletions == pytest.approx({"superseded": 8.375, "latest": 6.45, "single": 8.20, "absent": 0.0},
+                                               abs=0.005)
+    assert sft.superseded_share(sft.fact_deletions) == "36.4%" and sft.superseded_share(sft.fact_shown) == "35.5%"
+    assert sum(sft.fact_shown.values()) == pytest.approx(75.7, abs=0.05)  # 4.1 searches of up to 20 results
+    assert noop.fact_deletions == dict.fromkeys(("superseded", "latest", "single", "absent"), 0.0)
+    assert "| SFT s0 | 8.38 | 6.45 | 8.20 | 0.00 | 36.4% | 75.7, 35.5% |" in capsys.readouterr().out
 
 
 def test_dates_and_months_are_read_as_the_data_writes_them():

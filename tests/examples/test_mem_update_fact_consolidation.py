@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 
 from examples.mem_update.baselines import consolidated, swept
-from examples.mem_update.fact_consolidation import MEMBER, load_fact_consolidation, slot, superseded
+from examples.mem_update.edit_audit import main as edit_audit
+from examples.mem_update.fact_consolidation import MEMBER, load_fact_consolidation, slot, statement_kinds, superseded
 from examples.mem_update.locomo import LocomoError, prompt_records
 from examples.mem_update.prepare_data import main as prepare
 from examples.mem_update.reward import reward
@@ -20,6 +21,7 @@ from examples.mem_update.store import STORE
 from examples.mem_update.sweep import FINAL, play_sweep, restated
 from examples.mem_update.tools import ToolBox
 from vime_ext.agent.sample import Sample
+from vime_ext.agent.tool_calls import parse_tool_calls
 from vime_ext.rollout.plugins import plugin_args
 
 FACTS = ("Here is a list of facts:\n0. Ada Vale was born in the city of Oslo.\n1. The capital of Elbonia is Mudville."
@@ -118,12 +120,15 @@ def test_the_consolidated_row_deletes_each_older_statement_of_a_restated_fact(pa
     scored by the reward as an agent's episode is; other data is refused by name."""
     (context, *_), _ = load_fact_consolidation(parquet, ("6k",))
     assert superseded(context.memories) == ["f0"]  # f2 restates it; f1 and f3 stand alone
+    assert statement_kinds(context.memories) == {"f0": "superseded", "f1": "single", "f2": "latest", "f3": "single"}
     record = prompt_records([context], extra_questions=0)[0]
     args = plugin_args([], {"memup_retriever": "bm25"})
     sample = Sample(prompt=record["prompt"], label=record["label"], index=0, metadata=record["metadata"])
     episode = asyncio.run(consolidated(args, sample, None))
     kept = [m.id for m in STORE.get(episode.metadata["memory_namespace"]).memories()]
     assert kept == ["f1", "f2", "f3"] and episode.metrics["calls_delete_memory"] == 1.0
+    assert [(c.name, c.arguments) for c in parse_tool_calls(episode.response)] == [("delete_memory",
+                                                                                      {"memory_id": "f0"})]
     assert episode.metrics["store_edits"] == 1.0 and episode.metadata["finished"]
     scored_and_other_data_refused(consolidated, args, episode)
 
@@ -143,7 +148,7 @@ def test_a_sweep_deletes_what_its_results_show_restated_later():
     assert restated(shown[:2]) == []  # f7's earlier statements not among the results: nothing to delete
 
 
-def test_the_swept_row_searches_then_deletes_in_the_next_reply(parquet):
+def test_the_swept_row_searches_then_deletes_in_the_next_reply(parquet, tmp_path):
     """baselines.swept on a prepared fact context, through the real tools: the question's search, the deletes
     of what it showed together with the next search in the next reply, then a final reply; scored by the reward;
     other data refused by name."""
@@ -164,4 +169,13 @@ def test_the_swept_row_searches_then_deletes_in_the_next_reply(parquet):
     # five searches in five replies (the first deletes riding with the second search), then the final reply
     assert episode.metrics["calls_search_memory"] == 5.0 and episode.metrics["calls_delete_memory"] == 1.0
     assert episode.metrics["num_turns"] == 6.0 and episode.metrics["store_edits"] == 1.0
+    # its response is its calls, as a policy writes them, so the edit audit reads the row as it reads a policy
+    calls = parse_tool_calls(episode.response)
+    assert [c.name for c in calls] == ["search_memory", "delete_memory"] + ["search_memory"] * 4
+    samples = tmp_path / "swept.samples.jsonl"
+    samples.write_text(json.dumps({"prompt": episode.prompt, "response": episode.response,
+                                   "metadata": episode.metadata}) + "\n")
+    audit = edit_audit([f"swept={samples}"])["swept"]
+    assert audit.fact_deletions == {"superseded": 1.0, "latest": 0.0, "single": 0.0, "absent": 0.0}
+    assert audit.superseded_share(audit.fact_deletions) == "100.0%"
     scored_and_other_data_refused(swept, args, episode)

@@ -7,6 +7,7 @@ with the file, line number and field in the message. Iteration order is a pure f
 
 import gzip
 import json
+import lzma
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,12 +41,13 @@ def _check_prompt(value: Any, where: str, key: str) -> str | list[dict[str, Any]
 
 
 def json_lines(path: str | Path):
-    """``(where, row)`` for every non-blank line of a JSONL file, gzipped (``.gz``, as the records keep results) or
-    not (``where`` is "file:line"): a line that is not a JSON object raises ``DataError`` naming it."""
+    """``(where, row)`` for every non-blank line of a JSONL file, compressed (``.gz``, or ``.xz`` where the records
+    keep episodes that repeat one long store line after line, which gzip's 32 KiB window cannot see) or not
+    (``where`` is "file:line"): a line that is not a JSON object raises ``DataError`` naming it."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such data file")
-    with (gzip.open if path.suffix == ".gz" else open)(path, "rt", encoding="utf-8") as f:
+    with {".gz": gzip.open, ".xz": lzma.open}.get(path.suffix, open)(path, "rt", encoding="utf-8") as f:
         for number, line in enumerate(f, start=1):
             where = f"{path}:{number}"
             if not line.strip():
