@@ -652,12 +652,13 @@ def test_the_mem_update_smollm2_recipe_chains_sft_rl_and_both_evaluations(tiny_h
 
 def test_the_mem_update_recipe_trains_on_generated_fact_lists(tiny_hf_dirs, tmp_path):
     """TRAIN_ON=fact_lists: generated fact lists split by list, SFT's chats the consolidation sweep on the
-    training lists only, a reply's budget for a sweep's deletes, and the sweep's row (swept) with consolidated in
-    demonstrated's place on the held-out lists."""
+    training lists only (MEMUP_RATIONALE=1: each delete naming the restating fact first), a reply's budget for a
+    sweep's deletes, and the sweep's row (swept) with consolidated in demonstrated's place on the held-out
+    lists."""
     model, work = tiny_hf_dirs["qwen3"], tmp_path / "work"
     env = {"VIME_EXT_OUT": str(work), "HF_CKPT": str(model), "STAND_IN_GPUS": "1", "TRAIN_ON": "fact_lists",
            "CONVERSATIONS": "4", "N_TEST": "1", "N_VAL": "1", "EVAL_NUM": "5", "MEMUP_RETRIEVER": "bm25",
-           "SEED": "1", "READER": "base"}
+           "SEED": "1", "READER": "base", "MEMUP_RATIONALE": "1"}
     record = tmp_path / "train_args.json"
     full = {**os.environ, **env, "PATH": f"{stand_ins(tmp_path, record)}{os.pathsep}{os.environ['PATH']}"}
     full.pop("CUDA_VISIBLE_DEVICES", None)
@@ -674,6 +675,9 @@ def test_the_mem_update_recipe_trains_on_generated_fact_lists(tiny_hf_dirs, tmp_
     calls = [c["function"]["name"] for m in chats[0]["messages"] if m["role"] == "assistant"
              for c in m.get("tool_calls") or []]
     assert calls.count("search_memory") == 5 and "delete_memory" in calls
+    deletes = [c["function"]["arguments"] for m in chats[0]["messages"] if m["role"] == "assistant"
+               for c in m.get("tool_calls") or [] if c["function"]["name"] == "delete_memory"]
+    assert list(deletes[0]) == ["reason", "memory_id"]  # MEMUP_RATIONALE=1: the restating fact named first
     sft, rl = [json.loads(line) for line in (tmp_path / "train_args.json.all").read_text().splitlines()]
     assert last(sft, "--loss-type") == "sft_loss" and last(rl, "--rollout-max-response-len") == "512"
     (a,) = evaluations_of_all("examples/mem_update/run-smollm2-gpu.sh", full, tmp_path / "train_args.json.eval",

@@ -37,10 +37,11 @@ tools under ``tools``), from the training split only (``prepare_data.py``'s spli
 
 On fact lists (``prepare_data.py --generate-fact-lists``), ``--sweep-prompts train.jsonl`` writes instead the
 consolidation sweep of ``sweep.py`` for each record: the searches the episode's budget holds, each followed by
-deleting what its results show restated later (several calls in one reply), then a final reply:
+deleting what its results show restated later (several calls in one reply), then a final reply; with
+``--rationale`` each delete names the fact that restates it first (``sweep.delete_call``):
 
     python -m examples.mem_update.demonstrations --sweep-prompts data/fact_lists/train.jsonl \\
-        --out data/fact_lists/sft.jsonl
+        --out data/fact_lists/sft.jsonl [--rationale]
 """
 
 import argparse
@@ -184,14 +185,15 @@ def reply_messages(text: str | None, calls: list[tuple[ToolCall, dict]]) -> list
 
 
 def sweep_demonstration(record: dict, settings: MemUpdateSettings, where: str = "",
-                        searches: int | None = None) -> Demonstration:
-    """The consolidation sweep (``sweep.py``, ``searches`` or ``settings.sweep_searches`` of them) for a prompt
-    record of fact list data: its chat, played on a namespace of the record's memories (dropped after)."""
+                        searches: int | None = None, rationale: bool = False) -> Demonstration:
+    """The consolidation sweep (``sweep.py``, ``searches`` or ``settings.sweep_searches`` of them; ``rationale``:
+    each delete names the restating fact first) for a prompt record of fact list data: its chat, played on a
+    namespace of the record's memories (dropped after)."""
     memories = record["metadata"]["memories"]
     namespace = STORE.create(memories)
     try:
         replies = play_sweep(str(record["prompt"]), ToolBox(namespace, make_retriever(settings.retriever)),
-                             searches or settings.sweep_searches, where=where)
+                             searches or settings.sweep_searches, where=where, rationale=rationale)
     finally:
         STORE.drop(namespace.name)
     messages = episode_messages(Sample(prompt=record["prompt"], metadata={"memories": memories}), settings,
@@ -211,7 +213,7 @@ def chat_tokens(tokenizer, messages: list[dict]) -> int:
 
 
 def write_sweep_demonstrations(prompts: str | Path, out: str | Path, settings: MemUpdateSettings, tokenizer=None,
-                               max_tokens: int | None = None) -> tuple[Path, dict[str, int]]:
+                               max_tokens: int | None = None, rationale: bool = False) -> tuple[Path, dict[str, int]]:
     """A sweep chat for every record of a prompt file of fact lists (``prepare_data.py --generate-fact-lists``'s
     train.jsonl); returns the path and the calls per tool (and ``searches_<n>``: the chats of n searches). With
     a ``tokenizer``, a chat over ``max_tokens`` is played again with one search fewer until it fits: the searches
@@ -225,7 +227,7 @@ def write_sweep_demonstrations(prompts: str | Path, out: str | Path, settings: M
                 raise DataError(f"{where}: not fact list data (no memory of source 'fact_list'): --sweep-prompts "
                                 "takes prepare_data.py --generate-fact-lists's records")
             for searches in range(settings.sweep_searches, 0, -1):
-                demo = sweep_demonstration(record, settings, where, searches)
+                demo = sweep_demonstration(record, settings, where, searches, rationale)
                 if tokenizer is None or chat_tokens(tokenizer, demo.messages) <= max_tokens:
                     break
             else:
@@ -281,7 +283,8 @@ def main(argv=None) -> None:
                         help="leave out the note that states the question and its evidence (step 4)")
     parser.add_argument("--rationale", action="store_true",
                         help="open the reply after the search with the month asked about and the evidence's "
-                             "dates, ids and texts")
+                             "dates, ids and texts; with --sweep-prompts, each delete names the fact that "
+                             "restates it before the fact it deletes")
     args = parser.parse_args(argv)
     settings = MemUpdateSettings(retriever=args.retriever, sweep_searches=args.sweep_searches)
     if args.sweep_prompts:
@@ -292,7 +295,7 @@ def main(argv=None) -> None:
             tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
         try:
             path, counts = write_sweep_demonstrations(args.sweep_prompts, args.out, settings, tokenizer,
-                                                      args.max_tokens)
+                                                      args.max_tokens, args.rationale)
         except DataError as err:
             sys.exit(f"demonstrations: {err}")
     else:

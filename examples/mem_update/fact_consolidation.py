@@ -62,19 +62,26 @@ def slot(fact: str) -> str | None:
     return match.group(1) if match else None
 
 
-def older_statements(facts: list[tuple[int, str, str]]) -> list[str]:
-    """Of ``facts`` (number, id, text), the ids of those that a later fact (a larger number) of the same slot
-    restates, in the order of the facts that restate them; a fact of no known slot is never one."""
+def restatements(facts: list[tuple[int, str, str]]) -> list[tuple[str, str]]:
+    """Of ``facts`` (number, id, text), (older, newer) id pairs: each fact that a later fact (a larger number) of the
+    same slot restates, with the next statement of its slot, in the order of the newer ones; a fact of no known
+    slot is in none."""
     latest: dict[str, str] = {}  # slot -> the id of its newest statement so far
-    older = []
+    pairs = []
     for _, memory_id, text in sorted(facts):
         key = slot(text)
         if key is None:
             continue
         if key in latest:
-            older.append(latest[key])
+            pairs.append((latest[key], memory_id))
         latest[key] = memory_id
-    return older
+    return pairs
+
+
+def older_statements(facts: list[tuple[int, str, str]]) -> list[str]:
+    """Of ``facts`` (number, id, text), the ids of those that a later fact of the same slot restates, in the order
+    of the facts that restate them (``restatements``' older ids)."""
+    return [older for older, _ in restatements(facts)]
 
 
 def numbered_facts(memories: list[dict[str, Any]]) -> list[tuple[int, str, str]]:

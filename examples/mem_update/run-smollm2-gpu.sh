@@ -44,8 +44,9 @@
 # TRAIN_ON=fact_lists: generated lists in the fact consolidation format (fact_lists.py; CONVERSATIONS lists,
 # default 12, of 455 facts and 100 questions) instead of LoCoMo-format conversations, and SFT's chats the
 # consolidation sweep (sweep.py; demonstrations.py --sweep-prompts); the rows without training then have swept
-# (the sweep played for each question) in demonstrated's place. With EVAL_SPLIT=fact: trained on generated
-# lists, scored on the real ones.
+# (the sweep played for each question) in demonstrated's place; MEMUP_RATIONALE=1 there: each delete of the chats
+# names the fact that restates it before the fact it deletes. With EVAL_SPLIT=fact: trained on generated lists,
+# scored on the real ones.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 STAGE=${1:?usage: run-smollm2-gpu.sh prepare|seed|base|table|saved|all [train.py flags for the GRPO run]}
@@ -105,7 +106,8 @@ open(sys.argv[2], "w").writelines(sorted(random.Random(0).sample(lines, n), key=
     # each chat within the policy's context: fewer searches where its template renders the chat longer
     python -m examples.mem_update.demonstrations --sweep-prompts "${DATA_ROOT}/train.jsonl" \
       --out "${DATA_ROOT}/sft.jsonl" --retriever "${MEMUP_RETRIEVER:-embedding}" \
-      --sweep-searches "${MEMUP_SWEEP_SEARCHES:-5}" --tokenizer "${HF_CKPT}" --max-tokens "${MAX_MODEL_LEN}"
+      --sweep-searches "${MEMUP_SWEEP_SEARCHES:-5}" --tokenizer "${HF_CKPT}" --max-tokens "${MAX_MODEL_LEN}" \
+      $([ "${MEMUP_RATIONALE:-0}" = 1 ] && echo --rationale)
   else
     python -m examples.mem_update.demonstrations --locomo "${DATA_ROOT}/locomo_generated.json" \
       --out "${DATA_ROOT}/sft.jsonl" --retriever "${MEMUP_RETRIEVER:-embedding}" --n-test "${N_TEST}" \

@@ -143,8 +143,9 @@ def test_a_sweep_deletes_what_its_results_show_restated_later():
              {"id": "f5", "content": "5. Ada Vale was born in the city of Quito."},
              {"id": "f2", "content": "2. Cy Dee plays the position of goalkeeper."},
              {"id": "m1", "content": "A note without a number."}]
-    assert restated(shown) == ["f0", "f5", "f3"]  # in the order of the statements that restate them
-    assert restated(shown, gone={"f0", "f3"}) == ["f5"]
+    # each with the statement that restates it, in the order of those
+    assert restated(shown) == [("f0", "f5"), ("f5", "f7"), ("f3", "f9")]
+    assert restated(shown, gone={"f0", "f3"}) == [("f5", "f7")]
     assert restated(shown[:2]) == []  # f7's earlier statements not among the results: nothing to delete
 
 

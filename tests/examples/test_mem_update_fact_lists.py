@@ -93,3 +93,42 @@ def test_a_sweep_chat_over_the_policys_context_is_played_with_fewer_searches(tmp
     with pytest.raises(SystemExit, match="even a sweep of one search renders to more than 500 tokens"):
         demonstrations(["--sweep-prompts", str(train), "--out", str(tmp_path / "none.jsonl"), "--retriever", "bm25",
                         "--tokenizer", str(tiny_hf_dirs["qwen3"]), "--max-tokens", "500"])
+
+
+def test_with_the_rationale_each_delete_names_the_fact_that_restates_it_first(tmp_path, tiny_hf_dirs):
+    """--rationale on sweep chats: the same calls and the same facts deleted, each delete's reason, written before
+    its memory_id and so rendered before it by the policy's template, naming a later fact of the same slot."""
+    from transformers import AutoTokenizer
+
+    from examples.mem_update.tools import TOOLS
+    from vime_ext.rollout.sft_rollout import masker_for
+
+    prepare(["--generate-fact-lists", "--num-conversations", "3", "--n-test", "1", "--facts", "60", "20",
+             "--out-dir", str(tmp_path)])
+    chats = {}
+    for name, flags in (("plain", []), ("rationale", ["--rationale"])):
+        demonstrations(["--sweep-prompts", str(tmp_path / "train.jsonl"), "--out", str(tmp_path / f"{name}.jsonl"),
+                        "--retriever", "bm25", *flags])
+        chats[name] = [json.loads(line)["messages"] for line in (tmp_path / f"{name}.jsonl").open()]
+    records = [json.loads(line) for line in (tmp_path / "train.jsonl").open()]
+
+    def calls(chat):
+        return [c["function"] for m in chat if m["role"] == "assistant" for c in m.get("tool_calls") or []]
+
+    for plain, reasoned, record in zip(chats["plain"], chats["rationale"], records):
+        texts = {m["id"]: m["content"] for m in record["metadata"]["memories"]}
+        assert [(c["name"], c["arguments"].get("memory_id")) for c in calls(plain)] == \
+            [(c["name"], c["arguments"].get("memory_id")) for c in calls(reasoned)]
+        deletes = [c["arguments"] for c in calls(reasoned) if c["name"] == "delete_memory"]
+        assert deletes
+        for arguments in deletes:
+            assert list(arguments) == ["reason", "memory_id"]
+            newer = arguments["reason"].removeprefix("restated by ")
+            older = arguments["memory_id"]
+            assert slot(texts[newer]) == slot(texts[older])
+            assert int(FACT_LINE.fullmatch(texts[newer]).group(1)) > int(FACT_LINE.fullmatch(texts[older]).group(1))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_hf_dirs["qwen3"])
+    sequences = masker_for(tokenizer)(chats["rationale"][0], TOOLS).sequences
+    text = tokenizer.decode(max(sequences, key=lambda s: len(s.tokens)).tokens)
+    first = next(c["arguments"] for c in calls(chats["rationale"][0]) if c["name"] == "delete_memory")
+    assert text.index(f'"reason": "{first["reason"]}"') < text.index(f'"memory_id": "{first["memory_id"]}"')
