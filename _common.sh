@@ -420,6 +420,26 @@ all_status() {
   return "$1"
 }
 
+# prepare_once FUNCTION NAME...: FUNCTION (a recipe's prepare) unless DATA_ROOT was prepared to its end with the
+# same values of the variables NAME... (the recipe's DATA_VARS: every one its prepare reads), as DATA_ROOT/prepared.env
+# says: then the data is kept, so that a rerun after a crash or a lease given data prepared on another machine
+# spends no time on it. The stamp is removed before FUNCTION runs and written after it ends, so an interrupted
+# prepare is never taken as done; changing any of the variables prepares again.
+prepare_once() {
+  local prepare=$1 name stamp=""
+  shift
+  for name in "$@"; do stamp+="${name}=${!name:-}"$'\n'; done
+  if [ -f "${DATA_ROOT}/prepared.env" ] && [ "$(cat "${DATA_ROOT}/prepared.env")"$'\n' = "${stamp}" ]; then
+    echo "$(date +%T) prepare: ${DATA_ROOT} was prepared with these settings (prepared.env): kept" \
+      "(delete that file to prepare again)"
+    return 0
+  fi
+  rm -f "${DATA_ROOT}/prepared.env"
+  "${prepare}"
+  mkdir -p "${DATA_ROOT}"
+  printf '%s' "${stamp}" >"${DATA_ROOT}/prepared.env"
+}
+
 # lightest_gpu: the GPU that seeds_on_gpus gives the fewest of SEEDS (the first where they divide evenly), where
 # the rows without training run beside the seeds
 lightest_gpu() {

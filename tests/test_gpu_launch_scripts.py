@@ -689,6 +689,39 @@ def test_the_mem_update_recipe_trains_on_generated_fact_lists(tiny_hf_dirs, tmp_
     assert done.returncode == 2 and "TRAIN_ON=facts: one of locomo fact_lists" in done.stderr
 
 
+def test_prepare_keeps_data_made_with_the_same_settings_and_only_when_it_ended(tiny_hf_dirs, tmp_path):
+    """A recipe's prepare (prepare_once in _common.sh) keeps DATA_ROOT when its prepared.env says it was made to
+    the end with the same values of the variables prepare reads (data carried to a lease, a rerun), and makes it
+    again when one changed; a prepare that failed leaves no stamp, so the next one starts over."""
+    data = tmp_path / "work/data"
+    env = {**os.environ, "VIME_EXT_OUT": str(tmp_path / "work"), "HF_CKPT": str(tiny_hf_dirs["qwen3"]),
+           "STAND_IN_GPUS": "1", "CONVERSATIONS": "6", "N_TEST": "2", "N_VAL": "1", "EVAL_NUM": "3",
+           "MEMUP_RETRIEVER": "bm25", "READER": "base"}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+
+    def prepare(**changed):
+        return subprocess.run(["bash", str(ROOT / "examples/mem_update/run-smollm2-gpu.sh"), "prepare"],
+                              env={**env, **changed}, capture_output=True, text=True, timeout=300)
+
+    done = prepare()
+    assert done.returncode == 0, done.stderr[-2000:]
+    stamp = (data / "prepared.env").read_text()
+    assert "CONVERSATIONS=6\n" in stamp and f"HF_CKPT={tiny_hf_dirs['qwen3']}\n" in stamp
+    made = {p.name: p.stat().st_mtime_ns for p in data.iterdir()}
+    done = prepare()
+    assert done.returncode == 0 and "was prepared with these settings (prepared.env): kept" in done.stdout
+    assert {p.name: p.stat().st_mtime_ns for p in data.iterdir()} == made
+    (data / "val_eval.jsonl").unlink()  # a changed variable makes the data again
+    done = prepare(EVAL_NUM="2")
+    assert done.returncode == 0 and "kept" not in done.stdout
+    assert len((data / "val_eval.jsonl").read_text().splitlines()) == 2 and "EVAL_NUM=2\n" in (
+        data / "prepared.env").read_text()
+    done = prepare(EVAL_NUM="2", MEMUP_RETRIEVER="nonesuch")  # fails in the demonstrations: no stamp left
+    assert done.returncode != 0 and not (data / "prepared.env").exists()
+    done = prepare(EVAL_NUM="2")
+    assert done.returncode == 0 and "kept" not in done.stdout and (data / "prepared.env").exists()
+
+
 def test_the_learning_runs_results_pack_leaves_weights_and_data_out(tmp_path):
     """tools/gpu_learning.sh pack: what a person reads comes back from the GPU machine, the weights (hundreds of
     MB a save), the regenerable data and the fact-consolidation episodes (the unlicensed data, quoted) do not."""

@@ -64,17 +64,17 @@ run() {
 # (examples/mem_update/edit_audit.py on each variant's evaluation episodes: which memory each policy updates).
 
 # sweep_settings: for SWEEP_EXAMPLE, SWEEP_ENV (its variables for every run) and SWEEP_DATA_VARS (the variables of
-# its data)
+# its data: the recipe's DATA_VARS, which its prepare reads, and for MemAgent MEM_MAX_MEMORY, from which the
+# recipe makes DEMO_MEMORY)
 sweep_settings() {
+  local derived=""
   case "${SWEEP_EXAMPLE:=mem_agent}" in
-    mem_agent)
-      SWEEP_ENV=${MEM_AGENT_ENV:-}
-      SWEEP_DATA_VARS="TRAIN_DOCS TRAIN_NUM SFT_NUM SFT_DOCS DEMO_KEEP MEM_CHUNK_TOKENS MEM_MAX_MEMORY EVAL_NUM" ;;
-    mem_update)
-      SWEEP_ENV=${MEM_UPDATE_ENV:-}
-      SWEEP_DATA_VARS="CONVERSATIONS N_TEST N_VAL EVAL_NUM MEMUP_RETRIEVER MEMUP_ANSWER_NOTE MEMUP_RATIONALE" ;;
+    mem_agent) SWEEP_ENV=${MEM_AGENT_ENV:-} derived=MEM_MAX_MEMORY ;;
+    mem_update) SWEEP_ENV=${MEM_UPDATE_ENV:-} ;;
     *) echo "SWEEP_EXAMPLE=${SWEEP_EXAMPLE}: mem_agent or mem_update" >&2; return 2 ;;
   esac
+  SWEEP_DATA_VARS="$(sed -n '/^DATA_VARS="/,/"$/p' "examples/${SWEEP_EXAMPLE}/run-smollm2-gpu.sh" |
+    sed 's/^DATA_VARS=//' | tr -d '"' | xargs) ${derived}"
 }
 
 # sweep_variant DIR GPU DATA_ROOT I VARS...: one variant's seed (after its own prepare when DATA_ROOT is in DIR)

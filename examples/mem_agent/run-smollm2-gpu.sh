@@ -59,7 +59,16 @@ DEMO_MEMORY=$(( MEM_MAX_MEMORY - 8 )) DEMO_KEEP=${DEMO_KEEP:-relevant}
 # 9 GRPO steps: the published three seeds' (4 x H200, 2026-11-27; records/mem_agent_log.md, sixth run)
 smollm2_recipe_defaults 9
 
+# prepare: make_data, unless DATA_ROOT holds data made with the same values of DATA_VARS, the variables it reads
+# (prepare_once in _common.sh)
+DATA_VARS="TRAIN_NUM TRAIN_DOCS LENGTH EVAL_NUM VAL_LENGTH HF_CKPT SFT_NUM SFT_DOCS MEM_CHUNK_TOKENS DEMO_MEMORY
+DEMO_KEEP"
 prepare() {
+  # shellcheck disable=SC2086  # DATA_VARS is a list of names
+  prepare_once make_data ${DATA_VARS}
+}
+
+make_data() {
   echo "$(date +%T) prepare: start"  # the time line of a lease (the fifth run could not place 4 minutes)
   python -m examples.mem_agent.prepare_data --generate --num "${TRAIN_NUM}" --num-docs "${TRAIN_DOCS}" --hops 2 \
     --entities train --seed 0 --out "${DATA_ROOT}/train.jsonl" --eval-dir "${DATA_ROOT}/ruler_hqa" \

@@ -90,7 +90,16 @@ need "${READER}/config.json" READER
 # and seed (vime_ext/engines/fixed_replies.py)
 READER_REPLIES=${READER_REPLIES:-${RESULTS}/reader_replies.sqlite}
 
+# prepare: make_data, unless DATA_ROOT holds data made with the same values of DATA_VARS, the variables it reads
+# (prepare_once in _common.sh)
+DATA_VARS="TRAIN_ON CONVERSATIONS N_TEST N_VAL EVAL_NUM MEMUP_RETRIEVER MEMUP_SWEEP_SEARCHES MEMUP_ANSWER_NOTE
+MEMUP_RATIONALE HF_CKPT MAX_MODEL_LEN"
 prepare() {
+  # shellcheck disable=SC2086  # DATA_VARS is a list of names
+  prepare_once make_data ${DATA_VARS}
+}
+
+make_data() {
   echo "$(date +%T) prepare: start"  # the time line of a lease (the fifth run could not place 4 minutes)
   local split
   python -m examples.mem_update.prepare_data "--generate$([ "${TRAIN_ON}" = fact_lists ] && echo -fact-lists)" \
