@@ -94,6 +94,15 @@ def stand_ins(tmp_path: Path, record: Path) -> Path:
     return bin_dir
 
 
+def stand_in_env(tmp_path: Path, env: dict) -> dict:
+    """The environment of a recipe run on no GPU: ``env`` over this one, the stand-ins first on PATH (train.py's
+    arguments to tmp_path/train_args.json*), and no CUDA_VISIBLE_DEVICES of the machine's."""
+    path = f"{stand_ins(tmp_path, tmp_path / 'train_args.json')}{os.pathsep}{os.environ['PATH']}"
+    full = {**os.environ, **env, "PATH": path}
+    full.pop("CUDA_VISIBLE_DEVICES", None)
+    return full
+
+
 def run_with_stand_ins(tmp_path: Path, script: str, env: dict[str, str], *args: str) -> tuple[list[str], str]:
     """Run ``script`` with the stand-ins first on PATH; returns train.py's arguments and the script's output."""
     record = tmp_path / "train_args.json"
@@ -374,9 +383,7 @@ def test_the_smollm2_learning_recipe_chains_sft_rl_and_both_evaluations(tiny_hf_
     env = {"VIME_EXT_OUT": str(work), "HF_CKPT": str(model), "STAND_IN_GPUS": "1", "TRAIN_NUM": "4",
            "EVAL_NUM": "2", "SFT_NUM": "3", "TRAIN_DOCS": "20", "LENGTH": "20 40", "MEM_CHUNK_TOKENS": "128",
            "SEED": "1", "RL_MINUTES": "9", "RL_TEMPERATURE": "1.3"}
-    record = tmp_path / "train_args.json"
-    full = {**os.environ, **env, "PATH": f"{stand_ins(tmp_path, record)}{os.pathsep}{os.environ['PATH']}"}
-    full.pop("CUDA_VISIBLE_DEVICES", None)
+    full = stand_in_env(tmp_path, env)
     for stage in ("prepare", "seed", "ceiling"):
         done = subprocess.run(["bash", str(ROOT / "examples/mem_agent/run-smollm2-gpu.sh"), stage, "--eps-clip", "0.1"],
                               env=full, capture_output=True, text=True, timeout=600)
@@ -481,9 +488,7 @@ def test_the_mem_update_smollm2_recipe_chains_sft_rl_and_both_evaluations(tiny_h
     model, work = tiny_hf_dirs["qwen3"], tmp_path / "work"
     env = {"VIME_EXT_OUT": str(work), "HF_CKPT": str(model), "STAND_IN_GPUS": "1", "CONVERSATIONS": "6",
            "N_TEST": "2", "N_VAL": "1", "EVAL_NUM": "7", "MEMUP_RETRIEVER": "bm25", "SEED": "2", "READER": "base"}
-    record = tmp_path / "train_args.json"
-    full = {**os.environ, **env, "PATH": f"{stand_ins(tmp_path, record)}{os.pathsep}{os.environ['PATH']}"}
-    full.pop("CUDA_VISIBLE_DEVICES", None)
+    full = stand_in_env(tmp_path, env)
     for stage in ("prepare", "seed"):  # the seed with fixed KV caches (shared_gpu_defaults), as beside others
         done = subprocess.run(["bash", str(ROOT / "examples/mem_update/run-smollm2-gpu.sh"), stage],
                               env={**full, "KV_CACHE_GIB": "2"}, capture_output=True, text=True, timeout=600)
@@ -659,9 +664,7 @@ def test_the_mem_update_recipe_trains_on_generated_fact_lists(tiny_hf_dirs, tmp_
     env = {"VIME_EXT_OUT": str(work), "HF_CKPT": str(model), "STAND_IN_GPUS": "1", "TRAIN_ON": "fact_lists",
            "CONVERSATIONS": "4", "N_TEST": "1", "N_VAL": "1", "EVAL_NUM": "5", "MEMUP_RETRIEVER": "bm25",
            "SEED": "1", "READER": "base", "MEMUP_RATIONALE": "1"}
-    record = tmp_path / "train_args.json"
-    full = {**os.environ, **env, "PATH": f"{stand_ins(tmp_path, record)}{os.pathsep}{os.environ['PATH']}"}
-    full.pop("CUDA_VISIBLE_DEVICES", None)
+    full = stand_in_env(tmp_path, env)
     for stage in ("prepare", "seed"):
         done = subprocess.run(["bash", str(ROOT / "examples/mem_update/run-smollm2-gpu.sh"), stage], env=full,
                               capture_output=True, text=True, timeout=600)
@@ -815,9 +818,7 @@ def test_a_mem_update_sweep_chooses_on_the_validation_questions(tiny_hf_dirs, tm
            "SWEEP_EXAMPLE": "mem_update", "SWEEP_GPUS": "1", "SWEEP_PER_GPU": "2", "MEM_UPDATE_ENV": "RL_ROLLOUTS=3",
            "SWEEP_VARIANTS": "SFT_EPOCHS=2; "
                              "MEMUP_ANSWER_NOTE=0 MEMUP_RATIONALE=1 RL_ENTROPY_COEF=0.01 RL_KL_COEF=0.05"}
-    record = tmp_path / "train_args.json"
-    full = {**os.environ, **env, "PATH": f"{stand_ins(tmp_path, record)}{os.pathsep}{os.environ['PATH']}"}
-    full.pop("CUDA_VISIBLE_DEVICES", None)
+    full = stand_in_env(tmp_path, env)
     done = subprocess.run(["bash", str(ROOT / "tools/gpu_learning.sh"), "sweep"], env=full, capture_output=True,
                           text=True, timeout=900)
     root = out / "sweep"
