@@ -271,22 +271,35 @@ def main(argv=None) -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--retriever", choices=["embedding", "bm25"], default="embedding",
                         help="as memup_retriever in the RL run: the search results the chats show")
-    parser.add_argument("--sweep-searches", type=int, default=MemUpdateSettings.sweep_searches,
-                        help="with --sweep-prompts: the sweep's searches (memup_sweep_searches)")
+    parser.add_argument("--sweep-searches", type=int,
+                        help=f"with --sweep-prompts: the sweep's searches (memup_sweep_searches, "
+                             f"{MemUpdateSettings.sweep_searches})")
     parser.add_argument("--tokenizer", help="with --sweep-prompts: the policy's HF dir; a chat over --max-tokens "
                         "is played with fewer searches")
-    parser.add_argument("--max-tokens", type=int, default=8192, help="with --tokenizer: the policy's context")
-    parser.add_argument("--n-test", type=int, default=3, help="held-out conversations (as prepare_data.py)")
-    parser.add_argument("--n-val", type=int, default=0, help="validation conversations (as prepare_data.py)")
-    parser.add_argument("--seed", type=int, default=42, help="the split's seed (as prepare_data.py)")
+    parser.add_argument("--max-tokens", type=int, help="with --tokenizer: the policy's context (8192)")
+    parser.add_argument("--n-test", type=int, help="with --locomo: held-out conversations (as prepare_data.py, 3)")
+    parser.add_argument("--n-val", type=int, help="with --locomo: validation conversations (as prepare_data.py, 0)")
+    parser.add_argument("--seed", type=int, help="with --locomo: the split's seed (as prepare_data.py, 42)")
     parser.add_argument("--no-answer-note", dest="answer_note", action="store_false",
-                        help="leave out the note that states the question and its evidence (step 4)")
+                        help="with --locomo: leave out the note that states the question and its evidence "
+                             "(step 4)")
     parser.add_argument("--rationale", action="store_true",
                         help="open the reply after the search with the month asked about and the evidence's "
                              "dates, ids and texts; with --sweep-prompts, each delete names the fact that "
                              "restates it before the fact it deletes")
     args = parser.parse_args(argv)
-    settings = MemUpdateSettings(retriever=args.retriever, sweep_searches=args.sweep_searches)
+    # a flag of the other source would be ignored without a word: refused instead
+    locomo_only = {"--n-test": args.n_test, "--n-val": args.n_val, "--seed": args.seed,
+                   "--no-answer-note": None if args.answer_note else True}
+    sweep_only = {"--sweep-searches": args.sweep_searches, "--tokenizer": args.tokenizer,
+                  "--max-tokens": args.max_tokens}
+    other, source = (locomo_only, "--locomo") if args.sweep_prompts else (sweep_only, "--sweep-prompts")
+    if given := [flag for flag, value in other.items() if value is not None]:
+        parser.error(f"{', '.join(given)}: only with {source}")
+    if args.max_tokens is not None and args.tokenizer is None:
+        parser.error("--max-tokens: only with --tokenizer (the tokens of which policy?)")
+    settings = MemUpdateSettings(retriever=args.retriever, sweep_searches=MemUpdateSettings.sweep_searches
+                                 if args.sweep_searches is None else args.sweep_searches)
     if args.sweep_prompts:
         tokenizer = None
         if args.tokenizer:
@@ -295,11 +308,14 @@ def main(argv=None) -> None:
             tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
         try:
             path, counts = write_sweep_demonstrations(args.sweep_prompts, args.out, settings, tokenizer,
-                                                      args.max_tokens, args.rationale)
+                                                      8192 if args.max_tokens is None else args.max_tokens,
+                                                      args.rationale)
         except DataError as err:
             sys.exit(f"demonstrations: {err}")
     else:
-        path, counts = write_demonstrations(args.locomo, args.out, settings, args.n_test, args.seed, args.n_val,
+        path, counts = write_demonstrations(args.locomo, args.out, settings, 3 if args.n_test is None else args.n_test,
+                                            42 if args.seed is None else args.seed,
+                                            0 if args.n_val is None else args.n_val,
                                             args.answer_note, args.rationale)
     print(f"{path}: calls per tool {json.dumps(counts)}")
 

@@ -69,6 +69,18 @@ def test_prepared_lists_give_sweep_demonstrations_that_delete_only_older_stateme
         demonstrations(["--sweep-prompts", str(tmp_path / "locomo.jsonl"), "--out", str(tmp_path / "x.jsonl")])
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--sweep-prompts", "train.jsonl", "--n-test", "2", "--seed", "1"], "--n-test, --seed: only with --locomo"),
+    (["--sweep-prompts", "train.jsonl", "--no-answer-note"], "--no-answer-note: only with --locomo"),
+    (["--locomo", "locomo.json", "--sweep-searches", "3"], "--sweep-searches: only with --sweep-prompts"),
+    (["--sweep-prompts", "train.jsonl", "--max-tokens", "4096"], "--max-tokens: only with --tokenizer"),
+])
+def test_a_flag_of_the_other_source_is_refused_not_ignored(flags, message, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        demonstrations([*flags, "--out", str(tmp_path / "sft.jsonl")])
+    assert message in capsys.readouterr().err and not (tmp_path / "sft.jsonl").exists()
+
+
 def test_a_sweep_chat_over_the_policys_context_is_played_with_fewer_searches(tmp_path, tiny_hf_dirs):
     """--tokenizer/--max-tokens: each chat within the policy's context (SmolLM2's template renders the real-size
     chats of five searches past its 8,192 tokens), the searches it holds counted; none fits: a clear error."""
