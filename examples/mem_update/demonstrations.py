@@ -261,6 +261,12 @@ def write_demonstrations(locomo: str | Path, out: str | Path, settings: MemUpdat
     return out, counts
 
 
+# The defaults of the flags of one source (--locomo or --sweep-prompts) alone: left None by argparse, so that one
+# given with the other source is refused, then filled in from here.
+DEFAULTS = {"n_test": 3, "n_val": 0, "seed": 42, "sweep_searches": MemUpdateSettings.sweep_searches,
+            "max_tokens": 8192}
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description="MemUpdate demonstrations (SFT chats) of good episodes")
     source = parser.add_mutually_exclusive_group(required=True)
@@ -273,13 +279,17 @@ def main(argv=None) -> None:
                         help="as memup_retriever in the RL run: the search results the chats show")
     parser.add_argument("--sweep-searches", type=int,
                         help=f"with --sweep-prompts: the sweep's searches (memup_sweep_searches, "
-                             f"{MemUpdateSettings.sweep_searches})")
+                             f"{DEFAULTS['sweep_searches']})")
     parser.add_argument("--tokenizer", help="with --sweep-prompts: the policy's HF dir; a chat over --max-tokens "
                         "is played with fewer searches")
-    parser.add_argument("--max-tokens", type=int, help="with --tokenizer: the policy's context (8192)")
-    parser.add_argument("--n-test", type=int, help="with --locomo: held-out conversations (as prepare_data.py, 3)")
-    parser.add_argument("--n-val", type=int, help="with --locomo: validation conversations (as prepare_data.py, 0)")
-    parser.add_argument("--seed", type=int, help="with --locomo: the split's seed (as prepare_data.py, 42)")
+    parser.add_argument("--max-tokens", type=int,
+                        help=f"with --tokenizer: the policy's context ({DEFAULTS['max_tokens']})")
+    parser.add_argument("--n-test", type=int,
+                        help=f"with --locomo: held-out conversations (as prepare_data.py, {DEFAULTS['n_test']})")
+    parser.add_argument("--n-val", type=int,
+                        help=f"with --locomo: validation conversations (as prepare_data.py, {DEFAULTS['n_val']})")
+    parser.add_argument("--seed", type=int, help=f"with --locomo: the split's seed (as prepare_data.py, "
+                                                 f"{DEFAULTS['seed']})")
     parser.add_argument("--no-answer-note", dest="answer_note", action="store_false",
                         help="with --locomo: leave out the note that states the question and its evidence "
                              "(step 4)")
@@ -298,8 +308,10 @@ def main(argv=None) -> None:
         parser.error(f"{', '.join(given)}: only with {source}")
     if args.max_tokens is not None and args.tokenizer is None:
         parser.error("--max-tokens: only with --tokenizer (the tokens of which policy?)")
-    settings = MemUpdateSettings(retriever=args.retriever, sweep_searches=MemUpdateSettings.sweep_searches
-                                 if args.sweep_searches is None else args.sweep_searches)
+    for name, value in DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    settings = MemUpdateSettings(retriever=args.retriever, sweep_searches=args.sweep_searches)
     if args.sweep_prompts:
         tokenizer = None
         if args.tokenizer:
@@ -308,14 +320,11 @@ def main(argv=None) -> None:
             tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
         try:
             path, counts = write_sweep_demonstrations(args.sweep_prompts, args.out, settings, tokenizer,
-                                                      8192 if args.max_tokens is None else args.max_tokens,
-                                                      args.rationale)
+                                                      args.max_tokens, args.rationale)
         except DataError as err:
             sys.exit(f"demonstrations: {err}")
     else:
-        path, counts = write_demonstrations(args.locomo, args.out, settings, 3 if args.n_test is None else args.n_test,
-                                            42 if args.seed is None else args.seed,
-                                            0 if args.n_val is None else args.n_val,
+        path, counts = write_demonstrations(args.locomo, args.out, settings, args.n_test, args.seed, args.n_val,
                                             args.answer_note, args.rationale)
     print(f"{path}: calls per tool {json.dumps(counts)}")
 

@@ -101,10 +101,11 @@ def statement_kinds(memories: list[dict[str, Any]]) -> dict[str, str]:
     (the newest statement of a slot stated more than once: the answer its questions need) or "single" (its slot
     stated once, or no known slot). Empty for a store of no fact list."""
     facts = numbered_facts(memories)
-    older = set(older_statements(facts))
-    restated = {slot(text) for _, memory_id, text in facts if memory_id in older}
-    return {memory_id: "superseded" if memory_id in older else "latest" if slot(text) in restated else "single"
-            for _, memory_id, text in facts}
+    pairs = restatements(facts)
+    older = {old for old, _ in pairs}
+    latest = {new for _, new in pairs} - older  # a restating fact that nothing restates in turn
+    return {memory_id: "superseded" if memory_id in older else "latest" if memory_id in latest else "single"
+            for _, memory_id, _ in facts}
 
 
 def read_parquet_bytes(source: Path) -> tuple[bytes, str]:
