@@ -424,11 +424,16 @@ all_status() {
 # same values of the variables NAME... (the recipe's DATA_VARS: every one its prepare reads), as DATA_ROOT/prepared.env
 # says: then the data is kept, so that a rerun after a crash or a lease given data prepared on another machine
 # spends no time on it. The stamp is removed before FUNCTION runs and written after it ends, so an interrupted
-# prepare is never taken as done; changing any of the variables prepares again.
+# prepare is never taken as done; changing any of the variables prepares again. The stamp also names the
+# transformers release, which renders the chat templates (and builds the packaged models' tokenizers) that chats
+# are cut to a context by: data from another release is made again. The 1.5B policy's sweep chats, cut to 8,192
+# tokens on the CPU (5.19), were longer than that for 3-16% of each SFT batch on the GPU image (5.17), which
+# skipped them (2026-12-03; which of the two differed was not found).
 prepare_once() {
   local prepare=$1 name stamp=""
   shift
   for name in "$@"; do stamp+="${name}=${!name:-}"$'\n'; done
+  stamp+="transformers=$(python -c 'import importlib.metadata as m; print(m.version("transformers"))')"$'\n'
   if [ -f "${DATA_ROOT}/prepared.env" ] && [ "$(cat "${DATA_ROOT}/prepared.env")"$'\n' = "${stamp}" ]; then
     echo "$(date +%T) prepare: ${DATA_ROOT} was prepared with these settings (prepared.env): kept" \
       "(delete that file to prepare again)"

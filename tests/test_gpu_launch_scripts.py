@@ -4,9 +4,11 @@ parser (as on a CUDA machine) and records them instead of training (a save it wa
 file and an empty iteration); the examples' evaluations and the conversion to HF record their arguments too (the
 conversion writes the config alone); every other python call (data generation, the scaling table) is real."""
 
+import importlib.metadata
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -710,6 +712,7 @@ def test_prepare_keeps_data_made_with_the_same_settings_and_only_when_it_ended(t
     assert done.returncode == 0, done.stderr[-2000:]
     stamp = (data / "prepared.env").read_text()
     assert "CONVERSATIONS=6\n" in stamp and f"HF_CKPT={tiny_hf_dirs['qwen3']}\n" in stamp
+    assert f"transformers={importlib.metadata.version('transformers')}\n" in stamp
     made = {p.name: p.stat().st_mtime_ns for p in data.iterdir()}
     done = prepare()
     assert done.returncode == 0 and "was prepared with these settings (prepared.env): kept" in done.stdout
@@ -723,6 +726,11 @@ def test_prepare_keeps_data_made_with_the_same_settings_and_only_when_it_ended(t
     assert done.returncode != 0 and not (data / "prepared.env").exists()
     done = prepare(EVAL_NUM="2")
     assert done.returncode == 0 and "kept" not in done.stdout and (data / "prepared.env").exists()
+    # data stamped by another transformers release (its chat templates render other lengths) is made again
+    stamp = (data / "prepared.env").read_text()
+    (data / "prepared.env").write_text(re.sub(r"transformers=.*", "transformers=0.0.1", stamp))
+    done = prepare(EVAL_NUM="2")
+    assert done.returncode == 0 and "kept" not in done.stdout and (data / "prepared.env").read_text() == stamp
 
 
 def test_the_learning_runs_results_pack_leaves_weights_and_data_out(tmp_path):
