@@ -4,6 +4,8 @@ The reference is transformers' own assistant mask (``return_assistant_tokens_mas
 marks assistant text with ``{% generation %}``: the tool-aware ChatML template below, with Qwen's real tokenizer.
 Templates that rewrite earlier turns, drop content or ignore tools are checked against their own renderings."""
 
+import logging
+
 import pytest
 from transformers import AutoTokenizer
 
@@ -11,8 +13,8 @@ from vime_ext.agent.chat_mask import ChatMasker, ChatTemplateError
 from vime_ext.agent.sample import Sample, Status
 from vime_ext.agent.tool_calls import ToolCall, parse_tool_calls
 from vime_ext.models.packaged import CHATML_TEMPLATE
-from vime_ext.rollout.sft_rollout import chat_sample, mask_all
-from vime_ext.rollout.validate import RolloutError, check_sample
+from vime_ext.rollout.sft_rollout import chat_sample, mask_all, warn_overlong
+from vime_ext.rollout.validate import RolloutError, check_sample, where
 
 NL = "{{ '\\n' }}"
 # ChatML with tools: the tool list in the system turn, calls as <tool_call> blocks, results as user turns.
@@ -147,6 +149,21 @@ def test_over_long_chats_are_refused_cut_or_skipped_and_counted(qwen):
     # prompt tokens are never trained: the response starts at the first assistant token
     assert qwen.decode(whole.tokens[:whole.prompt_length]).endswith("<|im_start|>assistant\n")
     assert whole.metrics["sft_trained_tokens"] == sum(whole.loss_mask)
+
+
+def test_a_rollout_that_leaves_chats_out_says_so_once(qwen, caplog):
+    masker = ChatMasker(qwen)
+    length = len(masker(CHAT, TOOLS).sequences[0].tokens)
+    short = [*CHAT[:2], {"role": "assistant", "content": "Noted."}]
+    samples = [Sample(prompt=CHAT if i != 1 else short,
+                      metadata={"tools": TOOLS, "source": f"chats.jsonl:{i + 1}"}) for i in range(3)]
+    mask_all(samples, masker, length - 1, "skip", threads=1)
+    with caplog.at_level(logging.WARNING, logger="vime_ext.rollout.sft_rollout"):
+        warn_overlong(samples, length - 1, "skip")
+        warn_overlong([samples[1]], length - 1, "skip")  # within the bound: nothing to say
+    assert [r.getMessage() for r in caplog.records] == [
+        f"2 of 3 chats over --sft-max-len {length - 1} tokens, left out (--sft-overlong skip); the first: "
+        f"{where(samples[0])}"]
 
 
 def test_a_cut_that_leaves_no_assistant_token_skips_the_chat(qwen):

@@ -8,9 +8,11 @@ tokens are the chat as the tokenizer's template renders it and whose loss mask c
 (``chat_mask.py``); a template that rewrites earlier turns gives one training sequence per assistant turn, as
 ``Sample.turns``. Chats longer than ``--sft-max-len`` tokens stop the run (``--sft-overlong error``), are cut
 (``truncate``: the tokens past the limit go, with their mask) or are left out (``skip``: the sample fails and
-trains on nothing); each is counted in ``rollout/sft_truncated`` and ``rollout/sft_skipped``.
+trains on nothing); each is counted in ``rollout/sft_truncated`` and ``rollout/sft_skipped``, and a rollout
+that cut or left out any says how many in a warning, with the first one's place in the data.
 """
 
+import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -21,6 +23,7 @@ from vime_ext.rollout.plugins import PluginArgs
 from vime_ext.rollout.rollout import RolloutOutput
 from vime_ext.rollout.validate import RolloutError, where
 
+log = logging.getLogger(__name__)
 _maskers: dict[int, ChatMasker] = {}  # by tokenizer: the template's tool support is probed once per process
 
 
@@ -90,8 +93,20 @@ def generate_rollout(args: PluginArgs, rollout_id: int, data_source: DataSource,
                      evaluation: bool = False) -> RolloutOutput:
     """``--rollout-batch-size`` chats of the training data (an evaluation set: all of its chats) as samples."""
     groups = data_source.get_samples(len(data_source) if evaluation else args.rollout_batch_size)
-    mask_all([s for g in groups for s in g], masker_for(args.tokenizer), args.sft_max_len, args.sft_overlong)
+    samples = [s for g in groups for s in g]
+    mask_all(samples, masker_for(args.tokenizer), args.sft_max_len, args.sft_overlong)
+    warn_overlong(samples, args.sft_max_len, args.sft_overlong)
     return RolloutOutput(groups)
+
+
+def warn_overlong(samples: list[Sample], max_len: int | None, overlong: str) -> None:
+    """One warning for the chats of a rollout that ``--sft-overlong`` cut or left out: data cut to a context by
+    another tokenizer or template than the run's can lose a share of every batch, which the metrics alone hide."""
+    over = [s for s in samples if s.metrics.get("sft_skipped") or s.metrics.get("sft_truncated")]
+    if over:
+        done = "left out" if overlong == "skip" else "cut"
+        log.warning("%d of %d chats over --sft-max-len %s tokens, %s (--sft-overlong %s); the first: %s",
+                    len(over), len(samples), max_len, done, overlong, where(over[0]))
 
 
 # Threads that mask chats at once: the tokenizer's encoding (nearly all of a chat's masking) runs outside Python's
