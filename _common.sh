@@ -357,7 +357,10 @@ again_if_failed() {
 
 # sft_warm_start HF_DIR CHATS SAVE SEED LR EPOCHS [train.py flags]: supervised fine-tuning on demonstration chats
 # (one chat a JSONL line), SFT_BATCH (64) chats a step for EPOCHS passes in micro-batches of at most
-# SFT_MAX_TOKENS (32768) tokens, no engine; with SFT_HELDOUT (a chats file) its loss before and after.
+# SFT_MAX_TOKENS (32768) tokens, no engine; with SFT_HELDOUT (a chats file) its loss before and after. The rate
+# rises linearly over SFT_WARMUP (0) steps, then falls on a cosine to 0. (The 1.5B MemUpdate policy at 1e-4 with
+# no warm-up diverged at step 8 of 25, gradient norm 657, and came out writing broken tool calls; H200,
+# 2026-12-03, records/mem_update_h200_1p5b_val/.)
 sft_warm_start() {
   local hf=$1 chats=$2 save=$3 seed=$4 lr=$5 epochs=$6 batch=${SFT_BATCH:-64} rollouts extra=()
   shift 6
@@ -369,7 +372,8 @@ sft_warm_start() {
   python train.py --hf-checkpoint "${hf}" --prompt-data "${chats}" --input-key messages \
     --loss-type sft_loss --rollout-function-path vime_ext.rollout.sft_rollout.generate_rollout \
     --n-samples-per-prompt 1 --rollout-batch-size "${batch}" --global-batch-size "${batch}" \
-    --num-rollout "${rollouts}" --rollout-shuffle --seed "${seed}" --lr "${lr}" --lr-decay-style cosine --min-lr 0 \
+    --num-rollout "${rollouts}" --rollout-shuffle --seed "${seed}" --lr "${lr}" --lr-warmup-iters "${SFT_WARMUP:-0}" \
+    --lr-decay-style cosine --min-lr 0 \
     --use-dynamic-batch-size --max-tokens-per-gpu "${SFT_MAX_TOKENS:-32768}" --save "${save}" --no-save-optim \
     "${extra[@]}" "$@"
 }

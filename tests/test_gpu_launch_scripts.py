@@ -489,7 +489,8 @@ def test_the_mem_update_smollm2_recipe_chains_sft_rl_and_both_evaluations(tiny_h
     default reader is the packaged 1.5B model, which CI does not install); the baselines with another reader."""
     model, work = tiny_hf_dirs["qwen3"], tmp_path / "work"
     env = {"VIME_EXT_OUT": str(work), "HF_CKPT": str(model), "STAND_IN_GPUS": "1", "CONVERSATIONS": "6",
-           "N_TEST": "2", "N_VAL": "1", "EVAL_NUM": "7", "MEMUP_RETRIEVER": "bm25", "SEED": "2", "READER": "base"}
+           "N_TEST": "2", "N_VAL": "1", "EVAL_NUM": "7", "MEMUP_RETRIEVER": "bm25", "SEED": "2", "READER": "base",
+           "SFT_WARMUP": "2"}
     full = stand_in_env(tmp_path, env)
     for stage in ("prepare", "seed"):  # the seed with fixed KV caches (shared_gpu_defaults), as beside others
         done = subprocess.run(["bash", str(ROOT / "examples/mem_update/run-smollm2-gpu.sh"), stage],
@@ -508,7 +509,7 @@ def test_the_mem_update_smollm2_recipe_chains_sft_rl_and_both_evaluations(tiny_h
     sft, rl = [json.loads(line) for line in (tmp_path / "train_args.json.all").read_text().splitlines()]
     assert last(sft, "--loss-type") == "sft_loss" and last(sft, "--save") == str(work / "seed_2/sft")
     assert last(sft, "--num-rollout") == str(-(-6 * len(sft_chats) // 64)) and last(sft, "--sft-max-len") == "8192"
-    assert last(sft, "--lr") == "1e-4"  # 6 passes at 1e-4
+    assert last(sft, "--lr") == "1e-4" and last(sft, "--lr-warmup-iters") == "2"  # 6 passes at 1e-4, warmed up
     assert last(rl, "--ref-load") == str(work / "seed_2/sft") and last(rl, "--save") == str(work / "seed_2/rl")
     assert last(rl, "--custom-generate-function-path") == "examples.mem_update.rollout.generate"
     assert "--colocate" in rl and last(rl, "--rollout-max-response-len") == "256" and last(rl, "--seed") == "2"
