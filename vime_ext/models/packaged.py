@@ -135,7 +135,10 @@ def _tokens_checked(gguf: Path, folder: Path) -> None:
     if changes:
         log.warning("%s: its tokenizer did not match %s; mended: %s", folder, gguf.name, ", ".join(changes))
         tokenizer.save_pretrained(folder)
-    _write_checked(folder, facts)
+    try:
+        _write_checked(folder, facts)
+    except OSError:  # a read-only cache whose tokenizer was right (a mend would have failed above): checked again
+        pass
 
 
 def _write_checked(folder: Path, facts: GgufTokens) -> None:
