@@ -162,7 +162,20 @@ def test_a_rollout_that_leaves_chats_out_says_so_once(qwen, caplog):
         warn_overlong(samples, length - 1, "skip")
         warn_overlong([samples[1]], length - 1, "skip")  # within the bound: nothing to say
     assert [r.getMessage() for r in caplog.records] == [
-        f"2 of 3 chats over --sft-max-len {length - 1} tokens, left out (--sft-overlong skip); the first: "
+        f"2 of 3 chats over --sft-max-len {length - 1} tokens (--sft-overlong skip): 0 cut, 2 left out; the first: "
+        f"{where(samples[0])}"]
+    # under truncate a chat cut to nothing trained is counted as left out, the others as cut
+    early = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+             {"role": "assistant", "content": "word " * 40}]  # its reply starts within 20 tokens
+    samples = [Sample(prompt=prompt, metadata={"tools": tools, "source": f"chats.jsonl:{i + 1}"})
+               for i, (prompt, tools) in enumerate([(early, None), (CHAT, TOOLS)])]
+    mask_all(samples, masker, 20, "truncate", threads=1)
+    assert samples[0].metrics["sft_truncated"] == 1.0 and samples[0].status == Status.COMPLETED
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="vime_ext.rollout.sft_rollout"):
+        warn_overlong(samples, 20, "truncate")
+    assert [r.getMessage() for r in caplog.records] == [
+        f"2 of 2 chats over --sft-max-len 20 tokens (--sft-overlong truncate): 1 cut, 1 left out; the first: "
         f"{where(samples[0])}"]
 
 

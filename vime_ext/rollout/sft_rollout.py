@@ -104,9 +104,9 @@ def warn_overlong(samples: list[Sample], max_len: int | None, overlong: str) -> 
     another tokenizer or template than the run's can lose a share of every batch, which the metrics alone hide."""
     over = [s for s in samples if s.metrics.get("sft_skipped") or s.metrics.get("sft_truncated")]
     if over:
-        done = "left out" if overlong == "skip" else "cut"
-        log.warning("%d of %d chats over --sft-max-len %s tokens, %s (--sft-overlong %s); the first: %s",
-                    len(over), len(samples), max_len, done, overlong, where(over[0]))
+        left = sum(1 for s in over if s.metrics.get("sft_skipped"))  # under truncate: a cut with nothing to train
+        log.warning("%d of %d chats over --sft-max-len %s tokens (--sft-overlong %s): %d cut, %d left out; the "
+                    "first: %s", len(over), len(samples), max_len, overlong, len(over) - left, left, where(over[0]))
 
 
 # Threads that mask chats at once: the tokenizer's encoding (nearly all of a chat's masking) runs outside Python's
