@@ -113,8 +113,8 @@ def match_gguf_tokens(tokenizer, facts: GgufTokens) -> list[str]:
         if text is not None and getattr(tokenizer, f"{role}_token") != text:
             setattr(tokenizer, f"{role}_token", text)
             changes.append(f"{role} {text!r}")
-    wrong = [f"{text!r} -> {tokenizer.encode(text, add_special_tokens=False)}, not [{i}]"
-             for i, (text, _) in sorted(facts.added.items()) if tokenizer.encode(text, add_special_tokens=False) != [i]]
+    encoded = {i: (text, tokenizer.encode(text, add_special_tokens=False)) for i, (text, _) in facts.added.items()}
+    wrong = [f"{text!r} -> {ids}, not [{i}]" for i, (text, ids) in sorted(encoded.items()) if ids != [i]]
     if wrong:
         import transformers
 
