@@ -15,7 +15,6 @@ it is compiled do not change; the wrapper is built later, and never for a functi
 
 import functools
 import importlib.abc
-import importlib.util
 import inspect
 import sys
 
@@ -66,14 +65,27 @@ class _CompileLazilyDuringExec(importlib.abc.Loader):
 
 
 class _Finder(importlib.abc.MetaPathFinder):
+    """Hooks the package's first import, then answers nothing. It stays in ``sys.meta_path``: removing itself
+    there would shift the list under any other thread's import that was walking it, which then skips a finder and
+    fails with ModuleNotFoundError (seen: the rollout manager's thread importing transformers while the trainer
+    rank's imported megatron)."""
+
+    def __init__(self):
+        self.done = False
+
     def find_spec(self, name, path, target=None):
-        if name != TARGET:
+        if name != TARGET or self.done:
             return None
-        sys.meta_path.remove(self)  # the real finders locate the file; this hook is needed once
-        spec = importlib.util.find_spec(name)
-        if spec is not None and spec.loader is not None:
-            spec.loader = _CompileLazilyDuringExec(spec.loader)
-        return spec
+        self.done = True  # imports of one name are serialised by the import system's lock for that name
+        for finder in list(sys.meta_path):  # the real finders locate the file
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                if spec.loader is not None:
+                    spec.loader = _CompileLazilyDuringExec(spec.loader)
+                return spec
+        return None
 
 
 def install() -> None:

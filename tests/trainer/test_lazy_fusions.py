@@ -47,3 +47,40 @@ def test_the_wrapper_compiles_once_with_its_options_and_modules_at_once():
     assert with_options(1) == 2 and built[-1] == (double, {"fullgraph": True})
     module = torch.nn.Linear(2, 2)
     assert lazy(compile_fn)(module) is module and built[-1] == (module, {})  # not a function: compiled now
+
+
+# Another thread's import walks sys.meta_path while this one imports megatron; played here in one thread: the
+# search for a missing module reaches a finder that imports megatron.core, then must go on to the next finder.
+WALK = """
+import sys
+import vime_ext
+asked = []
+
+class ImportsMegatron:
+    def find_spec(self, name, path, target=None):
+        if name == "a_module_nobody_has":
+            import megatron.core
+        return None
+
+class Records:
+    def find_spec(self, name, path, target=None):
+        asked.append(name)
+        return None
+
+hook = next(i for i, f in enumerate(sys.meta_path) if type(f).__name__ == "_Finder")
+sys.meta_path[hook + 1:hook + 1] = [ImportsMegatron(), Records()]
+try:
+    import a_module_nobody_has
+except ModuleNotFoundError:
+    pass
+print("megatron imported:", "megatron.core" in sys.modules)
+print("the next finder asked:", "a_module_nobody_has" in asked)
+print("the hook kept in its place:", type(sys.meta_path[hook]).__name__ == "_Finder")
+"""
+
+
+def test_the_import_hook_leaves_the_finder_list_alone_for_imports_walking_it():
+    done = subprocess.run([sys.executable, "-c", WALK], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == ["megatron imported: True", "the next finder asked: True",
+                                        "the hook kept in its place: True"], done.stdout
