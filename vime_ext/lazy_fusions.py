@@ -15,6 +15,7 @@ it is compiled do not change; the wrapper is built later, and never for a functi
 
 import functools
 import importlib.abc
+import importlib.util
 import inspect
 import sys
 
@@ -77,16 +78,10 @@ class _Finder(importlib.abc.MetaPathFinder):
         if name != TARGET or self.done:
             return None
         self.done = True  # imports of one name are serialised by the import system's lock for that name
-        for finder in list(sys.meta_path):  # the real finders locate the file
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None:
-                if spec.loader is not None:
-                    spec.loader = _CompileLazilyDuringExec(spec.loader)
-                return spec
-        return None
-
+        spec = importlib.util.find_spec(name)  # the real finders locate the file (this one now answers None)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _CompileLazilyDuringExec(spec.loader)
+        return spec
 
 def install() -> None:
     if TARGET not in sys.modules and not any(isinstance(f, _Finder) for f in sys.meta_path):
