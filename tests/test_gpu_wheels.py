@@ -114,3 +114,31 @@ def test_verls_wheels_are_packed_in_a_folder_of_their_own(tmp_path, monkeypatch)
     assert len(verl) == len(gpu_wheels.read_lock(gpu_wheels.VERL_LOCK)) and len(members) - len(verl) == len(
         gpu_wheels.read_lock())
     assert "verl/verl-0.9.1-py3-none-any.whl" in verl and "verl/transformers-5.10.4-py3-none-any.whl" in verl
+
+
+def test_install_names_the_parts_a_replaced_machine_lacks(tmp_path, monkeypatch, capsys):
+    # A lent machine given back between two calls comes back bare: the parts sent before are gone. receive says so
+    # as soon as a part lands without part 00's manifest; install names what is missing instead of a bare KeyError
+    gpu_wheels = tool_here()
+    monkeypatch.setattr(gpu_wheels, "part_bytes", lambda: 32 * 2**10)
+    monkeypatch.setattr(gpu_wheels, "PARTS_DIR", tmp_path / "received")
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    for _, row in gpu_wheels.locked():
+        (folder / gpu_wheels.carried_name(row)).write_bytes(b"stand-in wheel")
+    carry = tmp_path / "carry"
+    gpu_wheels.pack(folder, carry)
+    count = len(list(carry.glob("p*")))
+    assert count >= 4
+    capsys.readouterr()
+
+    gpu_wheels.receive(carry / "p01")  # the first part this machine sees
+    assert "part 00 has not reached this machine" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="manifest.json: missing: part 00"):
+        gpu_wheels.install()
+
+    gpu_wheels.receive(carry / "p00")
+    assert "has not reached" not in capsys.readouterr().out
+    with pytest.raises(SystemExit, match=f"parts p02, .*p{count - 1:02d} missing; carry them first"):
+        gpu_wheels.install()
+    assert gpu_wheels.missing_parts() == list(range(2, count))
