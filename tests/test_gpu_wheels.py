@@ -118,7 +118,7 @@ def test_verls_wheels_are_packed_in_a_folder_of_their_own(tmp_path, monkeypatch)
 
 def test_install_names_the_parts_a_replaced_machine_lacks(tmp_path, monkeypatch, capsys):
     # A lent machine given back between two calls comes back bare: the parts sent before are gone. receive says so
-    # as soon as a part lands without part 00's manifest; install names what is missing instead of a bare KeyError
+    # as soon as a part lands without part 00's manifest; install names what is missing instead of a bare FileNotFoundError
     gpu_wheels = tool_here()
     monkeypatch.setattr(gpu_wheels, "part_bytes", lambda: 32 * 2**10)
     monkeypatch.setattr(gpu_wheels, "PARTS_DIR", tmp_path / "received")
@@ -141,4 +141,4 @@ def test_install_names_the_parts_a_replaced_machine_lacks(tmp_path, monkeypatch,
     assert "has not reached" not in capsys.readouterr().out
     with pytest.raises(SystemExit, match=f"parts p02, .*p{count - 1:02d} missing; carry them first"):
         gpu_wheels.install()
-    assert gpu_wheels.missing_parts() == list(range(2, count))
+    assert gpu_wheels.missing_parts(gpu_wheels.read_manifest()) == list(range(2, count))

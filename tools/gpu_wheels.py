@@ -330,21 +330,25 @@ def receive(part_dir: Path) -> None:
         print("no manifest.json here: part 00 has not reached this machine (a new machine?): carry p00 again")
 
 
-def missing_parts() -> list[int]:
-    """The numbers of the parts the manifest names that PARTS_DIR lacks; SystemExit without the manifest."""
-    manifest_path = PARTS_DIR / "manifest.json"
-    if not manifest_path.exists():
-        raise SystemExit(f"{manifest_path}: missing: part 00, which carries it, has not reached this machine (a "
-                         f"machine given back between calls is replaced by a bare one): carry p00 again")
-    count = json.loads(manifest_path.read_text())["parts"]
-    return [k for k in range(count) if not (PARTS_DIR / f"part{k:02d}").exists()]
+def read_manifest() -> dict:
+    """Part 00's manifest on this machine; SystemExit, naming the part to carry, without it."""
+    path = PARTS_DIR / "manifest.json"
+    if not path.exists():
+        raise SystemExit(f"{path}: missing: part 00, which carries it, has not reached this machine (a machine "
+                         "given back between calls is replaced by a bare one): carry p00 again")
+    return json.loads(path.read_text())
+
+
+def missing_parts(manifest: dict) -> list[int]:
+    """The numbers of the parts the manifest names that PARTS_DIR lacks."""
+    return [k for k in range(manifest["parts"]) if not (PARTS_DIR / f"part{k:02d}").exists()]
 
 
 def install() -> None:
-    missing = missing_parts()
+    manifest = read_manifest()
+    missing = missing_parts(manifest)
     if missing:
         raise SystemExit(f"{PARTS_DIR}: parts {', '.join(f'p{k:02d}' for k in missing)} missing; carry them first")
-    manifest = json.loads((PARTS_DIR / "manifest.json").read_text())
     parts = [PARTS_DIR / f"part{k:02d}" for k in range(manifest["parts"])]
     tar_path = PARTS_DIR / "wheels.tar"
     with open(tar_path, "wb") as out:

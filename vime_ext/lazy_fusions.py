@@ -83,6 +83,7 @@ class _Finder(importlib.abc.MetaPathFinder):
             spec.loader = _CompileLazilyDuringExec(spec.loader)
         return spec
 
+
 def install() -> None:
     if TARGET not in sys.modules and not any(isinstance(f, _Finder) for f in sys.meta_path):
         sys.meta_path.insert(0, _Finder())
