@@ -360,10 +360,17 @@ again_if_failed() {
 # SFT_MAX_TOKENS (32768) tokens, no engine; with SFT_HELDOUT (a chats file) its loss before and after. The rate
 # rises linearly over SFT_WARMUP (0) steps, then falls on a cosine to 0. (The 1.5B MemUpdate policy at 1e-4 with
 # no warm-up diverged at step 8 of 25, gradient norm 657, and came out writing broken tool calls; H200,
-# 2026-12-03, records/mem_update_h200_1p5b_val/.)
+# 2026-12-03, records/mem_update_h200_1p5b_val/.) Token rows that HF_DIR never trained and the chats train on
+# (Qwen2.5-Coder-1.5B-Instruct's <tool_call>) start from their spelling, in a copy beside the chats
+# (vime_ext/models/untrained_tokens.py); HF_DIR itself when there are none. SFT_FIT=N (unset: off): then the save's
+# last iteration as an HF checkpoint (the one its evaluation serves) and tools/sft_fit.py on the first N chats, the
+# start and that checkpoint (trained tokens' NLL, first trained token, greedy reply), in SAVE/sft_fit.txt; a failed
+# check only says so.
 sft_warm_start() {
   local hf=$1 chats=$2 save=$3 seed=$4 lr=$5 epochs=$6 batch=${SFT_BATCH:-64} rollouts extra=()
   shift 6
+  hf=$(python -m vime_ext.models.untrained_tokens --hf "${hf}" --chats "${chats}" \
+    --out "$(dirname "${chats}")/started_$(basename "${hf}")") || return
   rollouts=$(( (epochs * $(wc -l <"${chats}") + batch - 1) / batch ))
   if [ -n "${SFT_HELDOUT:-}" ]; then
     extra+=(--eval-prompt-data heldout "${SFT_HELDOUT}" --eval-interval "${rollouts}")
@@ -375,7 +382,17 @@ sft_warm_start() {
     --num-rollout "${rollouts}" --rollout-shuffle --seed "${seed}" --lr "${lr}" --lr-warmup-iters "${SFT_WARMUP:-0}" \
     --lr-decay-style cosine --min-lr 0 \
     --use-dynamic-batch-size --max-tokens-per-gpu "${SFT_MAX_TOKENS:-32768}" --save "${save}" --no-save-optim \
-    "${extra[@]}" "$@"
+    "${extra[@]}" "$@" || return
+  if [ -n "${SFT_FIT:-}" ]; then sft_fit "${hf}" "${save}" "${chats}" "${SFT_FIT}"; fi
+}
+
+# sft_fit HF_DIR SAVE CHATS N: SFT_FIT's check (sft_warm_start)
+sft_fit() {
+  local trained
+  trained=$(SAVE_PATH=$2 HF_CKPT=$1 bash "${VIME_EXT_ROOT}/tools/convert_iteration_to_hf.sh" | tail -1) &&
+    python "${VIME_EXT_ROOT}/tools/sft_fit.py" --hf "$1" --hf "${trained}" --chats "$3" --n "$4" >"$2/sft_fit.txt" &&
+    echo "SFT fit (tools/sft_fit.py): $2/sft_fit.txt" && grep "mean over" "$2/sft_fit.txt" ||
+    echo "SFT_FIT: the check failed ($2/sft_fit.txt); training goes on" >&2
 }
 
 # models_with_results PATTERN NAME=GLOB...: MODEL_ARGS becomes `--model NAME=GLOB` for each model with a result

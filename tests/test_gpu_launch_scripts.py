@@ -508,6 +508,7 @@ def test_the_mem_update_smollm2_recipe_chains_sft_rl_and_both_evaluations(tiny_h
 
     sft, rl = [json.loads(line) for line in (tmp_path / "train_args.json.all").read_text().splitlines()]
     assert last(sft, "--loss-type") == "sft_loss" and last(sft, "--save") == str(work / "seed_2/sft")
+    assert last(sft, "--hf-checkpoint") == str(model)  # a random model: no untrained rows to start, no copy
     assert last(sft, "--num-rollout") == str(-(-6 * len(sft_chats) // 64)) and last(sft, "--sft-max-len") == "8192"
     assert last(sft, "--lr") == "1e-4" and last(sft, "--lr-warmup-iters") == "2"  # 6 passes at 1e-4, warmed up
     assert last(rl, "--ref-load") == str(work / "seed_2/sft") and last(rl, "--save") == str(work / "seed_2/rl")
