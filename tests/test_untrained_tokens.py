@@ -3,6 +3,7 @@ two tool-call tokens given one shared vector in both matrices, as Qwen2.5-Coder-
 
 import json
 
+import pytest
 import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoTokenizer
@@ -74,3 +75,9 @@ def test_untrained_rows_the_chats_train_on_start_from_their_spelling(tmp_path, c
     assert checkpoint_to_train(random, str(chats), tmp_path / "unused") == random
     main(["--hf", str(hf), "--chats", str(plain), "--out", str(tmp_path / "unused")])
     assert capsys.readouterr().out.strip() == str(hf)
+    bad = tmp_path / "bad.jsonl"  # a chat without an assistant turn: one line naming the file and line, no trace
+    bad.write_text(json.dumps({"messages": [{"role": "user", "content": "Hi"}]}) + "\n")
+    with pytest.raises(SystemExit, match=f"untrained_tokens: {bad}:1: "):
+        main(["--hf", str(hf), "--chats", str(bad), "--out", str(tmp_path / "unused")])
+    with pytest.raises(SystemExit, match="holds the started rows of another checkpoint"):
+        main(["--hf", str(random), "--chats", str(chats), "--out", str(out)])

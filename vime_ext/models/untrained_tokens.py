@@ -145,7 +145,10 @@ def main(argv=None) -> None:
     parser.add_argument("--chats", required=True, help="the SFT chats (JSONL)")
     parser.add_argument("--out", required=True, help="where the checkpoint with started rows goes")
     args = parser.parse_args(argv)
-    print(checkpoint_to_train(args.hf, args.chats, args.out))
+    try:
+        print(checkpoint_to_train(args.hf, args.chats, args.out))
+    except ValueError as err:  # bad chats (file, line and field named), a checkpoint without embeddings, a taken --out
+        sys.exit(f"untrained_tokens: {err}")
 
 
 if __name__ == "__main__":
