@@ -362,14 +362,14 @@ again_if_failed() {
 # no warm-up diverged at step 8 of 25, gradient norm 657, and came out writing broken tool calls; H200,
 # 2026-12-03, records/mem_update_h200_1p5b_val/.) Token rows that HF_DIR never trained and the chats train on
 # (Qwen2.5-Coder-1.5B-Instruct's <tool_call>) start from their spelling, in a copy beside the chats
-# (vime_ext/models/untrained_tokens.py); HF_DIR itself when there are none. SFT_FIT=N (unset: off): then the save's
+# (vime_ext/rollout/untrained_tokens.py); HF_DIR itself when there are none. SFT_FIT=N (unset: off): then the save's
 # last iteration as an HF checkpoint (the one its evaluation serves) and tools/sft_fit.py on the first N chats, the
 # start and that checkpoint (trained tokens' NLL, first trained token, greedy reply), in SAVE/sft_fit.txt; a failed
 # check only says so.
 sft_warm_start() {
   local hf=$1 chats=$2 save=$3 seed=$4 lr=$5 epochs=$6 batch=${SFT_BATCH:-64} rollouts extra=()
   shift 6
-  hf=$(python -m vime_ext.models.untrained_tokens --hf "${hf}" --chats "${chats}" \
+  hf=$(python -m vime_ext.rollout.untrained_tokens --hf "${hf}" --chats "${chats}" \
     --out "$(dirname "${chats}")/started_$(basename "${hf}")") || return
   rollouts=$(( (epochs * $(wc -l <"${chats}") + batch - 1) / batch ))
   if [ -n "${SFT_HELDOUT:-}" ]; then

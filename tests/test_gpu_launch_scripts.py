@@ -56,6 +56,11 @@ if "--tensorboard-dir" in args:
 ' {record} "${{@:2}}"
 fi
 if [ "$1" = tools/convert_hf_to_torch_dist.py ]; then exit 3; fi  # the stand-in checkpoint has no weights
+if [ "$1" = -m ] && [ "$2" = vime_ext.rollout.untrained_tokens ]; then
+  # the rows' check (tests/test_untrained_tokens.py runs it): its arguments recorded, the checkpoint given back
+  exec {python} -c 'import json, sys; open(sys.argv[1] + ".rows", "a").write(json.dumps(sys.argv[2:]) + "\\n")
+print(sys.argv[sys.argv.index("--hf") + 1])' {record} "${{@:3}}"
+fi
 if [ "$1" = -m ] && [[ "$2" == examples.*.eval_* ]]; then
   # STAND_IN_BASE_FAILS=FILE: the base model's first evaluation fails (as one that finds too little memory)
   if [ -n "${{STAND_IN_BASE_FAILS:-}}" ] && [[ " $* " == *" --save-file base "* ]] && [ ! -e "$STAND_IN_BASE_FAILS" ]; then
@@ -508,7 +513,10 @@ def test_the_mem_update_smollm2_recipe_chains_sft_rl_and_both_evaluations(tiny_h
 
     sft, rl = [json.loads(line) for line in (tmp_path / "train_args.json.all").read_text().splitlines()]
     assert last(sft, "--loss-type") == "sft_loss" and last(sft, "--save") == str(work / "seed_2/sft")
-    assert last(sft, "--hf-checkpoint") == str(model)  # a random model: no untrained rows to start, no copy
+    # SFT starts from the checkpoint the rows' check gives back (a copy beside the chats when it started rows)
+    (rows,) = [json.loads(line) for line in (tmp_path / "train_args.json.rows").read_text().splitlines()]
+    assert rows == ["--hf", str(model), "--chats", str(data / "sft.jsonl"), "--out", str(data / "started_qwen3")]
+    assert last(sft, "--hf-checkpoint") == str(model)
     assert last(sft, "--num-rollout") == str(-(-6 * len(sft_chats) // 64)) and last(sft, "--sft-max-len") == "8192"
     assert last(sft, "--lr") == "1e-4" and last(sft, "--lr-warmup-iters") == "2"  # 6 passes at 1e-4, warmed up
     assert last(rl, "--ref-load") == str(work / "seed_2/sft") and last(rl, "--save") == str(work / "seed_2/rl")

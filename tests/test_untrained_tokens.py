@@ -1,4 +1,4 @@
-"""vime_ext/models/untrained_tokens.py on a tiny Qwen2 with the real Qwen tokenizer, its vocabulary's tail and the
+"""vime_ext/rollout/untrained_tokens.py on a tiny Qwen2 with the real Qwen tokenizer, its vocabulary's tail and the
 two tool-call tokens given one shared vector in both matrices, as Qwen2.5-Coder-1.5B-Instruct has them."""
 
 import json
@@ -9,7 +9,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoTokenizer
 
 from tests.conftest import make_tiny_hf_dir
-from vime_ext.models.untrained_tokens import EMBEDDING, OUTPUT, checkpoint_to_train, find_untrained, main
+from vime_ext.rollout.untrained_tokens import EMBEDDING, OUTPUT, checkpoint_to_train, find_untrained, main
 
 CALL_CHAT = {
     "messages": [{"role": "user", "content": "Find the note about Paris."},

@@ -10,7 +10,7 @@ a call: every evaluation episode ended with an empty reply. Here each such row b
 token's text spelled as ordinary tokens (``<``, ``tool``, ``_call``, ``>``), in both matrices, the usual start for
 a new token; every other tensor is copied as it is.
 
-    python -m vime_ext.models.untrained_tokens --hf HF_DIR --chats sft.jsonl --out OUT_DIR
+    python -m vime_ext.rollout.untrained_tokens --hf HF_DIR --chats sft.jsonl --out OUT_DIR
 
 prints the HF checkpoint to train from: OUT_DIR when rows were started there, else HF_DIR itself.
 """
