@@ -27,6 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from vime_ext.agent.chat_mask import ChatMasker, MaskedSequence  # noqa: E402
 from vime_ext.data.chat_dataset import read_chats  # noqa: E402
+from vime_ext.rollout.sft_rollout import masker_for  # noqa: E402
 
 
 @dataclass
@@ -55,15 +56,16 @@ def masked_nll(logits: torch.Tensor, sequence: MaskedSequence) -> tuple[float, i
 def chat_fit(model, tokenizer, masker: ChatMasker, record, generate: int) -> ChatFit:
     chat = masker(record.prompt, record.metadata.get("tools"))
     device = next(model.parameters()).device
+    first = chat.sequences[0]
+    start = first.mask.index(1)
     total, count, tokens = 0.0, 0, 0
     for sequence in chat.sequences:  # one per assistant turn when the template rewrites earlier turns
         logits = model(torch.tensor([sequence.tokens], device=device)).logits[0]
+        if sequence is first:  # the place before the first trained token predicts it
+            probs = logits[start - 1].float().softmax(-1)
         nll, n = masked_nll(logits, sequence)
         total, count, tokens = total + nll, count + n, tokens + len(sequence.tokens)
-    first = chat.sequences[0]
-    start = first.mask.index(1)
     prompt = torch.tensor([first.tokens[:start]], device=device)
-    probs = model(prompt).logits[0, -1].float().softmax(-1)
     top = probs.topk(3)
     name = tokenizer.convert_ids_to_tokens
     out = model.generate(prompt, max_new_tokens=generate, do_sample=False, pad_token_id=tokenizer.pad_token_id
@@ -84,7 +86,7 @@ def load(hf_dir: str, device: str):
 
 def fits(hf_dir: str, records, device: str, generate: int) -> list[ChatFit]:
     model, tokenizer = load(hf_dir, device)
-    masker = ChatMasker(tokenizer)
+    masker = masker_for(tokenizer)
     results = [chat_fit(model, tokenizer, masker, record, generate) for record in records]
     del model
     if device.startswith("cuda"):

@@ -81,7 +81,7 @@ def check_chats(tokenizer, records, max_len: int | None, overlong: str, count: i
     from vime_ext.data.prompt_dataset import DataError
 
     try:
-        masker = ChatMasker(tokenizer)
+        masker = masker_for(tokenizer)
         for record in records[:count]:
             sample = Sample(prompt=record.prompt, metadata={**record.metadata, "source": record.source})
             chat_sample(sample, masker, max_len, overlong)

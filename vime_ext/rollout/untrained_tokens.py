@@ -64,10 +64,10 @@ def spelling(tokenizer, text: str) -> tuple[int, ...]:
 
 def trained_token_ids(tokenizer, chats: str, count: int = 16) -> set[int]:
     """The token ids that the first ``count`` chats of ``chats`` train on, masked as an SFT run masks them."""
-    from vime_ext.agent.chat_mask import ChatMasker
     from vime_ext.data.chat_dataset import read_chats
+    from vime_ext.rollout.sft_rollout import masker_for
 
-    masker = ChatMasker(tokenizer)
+    masker = masker_for(tokenizer)
     ids = set()
     for record in read_chats(chats)[:count]:
         for sequence in masker(record.prompt, record.metadata.get("tools")).sequences:
