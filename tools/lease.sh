@@ -10,7 +10,8 @@
 #                                               # weights, checkpoints or data, into $OUT/NAME_<time>_<pid>.tgz (the
 #                                               # call's folder that comes back) and prints the logs' tails
 # Poll back to back with long waits (500 s in a call of 600): every gap between two calls is a chance to lose the
-# machine. LEASE_OUT defaults to /tmp/lease_out.
+# machine; where calls can be queued, queue several polls at once (and the parts before `start`), so that no gap
+# waits on the caller. LEASE_OUT defaults to /tmp/lease_out.
 set -uo pipefail
 LEASE_OUT=${LEASE_OUT:-/tmp/lease_out}
 
