@@ -46,6 +46,9 @@ def test_a_chat_of_the_models_own_reply_fits_and_another_does_not(smollm2_dir, t
     from vime_ext.data.chat_dataset import read_chats
     fitted, other = (sft_fit.chat_fit(model, tokenizer, ChatMasker(tokenizer), r, 8) for r in read_chats(chats))
     assert fitted.top[0][0] == fitted.first_token  # the greedy reply's first token is the top one
+    with torch.no_grad():  # taken from the whole chat's forward: the prompt's own forward gives the same
+        alone = model(prompt).logits[0, -1].softmax(-1)
+    assert abs(fitted.first_prob - float(alone.max())) < 1e-4
     assert fitted.greedy.startswith(own[:4])
     assert other.top[0][0] != other.first_token
     assert math.isfinite(other.nll) and other.nll > fitted.nll + 1.0
