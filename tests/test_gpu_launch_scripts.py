@@ -823,6 +823,45 @@ def test_the_sweep_runs_a_variant_per_gpu_on_data_prepared_once(tiny_hf_dirs, tm
     assert "| RL_TEMPERATURE=1.3 RL_ENTROPY_COEF=0.01 |" in table and f"| {v1} |" in table
 
 
+def test_a_sweeps_data_made_before_the_lease_is_kept_by_the_sweep(tiny_hf_dirs, tmp_path):
+    """tools/gpu_learning.sh data: the sweep's data (the shared folder, and a variant's own where it sets a variable
+    of the data) made on a machine without a GPU under the GPU image's transformers release, packed; unpacked into
+    another folder (the GPU machine's), the same settings keep every folder instead of preparing it again."""
+    import tarfile
+    image = tmp_path / "image_site"  # the image's release "installed" (its metadata) where `data` would put it
+    (image / "transformers-9.9.9.dist-info").mkdir(parents=True)
+    (image / "transformers-9.9.9.dist-info/METADATA").write_text("Metadata-Version: 2.1\nName: transformers\n"
+                                                                 "Version: 9.9.9\n")
+    (image / ".installed").touch()
+    env = {"HF_CKPT": str(tiny_hf_dirs["qwen3"]), "STAND_IN_GPUS": "2", "CONVERSATIONS": "6", "N_TEST": "2",
+           "N_VAL": "1", "EVAL_NUM": "3", "MEMUP_RETRIEVER": "bm25", "READER": "base", "SWEEP_EXAMPLE": "mem_update",
+           "SWEEP_GPUS": "1", "SWEEP_PER_GPU": "2", "SWEEP_VARIANTS": "SFT_EPOCHS=2; MEMUP_RATIONALE=1",
+           "IMAGE_TRANSFORMERS": "9.9.9", "IMAGE_SITE": str(image)}
+    full, runs = stand_in_env(tmp_path, env), {}
+    for name in ("cpu", "gpu"):
+        out = tmp_path / name
+        if name == "gpu":
+            out.mkdir()
+            with tarfile.open(tmp_path / "lease_data.tar.xz") as tar:
+                tar.extractall(out, filter="data")
+        packed = tmp_path / ("lease_data" if name == "cpu" else "again")
+        done = subprocess.run(["bash", str(ROOT / "tools/gpu_learning.sh"), "data", str(packed)],
+                              env={**full, "VIME_EXT_OUT": str(out)}, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+        runs[name] = out / "sweep"
+    cpu, gpu = runs["cpu"], runs["gpu"]
+    assert not (cpu / "v0/data").exists() and (cpu / "v1/data/sft.jsonl").is_file()  # v1 sets MEMUP_RATIONALE
+    for folder in ("data", "v1/data"):
+        stamp = (cpu / folder / "prepared.env").read_text()
+        assert "transformers=9.9.9" in stamp.splitlines()  # the image's release, first on PYTHONPATH
+        assert (gpu / folder / "prepared.env").read_text() == stamp
+        assert (gpu / folder / "sft.jsonl").read_text() == (cpu / folder / "sft.jsonl").read_text()
+    assert "Answering it, " in (cpu / "v1/data/sft.jsonl").read_text()  # the variant's own demonstrations
+    kept = "was prepared with these settings (prepared.env): kept"
+    assert kept not in (cpu / "prepare.log").read_text() + (cpu / "v1.prepare.log").read_text()
+    assert kept in (gpu / "prepare.log").read_text() and kept in (gpu / "v1.prepare.log").read_text()
+
+
 def test_a_mem_update_sweep_chooses_on_the_validation_questions(tiny_hf_dirs, tmp_path):
     """tools/gpu_learning.sh sweep with SWEEP_EXAMPLE=mem_update: the data prepared once (a variant that changes
     it prepares its own), seed 0 of each variant on a GPU of its own, both its evaluations on the validation

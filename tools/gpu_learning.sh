@@ -10,6 +10,7 @@
 # Everything goes under VIME_EXT_OUT (default runs/learning)/<example>:
 #   bash tools/gpu_learning.sh run         # both at once; start/end lines in VIME_EXT_OUT/learning.log
 #   bash tools/gpu_learning.sh sweep       # one example's knobs side by side, a variant a GPU (below)
+#   bash tools/gpu_learning.sh data FILE   # before a lease, without a GPU: the sweep's data, FILE.tar.xz (below)
 #   bash tools/gpu_learning.sh pack FILE   # what a person reads, no weights and no generated data: eval JSONL
 #                                          # and summaries, tables, training metrics, logs, and the evaluations'
 #                                          # reader replies (a later run reuses them); FILE.tar.gz
@@ -77,18 +78,53 @@ sweep_settings() {
     sed 's/^DATA_VARS=//' | tr -d '"' | xargs) ${derived}"
 }
 
+# variant_stage DIR GPU DATA_ROOT I STAGE VARS...: one stage of a variant's seed SEED (0), in DIR, with its data
+# in DATA_ROOT
+variant_stage() {
+  local dir=$1 gpu=$2 data=$3 i=$4 stage=$5
+  shift 5
+  # shellcheck disable=SC2086  # SWEEP_ENV is a list of NAME=VALUE words
+  env ${SWEEP_ENV} "$@" EVAL_SPLIT=val LENGTH="${SWEEP_LENGTH:-170}" VAL_LENGTH="${SWEEP_LENGTH:-170}" \
+    SEEDS_PER_GPU="${SWEEP_PER_GPU:-1}" CUDA_VISIBLE_DEVICES="${gpu}" SEED="${SEED:-0}" VIME_EXT_OUT="${dir}" \
+    DATA_ROOT="${data}" RAY_PORT_BASE=$(( 6500 + 10 * i )) \
+    bash "examples/${SWEEP_EXAMPLE}/run-smollm2-gpu.sh" "${stage}"
+}
+
 # sweep_variant DIR GPU DATA_ROOT I VARS...: one variant's seed (after its own prepare when DATA_ROOT is in DIR)
 sweep_variant() {
-  local dir=$1 gpu=$2 data=$3 i=$4 stage
-  shift 4
-  for stage in prepare seed; do
-    if [ "${stage}" = prepare ] && [ "${data}" != "${dir}/data" ]; then continue; fi
-    # shellcheck disable=SC2086  # SWEEP_ENV is a list of NAME=VALUE words
-    env ${SWEEP_ENV} "$@" EVAL_SPLIT=val LENGTH="${SWEEP_LENGTH:-170}" VAL_LENGTH="${SWEEP_LENGTH:-170}" \
-      SEEDS_PER_GPU="${SWEEP_PER_GPU:-1}" CUDA_VISIBLE_DEVICES="${gpu}" SEED="${SEED:-0}" VIME_EXT_OUT="${dir}" DATA_ROOT="${data}" \
-      RAY_PORT_BASE=$(( 6500 + 10 * i )) \
-      bash "examples/${SWEEP_EXAMPLE}/run-smollm2-gpu.sh" "${stage}" || return
+  if [ "$3" = "$1/data" ]; then variant_stage "$1" "$2" "$3" "$4" prepare "${@:5}" || return; fi
+  variant_stage "$1" "$2" "$3" "$4" seed "${@:5}"
+}
+
+# sweep_plan: the sweep's variants (trimmed), each one's data folder (the shared OUT_DIR/sweep/data, or its own
+# OUT_DIR/sweep/v<i>/data when it sets a variable of the data) and GPU, into the arrays `variants`, `datas` and
+# `variant_gpus` (of SWEEP_GPUS, default 0,1,2,3: `gpus`)
+sweep_plan() {
+  local i name
+  IFS=';' read -r -a variants <<<"${SWEEP_VARIANTS:?SWEEP_VARIANTS: variants separated by ;}"
+  IFS=',' read -r -a gpus <<<"${SWEEP_GPUS:-0,1,2,3}"
+  datas=() variant_gpus=()
+  for i in "${!variants[@]}"; do
+    variants[i]=$(xargs <<<"${variants[i]}")  # trimmed
+    datas[i]=${OUT_DIR}/sweep/data
+    for name in ${SWEEP_DATA_VARS}; do
+      if [[ " ${variants[i]} " == *" ${name}="* ]]; then datas[i]=${OUT_DIR}/sweep/v${i}/data; fi
+    done
+    variant_gpus[i]=${gpus[i % ${#gpus[@]}]}  # in turn, as seeds_on_gpus places seeds
   done
+}
+
+# shared_prepare: the shared data (OUT_DIR/sweep/data), when a variant runs on it (MemUpdate's 1.5B prepare takes
+# 2 minutes of a lease)
+shared_prepare() {
+  local root=${OUT_DIR}/sweep
+  if [[ " ${datas[*]} " != *" ${root}/data "* ]]; then return 0; fi
+  log "sweep: ${SWEEP_EXAMPLE}: prepare (${root}/data)"
+  mkdir -p "${root}"
+  # shellcheck disable=SC2086  # SWEEP_ENV is a list of NAME=VALUE words
+  env ${SWEEP_ENV} EVAL_SPLIT=val LENGTH="${SWEEP_LENGTH:-170}" VAL_LENGTH="${SWEEP_LENGTH:-170}" \
+    VIME_EXT_OUT="${root}" bash "examples/${SWEEP_EXAMPLE}/run-smollm2-gpu.sh" prepare \
+    >"${root}/prepare.log" 2>&1 || { log "sweep: prepare failed: ${root}/prepare.log"; return 1; }
 }
 
 # sweep_audit ROOT N: MemUpdate's variants' edits side by side (examples/mem_update/edit_audit.py: the memory each
@@ -107,42 +143,24 @@ sweep_audit() {
 }
 
 sweep() {
-  local root=${OUT_DIR}/sweep variants gpus gpu i pids=() status=0 rows=() vars data name per_gpu=${SWEEP_PER_GPU:-1}
+  local root=${OUT_DIR}/sweep variants datas variant_gpus gpus i pids=() status=0 rows=() per_gpu=${SWEEP_PER_GPU:-1}
   sweep_settings || return
-  IFS=';' read -r -a variants <<<"${SWEEP_VARIANTS:?SWEEP_VARIANTS: variants separated by ;}"
-  IFS=',' read -r -a gpus <<<"${SWEEP_GPUS:-0,1,2,3}"
+  sweep_plan
   if (( ${#variants[@]} > ${#gpus[@]} * per_gpu )); then
     echo "gpu_learning.sh sweep: ${#variants[@]} variants for ${#gpus[@]} GPU(s) (SWEEP_GPUS) at" \
       "SWEEP_PER_GPU=${per_gpu}: at most $(( ${#gpus[@]} * per_gpu ))" >&2
     return 2
   fi
   mkdir -p "${root}"
-  local datas=()
+  shared_prepare || return
   for i in "${!variants[@]}"; do
-    variants[i]=$(xargs <<<"${variants[i]}")  # trimmed
-    datas[i]=${root}/data
-    for name in ${SWEEP_DATA_VARS}; do
-      if [[ " ${variants[i]} " == *" ${name}="* ]]; then datas[i]=${root}/v${i}/data; fi
-    done
-  done
-  # The shared data only when a variant runs on it (MemUpdate's 1.5B prepare takes 2 minutes of a lease)
-  if [[ " ${datas[*]} " == *" ${root}/data "* ]]; then
-    log "sweep: ${SWEEP_EXAMPLE}: prepare (${root}/data)"
-    # shellcheck disable=SC2086  # SWEEP_ENV is a list of NAME=VALUE words
-    env ${SWEEP_ENV} EVAL_SPLIT=val LENGTH="${SWEEP_LENGTH:-170}" VAL_LENGTH="${SWEEP_LENGTH:-170}" \
-      VIME_EXT_OUT="${root}" bash "examples/${SWEEP_EXAMPLE}/run-smollm2-gpu.sh" prepare \
-      >"${root}/prepare.log" 2>&1 || { log "sweep: prepare failed: ${root}/prepare.log"; return 1; }
-  fi
-  for i in "${!variants[@]}"; do
-    vars=${variants[i]}
-    data=${datas[i]}
-    gpu=${gpus[i % ${#gpus[@]}]}  # in turn, as seeds_on_gpus places seeds
-    log "sweep: start v${i} (GPU ${gpu}) ${vars:-(the recipe)}; data ${data}"
+    log "sweep: start v${i} (GPU ${variant_gpus[i]}) ${variants[i]:-(the recipe)}; data ${datas[i]}"
     mkdir -p "${root}/v${i}"
     # shellcheck disable=SC2086  # a variant is a list of NAME=VALUE words
-    sweep_variant "${root}/v${i}" "${gpu}" "${data}" "${i}" ${vars} >"${root}/v${i}.log" 2>&1 &
+    sweep_variant "${root}/v${i}" "${variant_gpus[i]}" "${datas[i]}" "${i}" ${variants[i]} \
+      >"${root}/v${i}.log" 2>&1 &
     pids+=($!)
-    rows+=(--variant "${vars}=${root}/v${i}")
+    rows+=(--variant "${variants[i]}=${root}/v${i}")
   done
   for i in "${!pids[@]}"; do
     if wait "${pids[i]}"; then log "sweep: end v${i}: exit 0"; else log "sweep: end v${i}: failed"; status=1; fi
@@ -151,6 +169,53 @@ sweep() {
   sweep_audit "${root}" "${#variants[@]}" || status=1
   log "sweep done: exit ${status}"
   return "${status}"
+}
+
+# data FILE: before a lease, on any machine (no GPU): the sweep's data made as `sweep` makes it (the same SWEEP_*
+# and example variables), packed into FILE.tar.xz (hundreds of KB: each chat repeats the store); on the GPU
+# machine `tar -xJf FILE.tar.xz -C VIME_EXT_OUT` before `sweep`, whose prepare then keeps it (a minute to three of
+# the lease saved a data folder). The data is made under the GPU image's transformers (IMAGE_TRANSFORMERS, default
+# tools/gpu_wheels.py's IMAGE_PINS, with its tokenizers and huggingface-hub), which renders the chat templates and
+# builds the packaged models' tokenizers that chats are cut to a context by, and which `prepare_once` stamps:
+# where this machine has another release, the image's is installed from PyPI into IMAGE_SITE (default
+# ~/.cache/vime_ext/image_transformers_<release>) and put first on PYTHONPATH.
+data() {
+  local file=${1:?usage: gpu_learning.sh data FILE} root=${OUT_DIR}/sweep variants datas variant_gpus gpus i rels=()
+  local want have site
+  sweep_settings || return
+  sweep_plan
+  want=${IMAGE_TRANSFORMERS:-$(image_pin transformers)}
+  have=$(python -c 'import importlib.metadata as m; print(m.version("transformers"))')
+  if [ "${want}" != "${have}" ]; then
+    site=${IMAGE_SITE:-${HOME}/.cache/vime_ext/image_transformers_${want}}
+    if [ ! -f "${site}/.installed" ]; then
+      python -m pip install -q --no-deps --target "${site}" "transformers==${want}" \
+        "tokenizers==$(image_pin tokenizers)" "huggingface-hub==$(image_pin huggingface-hub)" || return
+      touch "${site}/.installed"
+    fi
+    export PYTHONPATH=${site}${PYTHONPATH:+:${PYTHONPATH}}
+    have=$(python -c 'import importlib.metadata as m; print(m.version("transformers"))')
+    [ "${have}" = "${want}" ] || { log "data: transformers ${have} from ${site}, not ${want}"; return 1; }
+  fi
+  log "data: ${SWEEP_EXAMPLE}, transformers ${have}"
+  shared_prepare || return
+  for i in "${!variants[@]}"; do
+    if [ "${datas[i]}" != "${root}/v${i}/data" ]; then continue; fi
+    log "data: v${i} (${variants[i]}): prepare (${datas[i]})"
+    mkdir -p "${root}/v${i}"
+    # shellcheck disable=SC2086  # a variant is a list of NAME=VALUE words
+    variant_stage "${root}/v${i}" "${variant_gpus[i]}" "${datas[i]}" "${i}" prepare ${variants[i]} \
+      >"${root}/v${i}.prepare.log" 2>&1 || { log "data: v${i}: prepare failed: ${root}/v${i}.prepare.log"; return 1; }
+  done
+  for i in $(printf '%s\n' "${datas[@]}" | sort -u); do rels+=("${i#"${OUT_DIR}"/}"); done
+  tar -cJf "${file}.tar.xz" -C "${OUT_DIR}" "${rels[@]}"
+  log "data: ${file}.tar.xz ($(du -h "${file}.tar.xz" | cut -f1)): ${rels[*]}"
+}
+
+# image_pin NAME: the GPU image's release of NAME (tools/gpu_wheels.py IMAGE_PINS)
+image_pin() {
+  python -c 'import sys; sys.path.insert(0, "tools"); from gpu_wheels import IMAGE_PINS
+print(IMAGE_PINS[sys.argv[1]])' "$1"
 }
 
 # pack FILE: the readable results so far (the run may still be going), weights and generated data left out, and
@@ -170,6 +235,7 @@ pack() {
 case "${1:-}" in
   run) run ;;
   sweep) sweep ;;
+  data) data "${2:-}" ;;
   pack) pack "${2:-}" ;;
-  *) echo "usage: gpu_learning.sh run|sweep|pack FILE" >&2; exit 2 ;;
+  *) echo "usage: gpu_learning.sh run|sweep|data FILE|pack FILE" >&2; exit 2 ;;
 esac
