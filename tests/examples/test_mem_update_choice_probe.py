@@ -58,9 +58,10 @@ def test_the_probe_runs_a_model_on_every_way_of_asking(fact_split, tiny_hf_dirs,
     from transformers import AutoTokenizer
 
     model = str(tiny_hf_dirs["qwen3"])
-    tokens = prompt(AutoTokenizer.from_pretrained(model), shown_items(fact_split, 1, retriever="bm25")[0], "pairs")
-    text = AutoTokenizer.from_pretrained(model).decode(tokens)
-    assert "restated by" in text and "f" in text and text.rstrip().endswith("assistant")
+    tokenizer, item = AutoTokenizer.from_pretrained(model), shown_items(fact_split, 1, retriever="bm25")[0]
+    text = tokenizer.decode(prompt(tokenizer, item, "pairs"))
+    assert "restated by" in text and text.rstrip().endswith("assistant")
+    assert all(f"{fact_id}: {fact}" in text for fact_id, fact in item.facts)  # every shown fact, by its id
     scores = main([str(fact_split), "--model", model, "--num", "3", "--retriever", "bm25", "--batch", "3",
                    "--max-new-tokens", "8", "--out", str(tmp_path / "probe")])
     assert sorted(scores) == sorted(ASK) and all(score.replies == 3 for score in scores.values())
