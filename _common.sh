@@ -64,21 +64,29 @@ for p in range(int(sys.argv[1]), int(sys.argv[1]) + 3):
   VIME_EXT_RAY_DIR=$(mktemp -d /tmp/vime_ext_ray.XXXXXX)
   echo "starting a Ray head on 127.0.0.1:${port} (${NUM_GPUS} GPUs, ${cpus} CPUs); stopped when this script exits"
   trap stop_ray EXIT
-  ray start --head --node-ip-address 127.0.0.1 --port "${port}" --num-cpus "${cpus}" --num-gpus "${NUM_GPUS}" \
-    --ray-client-server-port $((port + 1)) --dashboard-agent-listen-port $((port + 2)) \
+  # In a session of its own: the head's client server, its agents and its workers do not name the temporary
+  # folder on their command lines, and stop_ray finds them all by the session instead.
+  setsid -w ray start --head --node-ip-address 127.0.0.1 --port "${port}" --num-cpus "${cpus}" \
+    --num-gpus "${NUM_GPUS}" --ray-client-server-port $((port + 1)) --dashboard-agent-listen-port $((port + 2)) \
     --temp-dir "${VIME_EXT_RAY_DIR}" --disable-usage-stats --include-dashboard=false >/dev/null
+  VIME_EXT_RAY_SID=$(ps -o sid= -p "$(pgrep -o -f -- "${VIME_EXT_RAY_DIR}")" 2>/dev/null | tr -d ' ')
   export RAY_ADDRESS="127.0.0.1:${port}"
 }
 
 stop_ray() {
-  # The head start_ray started, and nothing else: every process of it names its temporary folder.
+  # The head start_ray started, and nothing else: the processes of its session (or, where that was not found,
+  # those that name its temporary folder), never this script's own session.
   if [ -z "${VIME_EXT_RAY_DIR:-}" ]; then return 0; fi
-  pkill -TERM -f -- "${VIME_EXT_RAY_DIR}" 2>/dev/null || true
+  local which=(-f -- "${VIME_EXT_RAY_DIR}")
+  if [ -n "${VIME_EXT_RAY_SID:-}" ] && [ "${VIME_EXT_RAY_SID}" != "$(ps -o sid= -p $$ | tr -d ' ')" ]; then
+    which=(-s "${VIME_EXT_RAY_SID}")
+  fi
+  pkill -TERM "${which[@]}" 2>/dev/null || true
   for _ in 1 2 3 4 5 6 7 8 9 10; do
-    pgrep -f -- "${VIME_EXT_RAY_DIR}" >/dev/null || break
+    pgrep "${which[@]}" >/dev/null || break
     sleep 1
   done
-  pkill -KILL -f -- "${VIME_EXT_RAY_DIR}" 2>/dev/null || true
+  pkill -KILL "${which[@]}" 2>/dev/null || true
   rm -rf "${VIME_EXT_RAY_DIR}"
 }
 

@@ -96,3 +96,23 @@ def test_a_ray_port_already_taken_is_refused_with_its_number(tmp_path, monkeypat
     assert result.stdout.strip().splitlines()[-1] == "rc=2"
     assert f"RAY_PORT={port}: port {port + 2} is in use" in result.stderr
     assert not ray_running(port)
+
+
+def test_a_stopped_head_leaves_no_process_and_frees_its_ports(monkeypatch):
+    # A head's client server (RAY_PORT + 1) and its agents do not name the head's temporary folder, and once
+    # outlived stop_ray: the same script run again on its RAY_PORT (a run resumed after a crash) was refused.
+    port = free_port()
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    script = (f'source _common.sh && RAY_PORT={port} start_ray && echo "sid=$VIME_EXT_RAY_SID" '
+              '&& pgrep -s "$VIME_EXT_RAY_SID" | wc -l && stop_ray')
+    result = subprocess.run(["bash", "-c", script],
+                            cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    sid, started = result.stdout.strip().splitlines()[-2:]
+    assert sid.startswith("sid=") and int(started) >= 5  # GCS, raylet, client server, agents, monitors
+    left = subprocess.run(["pgrep", "-s", sid.removeprefix("sid=")], capture_output=True, text=True).stdout.split()
+    assert left == []
+    for p in range(port, port + 3):
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("0.0.0.0", p))  # raises where a process of the head still listens
