@@ -46,39 +46,70 @@ def test_no_clean_runs_only_the_named_rows():
     assert [f.name for _, (f, _) in plan] == ["engine_kill_colocated", "router_kill_colocated"]
 
 
+def save_iteration(folder, value: float):
+    """A one-tensor torch_dist iteration as the trainer saves one (torch.distributed.checkpoint, one process)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save({"w": torch.tensor([value])}, checkpoint_id=str(folder), no_dist=True)
+    return folder
+
+
 def test_each_rows_weights_are_labelled_by_what_they_are_compared_with(tmp_path, monkeypatch):
     """The GPU runs themselves cannot run here; what the table says of each row's weights is checked with each
-    run's outcome given: against the clean run's weights when it saved some, else against the starting weights
-    (read once, 8 GB for a 4B model), labelled by why."""
+    run's outcome given: against the clean run's saved weights when it saved some, else against the starting
+    weights, labelled by why. The weights are read in a child process (a 4B model's are 8 GB, and the suite's
+    own process must not keep them through the next row); a clean run's final iteration is kept as the reference
+    and a fault row's removed."""
     import argparse
     import json
 
-    import torch
-
     import tools.fault_suite as suite
 
-    saved = {"clean_colocated": None, "engine_kill_colocated": {"w": torch.tensor([1.5])},
-             "router_kill_colocated": {"w": torch.tensor([1.25])}}
-    reads = []
+    save_iteration(tmp_path / "qwen3-4b-random_torch_dist" / "iter_0000000", 1.0)
+    saved = {"clean_colocated": None, "engine_kill_colocated": 1.5, "router_kill_colocated": 1.25}
     monkeypatch.setattr(suite, "visible_gpus", lambda: 1)
     row = {"fault": "", "outcome": "survived", "seconds": 1.0, "trained_rollouts": 4, "not_trained": 0,
-           "restarts": "0/0/0", "injected": ""}
-    monkeypatch.setattr(suite, "gpu_one", lambda fault, *_: {**row, "weights": saved[fault.name]})
-    monkeypatch.setattr(suite, "final_weights", lambda save, it: reads.append(it) or {"w": torch.tensor([1.0])})
+           "restarts": "0/0/0", "injected": "", "weights": None}
+
+    def gpu_one(fault, layout, work, out, port):
+        folder = suite.fresh_folder(out, fault)
+        if saved[fault.name] is None:
+            return {**row, "final": None}
+        return {**row, "final": save_iteration(folder / "save" / "iter_0000004", saved[fault.name])}
+
+    monkeypatch.setattr(suite, "gpu_one", gpu_one)
 
     def notes(only, no_clean):
         out = tmp_path / f"out_{len(list(tmp_path.iterdir()))}"
         out.mkdir()
         suite.gpu_suite(argparse.Namespace(gpu=str(tmp_path), only=only, no_clean=no_clean), out)
+        assert not list(out.glob("*/save/iter_*"))  # every row's iteration removed once compared
         return {r["name"]: r.get("weights_note") for r in map(json.loads, (out / "results.jsonl").open())}
 
     # the clean run failed to save: the faults are measured from the start, and say so
     assert notes("engine_kill_colocated,router_kill_colocated", no_clean=False) == {
         "clean_colocated": None, "engine_kill_colocated": "the clean run saved no weights; 0.5 from the start",
         "router_kill_colocated": "the clean run saved no weights; 0.25 from the start"}
-    assert reads == [0]
     assert notes("engine_kill_colocated", no_clean=True) == {
         "engine_kill_colocated": "no clean run; 0.5 from the start"}
-    saved["clean_colocated"] = {"w": torch.tensor([1.25])}
+    saved["clean_colocated"] = 1.25
+    out = tmp_path / f"out_{len(list(tmp_path.iterdir()))}"
     assert notes("engine_kill_colocated", no_clean=False) == {"clean_colocated": "clean: 0.25 from the start",
                                                               "engine_kill_colocated": "0.25"}
+    assert (out / "clean_colocated_final" / ".metadata").is_file()  # the reference, kept on disk
+
+
+def test_a_resumed_fault_that_never_fired_is_not_resumed(tmp_path):
+    """A row whose first run ended before its fault (on one H200 the trainer's save once met Ray's OOM killer
+    first) is that run's own end: its resume would report something else (there, a port still held)."""
+    from tools.fault_suite import Fault, run_fault
+
+    fault = Fault("save_kill", "", resume=True)
+    first = ["bash", "-c", "echo first run; exit 1"]
+    resume = ["bash", "-c", "echo resumed; exit 0"]
+    code, _, log = run_fault(fault, first, resume, tmp_path, {})
+    assert (code, log.name, log.read_text()) == (1, "run.log", "first run\n")
+    (tmp_path / "injected").write_text("1 run killed while saving iteration 4")
+    code, _, log = run_fault(fault, first, resume, tmp_path, {})
+    assert (code, log.name, log.read_text()) == (0, "resume.log", "resumed\n")

@@ -30,14 +30,15 @@ two clean runs' distance from the starting weights, and cannot say "equal".
 """
 
 import argparse
-import functools
 import json
+import multiprocessing
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -130,7 +131,7 @@ def run_fault(fault: Fault, command: list[str], resume: list[str], folder: Path,
     """The faulted run, and for a fault that kills it, ``resume`` without the fault: the exit code of the last,
     their seconds together, and its log."""
     code, seconds = run(command, folder / "run.log", env, timeout)
-    if not fault.resume:
+    if not fault.resume or not (folder / "injected").is_file():  # a run that ended before its fault: its own end
         return code, seconds, folder / "run.log"
     code, more = run(resume, folder / "resume.log", {**env, "VIME_FAULT": ""}, timeout)
     return code, seconds + more, folder / "resume.log"
@@ -150,15 +151,30 @@ def last_rows(tb: Path) -> dict[int, dict]:
 
 
 def final_weights(save: Path, iteration: int = ROLLOUTS):
-    """The model's tensors of an iteration (as saved, on the host), read without megatron."""
+    """The model's tensors of an iteration (as saved, on the host), read without megatron; None if not saved."""
+    last = save / f"iter_{iteration:07d}"
+    return model_tensors(last) if last.is_dir() else None
+
+
+def model_tensors(iteration: Path) -> dict:
     import torch
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
-    last = save / f"iter_{iteration:07d}"
-    if not last.is_dir():
-        return None
-    return {k: v for k, v in _load_state_dict_from_keys(checkpoint_id=str(last)).items()
+    return {k: v for k, v in _load_state_dict_from_keys(checkpoint_id=str(iteration)).items()
             if isinstance(v, torch.Tensor) and not k.startswith("optimizer") and "_extra_state" not in k}
+
+
+def saved_distance(a: Path, b: Path) -> float:
+    """``max_diff`` of two saved iterations, read in a child process of its own. A 4B model's tensors are 8 GB as
+    saved, and what a Python process frees it does not always give back: the suite once held 8-15 GB through the
+    rows after its first comparison, and on a one-GPU machine of 128 GB the trainer's save then met Ray's OOM
+    killer."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as child:
+        return child.submit(_saved_distance, a, b).result()
+
+
+def _saved_distance(a: Path, b: Path) -> float:
+    return max_diff(model_tensors(a), model_tensors(b))
 
 
 def max_diff(a: dict, b: dict) -> float:
@@ -226,8 +242,8 @@ def summary(fault: Fault, code: int, seconds: float, log: Path, rows: dict[int, 
 
 
 def gpu_one(fault: Fault, layout: str, work: Path, out: Path, port: int) -> dict:
-    """One run of MemAgent's Qwen3-4B script on this machine's GPUs; the save is removed once its final weights
-    are read (a 4B model's iteration is 8 GB)."""
+    """One run of MemAgent's Qwen3-4B script on this machine's GPUs: its row, with ``final`` the folder of its
+    last iteration (None if it saved none), which the caller compares and removes (a 4B model's is 8 GB)."""
     folder = fresh_folder(out, fault)
     save, data = folder / "save", work / "mem_agent_data"
     env = {"HF_CKPT": str(work / "qwen3-4b-random"), "TORCH_DIST": str(work / "qwen3-4b-random_torch_dist"),
@@ -245,10 +261,9 @@ def gpu_one(fault: Fault, layout: str, work: Path, out: Path, port: int) -> dict
                "tools.fault_plugins.reward", "--lr", "1e-4", "--tensorboard-dir", str(save / "tb"), *seed,
                *fault.flags]
     code, seconds, log = run_fault(fault, command, command, folder, env, timeout=900)  # the script resumes itself
-    weights = final_weights(save) if code == 0 else None
-    for iteration in save.glob("iter_*"):
-        shutil.rmtree(iteration, ignore_errors=True)
-    return summary(fault, code, seconds, log, last_rows(save / "tb"), weights)
+    final = save / f"iter_{ROLLOUTS:07d}"
+    return {**summary(fault, code, seconds, log, last_rows(save / "tb"), None),
+            "final": final if code == 0 and final.is_dir() else None}
 
 
 def print_table(results: list[dict], reference: str) -> None:
@@ -331,27 +346,33 @@ def gpu_plan(only: str | None, gpus: int = 2, clean_first: bool = True) -> list[
 
 
 def gpu_suite(args, out: Path) -> None:
-    """Each fault against the clean run of its layout; weights are compared as each run ends and then dropped (a
-    4B model's are 8 GB as saved). Every row is also appended to OUT/results.jsonl as it comes."""
+    """Each fault against the clean run of its layout. Weights stay on disk (a 4B model's are 8 GB as saved): a
+    clean run's final iteration is kept in OUT as its layout's reference, a fault row's is compared as the row
+    ends (``saved_distance``) and removed. Every row is also appended to OUT/results.jsonl as it comes."""
     work = Path(args.gpu).resolve()
+    start = work / "qwen3-4b-random_torch_dist" / "iter_0000000"  # the first run converts it
     clean: dict[str, dict] = {}
-    # the starting weights, read at most once (8 GB; the first run converts them): None if there are none
-    starting_weights = functools.cache(lambda: final_weights(work / "qwen3-4b-random_torch_dist", 0))
     results = []
     for i, (fault, layout) in gpu_plan(args.only, visible_gpus(), clean_first=not args.no_clean):
         print(f"[{fault.name}] {fault.what} ...", flush=True)
         row = gpu_one(fault, layout, work, out, 6500 + 10 * i)
-        weights = row.pop("weights")
+        row.pop("weights")
+        final = row.pop("final")
         reference = clean.get(layout)
         if fault.name.startswith("clean"):
-            clean[layout] = {"weights": weights, "seconds": row["seconds"]}
-        if weights is not None and reference and reference["weights"] is not None:
-            row["weights_note"] = f"{max_diff(weights, reference['weights']):.2g}"
-        elif weights is not None:  # the clean run, or a row without a usable one: how far training moved it
-            if (start := starting_weights()) is not None:
-                label = ("clean: " if fault.name.startswith("clean") else
-                         "no clean run; " if reference is None else "the clean run saved no weights; ")
-                row["weights_note"] = f"{label}{max_diff(weights, start):.2g} from the start"
+            kept = out / f"{fault.name}_final"
+            shutil.rmtree(kept, ignore_errors=True)
+            if final is not None:
+                final = Path(shutil.move(final, kept))
+            clean[layout] = {"final": final, "seconds": row["seconds"]}
+        if final is not None and reference and reference["final"] is not None:
+            row["weights_note"] = f"{saved_distance(final, reference['final']):.2g}"
+        elif final is not None and start.is_dir():  # the clean run, or a row without one: how far training moved
+            label = ("clean: " if fault.name.startswith("clean") else
+                     "no clean run; " if reference is None else "the clean run saved no weights; ")
+            row["weights_note"] = f"{label}{saved_distance(final, start):.2g} from the start"
+        for iteration in (out / fault.name / "save").glob("iter_*"):
+            shutil.rmtree(iteration, ignore_errors=True)
         own = row["seconds"] if fault.name.startswith("clean") else None  # None: no clean run (--no-clean)
         row.update(layout=layout, name=fault.name, clean_seconds=(reference or {}).get("seconds", own))
         results.append(row)
