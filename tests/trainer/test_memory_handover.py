@@ -198,3 +198,16 @@ def test_a_small_live_tensor_pins_only_its_pages_with_releasable_allocations():
                                            check=True, capture_output=True, text=True).stdout.split()[-1])
                 for flag in (False, True)}
     assert reserved[False] >= 256 and reserved[True] < 64
+
+
+def test_host_memory_reports_each_phases_peak():
+    """The peak host memory between two calls (a save's, on GPUs), not the process's whole life: a buffer
+    touched and freed within a phase shows in that phase's peak, and not in the next one's."""
+    memory_handover.host_memory()
+    buffer = torch.ones(256 * 2**20 // 4)  # 256 MiB, every page touched, then given back (torch maps it alone)
+    del buffer
+    gc.collect()
+    phase = memory_handover.host_memory()
+    nothing = memory_handover.host_memory()
+    assert phase["host_peak_rss_gb"] > phase["host_rss_gb"] + 0.2
+    assert nothing["host_peak_rss_gb"] < phase["host_peak_rss_gb"] - 0.2

@@ -205,7 +205,7 @@ class Trainer:
         metrics.update({f"time/{k}": v for k, v in times.items()})
         metrics.update({f"memory/{k}": v for k, v in memory.items()})
         if memory:  # printed too, so that a run that fails in its next phase still shows where memory went
-            shown = ("reserved_gb", "device_used_gb", "peak_allocated_gb")
+            shown = ("reserved_gb", "device_used_gb", "peak_allocated_gb", "peak_rss_gb")
             tqdm.write("memory (GiB): " + ", ".join(f"{k} {v:.1f}" for k, v in memory.items() if k.endswith(shown)))
         self.tracker.log(metrics, rollout_id, {"prompts": prompts})
         self.history.append({"rollout": rollout_id, **metrics})
