@@ -69,7 +69,8 @@ for p in range(int(sys.argv[1]), int(sys.argv[1]) + 3):
   setsid -w ray start --head --node-ip-address 127.0.0.1 --port "${port}" --num-cpus "${cpus}" \
     --num-gpus "${NUM_GPUS}" --ray-client-server-port $((port + 1)) --dashboard-agent-listen-port $((port + 2)) \
     --temp-dir "${VIME_EXT_RAY_DIR}" --disable-usage-stats --include-dashboard=false >/dev/null
-  VIME_EXT_RAY_SID=$(ps -o sid= -p "$(pgrep -o -f -- "${VIME_EXT_RAY_DIR}")" 2>/dev/null | tr -d ' ')
+  # (empty where no process names the folder, as with a stand-in `ray`: stop_ray then goes by the folder)
+  VIME_EXT_RAY_SID=$(ps -o sid= -p "$(pgrep -o -f -- "${VIME_EXT_RAY_DIR}")" 2>/dev/null | tr -d ' ' || true)
   export RAY_ADDRESS="127.0.0.1:${port}"
 }
 
