@@ -70,7 +70,7 @@ def test_each_rows_weights_are_labelled_by_what_they_are_compared_with(tmp_path,
     saved = {"clean_colocated": None, "engine_kill_colocated": 1.5, "router_kill_colocated": 1.25}
     monkeypatch.setattr(suite, "visible_gpus", lambda: 1)
     row = {"fault": "", "outcome": "survived", "seconds": 1.0, "trained_rollouts": 4, "not_trained": 0,
-           "restarts": "0/0/0", "injected": "", "weights": None}
+           "restarts": "0/0/0", "injected": ""}
 
     def gpu_one(fault, layout, work, out, port):
         folder = suite.fresh_folder(out, fault)

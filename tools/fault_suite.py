@@ -45,6 +45,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from vime_ext.data.prompt_dataset import json_lines  # noqa: E402
+from vime_ext.trainer.checkpoint import iteration_dir  # noqa: E402
 
 ROLLOUTS, SAMPLES = 4, 8
 
@@ -152,7 +153,7 @@ def last_rows(tb: Path) -> dict[int, dict]:
 
 def final_weights(save: Path, iteration: int = ROLLOUTS):
     """The model's tensors of an iteration (as saved, on the host), read without megatron; None if not saved."""
-    last = save / f"iter_{iteration:07d}"
+    last = iteration_dir(save, iteration)
     return model_tensors(last) if last.is_dir() else None
 
 
@@ -195,7 +196,7 @@ def one(fault: Fault, model: Path, data: Path, bad_data: Path, out: Path) -> dic
     save = folder / "save"
     mounted = False
     if fault.name == "disk_full":
-        clean_iter = out / "clean" / "save" / "iter_0000002"
+        clean_iter = iteration_dir(out / "clean" / "save", 2)
         size = sum(f.stat().st_size for f in clean_iter.rglob("*") if f.is_file())
         save.mkdir()
         # Room for the first save (and the logs) but not the second.
@@ -216,10 +217,10 @@ def one(fault: Fault, model: Path, data: Path, bad_data: Path, out: Path) -> dic
     finally:
         if mounted:
             subprocess.run(["umount", str(save)], check=False)
-    return summary(fault, code, seconds, log, rows, weights)
+    return {**summary(fault, code, seconds, log, rows), "weights": weights}
 
 
-def summary(fault: Fault, code: int, seconds: float, log: Path, rows: dict[int, dict], weights) -> dict:
+def summary(fault: Fault, code: int, seconds: float, log: Path, rows: dict[int, dict]) -> dict:
     """A run's row: survived (exit 0, every rollout logged), refused or stopped with one message, or died."""
     trained = [r for r in rows.values() if r.get("train/sequences", 0) > 0]
     said = [line for line in log.read_text(errors="replace").splitlines() if line.startswith("train.py: ")]
@@ -231,7 +232,7 @@ def summary(fault: Fault, code: int, seconds: float, log: Path, rows: dict[int, 
         outcome = f"died (exit {code}): {last_line(log)}"
     last = rows.get(ROLLOUTS - 1, {})
     marker = log.parent / "injected"
-    return {"fault": fault.what, "outcome": outcome, "seconds": seconds, "weights": weights,
+    return {"fault": fault.what, "outcome": outcome, "seconds": seconds,
             "trained_rollouts": len(trained),
             # a multi-turn sample trains several sequences (MemAgent: one per chunk and the answer)
             "not_trained": sum(SAMPLES - r.get("train/sequences", 0) / r.get("rollout/sequences_per_sample", 1)
@@ -261,8 +262,8 @@ def gpu_one(fault: Fault, layout: str, work: Path, out: Path, port: int) -> dict
                "tools.fault_plugins.reward", "--lr", "1e-4", "--tensorboard-dir", str(save / "tb"), *seed,
                *fault.flags]
     code, seconds, log = run_fault(fault, command, command, folder, env, timeout=900)  # the script resumes itself
-    final = save / f"iter_{ROLLOUTS:07d}"
-    return {**summary(fault, code, seconds, log, last_rows(save / "tb"), None),
+    final = iteration_dir(save, ROLLOUTS)
+    return {**summary(fault, code, seconds, log, last_rows(save / "tb")),
             "final": final if code == 0 and final.is_dir() else None}
 
 
@@ -356,7 +357,6 @@ def gpu_suite(args, out: Path) -> None:
     for i, (fault, layout) in gpu_plan(args.only, visible_gpus(), clean_first=not args.no_clean):
         print(f"[{fault.name}] {fault.what} ...", flush=True)
         row = gpu_one(fault, layout, work, out, 6500 + 10 * i)
-        row.pop("weights")
         final = row.pop("final")
         reference = clean.get(layout)
         if fault.name.startswith("clean"):
