@@ -185,7 +185,7 @@ data() {
   sweep_settings || return
   sweep_plan
   want=${IMAGE_TRANSFORMERS:-$(image_pin transformers)}
-  have=$(python -c 'import importlib.metadata as m; print(m.version("transformers"))')
+  have=$(installed_release transformers)
   if [ "${want}" != "${have}" ]; then
     site=${IMAGE_SITE:-${HOME}/.cache/vime_ext/image_transformers_${want}}
     if [ ! -f "${site}/.installed" ]; then
@@ -194,7 +194,7 @@ data() {
       touch "${site}/.installed"
     fi
     export PYTHONPATH=${site}${PYTHONPATH:+:${PYTHONPATH}}
-    have=$(python -c 'import importlib.metadata as m; print(m.version("transformers"))')
+    have=$(installed_release transformers)
     [ "${have}" = "${want}" ] || { log "data: transformers ${have} from ${site}, not ${want}"; return 1; }
   fi
   log "data: ${SWEEP_EXAMPLE}, transformers ${have}"
@@ -210,6 +210,11 @@ data() {
   for i in $(printf '%s\n' "${datas[@]}" | sort -u); do rels+=("${i#"${OUT_DIR}"/}"); done
   tar -cJf "${file}.tar.xz" -C "${OUT_DIR}" "${rels[@]}"
   log "data: ${file}.tar.xz ($(du -h "${file}.tar.xz" | cut -f1)): ${rels[*]}"
+}
+
+# installed_release NAME: the release of NAME that this python imports (PYTHONPATH first)
+installed_release() {
+  python -c 'import importlib.metadata as m, sys; print(m.version(sys.argv[1]))' "$1"
 }
 
 # image_pin NAME: the GPU image's release of NAME (tools/gpu_wheels.py IMAGE_PINS)
