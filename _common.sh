@@ -271,9 +271,13 @@ shared_gpu_defaults() {
 # (unset: off): RL_ENTROPY_COEF, an entropy bonus (--entropy-coef); RL_OVERSAMPLE=K, DAPO's
 # dynamic sampling (only groups whose rewards differ train; K x ROLLOUT_BATCH_SIZE prompts drawn a round). And
 # one to hold the policy nearer its SFT start: RL_KL_COEF, the KL term's weight (unset: the recipe's 0.001). The
-# caller sets TRAIN_DATA.
+# caller sets TRAIN_DATA. Every rollout is saved (--save-debug-rollout-data WORK/seed_SEED/rl/rollouts: token
+# lists and all, for tools/replay_rollout.py), and when GRPO ends, failed or not, the first and last of them are
+# written again without their token lists to WORK/seed_SEED/rl/rollout_replies.jsonl.xz (tools/rollout_replies.py):
+# what GRPO's sampled episodes did, small enough to bring back from a lease (the evaluations' are greedy).
 grpo_from_sft() {
-  local script=$1 work=$2 seed=$3 knobs=()
+  local script=$1 work=$2 seed=$3 knobs=() status=0
+  local rollouts=${2}/seed_${3}/rl/rollouts
   shift 3
   if (( ${RL_MAX_TOKENS:-32768} < MAX_MODEL_LEN )); then
     echo "RL_MAX_TOKENS=${RL_MAX_TOKENS}: a micro-batch must hold an episode of MAX_MODEL_LEN=${MAX_MODEL_LEN} tokens" >&2
@@ -293,7 +297,14 @@ grpo_from_sft() {
     RAY_PORT=$(( ${RAY_PORT_BASE:-6380} + 3 * seed )) \
     bash "${script}" --lr "${RL_LR}" --seed "${seed}" --engine-max-model-len "${MAX_MODEL_LEN}" \
     --rollout-temperature "${RL_TEMPERATURE:-1.0}" \
-    --max-tokens-per-gpu "${RL_MAX_TOKENS:-32768}" --recompute-granularity selective "${knobs[@]}" "${KV_ARGS[@]}" "$@"
+    --max-tokens-per-gpu "${RL_MAX_TOKENS:-32768}" --recompute-granularity selective \
+    --save-debug-rollout-data "${rollouts}" "${knobs[@]}" "${KV_ARGS[@]}" "$@" || status=$?
+  if compgen -G "${rollouts}/rollout_*.json" >/dev/null; then
+    python "${VIME_EXT_ROOT}/tools/rollout_replies.py" "${rollouts}" \
+      --out "${work}/seed_${seed}/rl/rollout_replies.jsonl.xz" >/dev/null ||
+      echo "tools/rollout_replies.py failed on ${rollouts}: no rollout_replies.jsonl.xz" >&2
+  fi
+  return "${status}"
 }
 
 # grpo_beside_sft_eval EVALUATE WORK SEED LAUNCH_SCRIPT [train.py flags]: GRPO from the SFT save (grpo_from_sft) and,

@@ -7,6 +7,7 @@ conversion writes the config alone); every other python call (data generation, t
 import importlib.metadata
 import itertools
 import json
+import lzma
 import os
 import re
 import subprocess
@@ -30,7 +31,7 @@ RAY = """#!/bin/bash
 [ "$1" = status ] && exit 1 || exit 0
 """
 # train.py records its arguments and, given --tensorboard-dir, writes a metrics.jsonl of two rollouts there, as
-# a run would, for the scaling table to read.
+# a run would, for the scaling table to read; given --save-debug-rollout-data, saves three rollouts there.
 PYTHON = """#!/bin/bash
 if [ "$1" = train.py ]; then
   exec {python} -c 'import json, sys; from pathlib import Path
@@ -48,6 +49,12 @@ if "--save" in args:
     save = Path(args[len(args) - 1 - args[::-1].index("--save") + 1]); save.joinpath("iter_0000001").mkdir(parents=True, exist_ok=True)
     [save.joinpath("iter_0000001", name).touch() for name in (".metadata", "metadata.json", "__0_0.distcp")]
     save.joinpath("latest_checkpointed_iteration.txt").write_text("1")
+if "--save-debug-rollout-data" in args:  # three one-sample rollouts, saved as the loop saves them
+    from vime_ext.agent.sample import Sample, Status
+    from vime_ext.rollout.debug_data import save_rollout
+    pattern = args[len(args) - 1 - args[::-1].index("--save-debug-rollout-data") + 1]
+    [save_rollout(pattern, i, [[Sample(prompt="q", tokens=[1, 2], response=f"reply {{i}}", response_length=1,
+                                       loss_mask=[1], reward=0.5, status=Status.COMPLETED)]], {{}}) for i in range(3)]
 if "--tensorboard-dir" in args:
     from tools.scaling_table import COLUMNS
     tb = Path(args[len(args) - 1 - args[::-1].index("--tensorboard-dir") + 1]); tb.mkdir(parents=True, exist_ok=True)
@@ -523,6 +530,11 @@ def test_the_mem_update_smollm2_recipe_chains_sft_rl_and_both_evaluations(tiny_h
     assert last(rl, "--custom-generate-function-path") == "examples.mem_update.rollout.generate"
     assert "--colocate" in rl and last(rl, "--rollout-max-response-len") == "256" and last(rl, "--seed") == "2"
     assert last(rl, "--num-rollout") == "7" and last(rl, "--lr") == "2e-5"  # the published seeds' steps
+    # every rollout saved; the first and last written again without token lists, to come back from a lease
+    assert last(rl, "--save-debug-rollout-data") == str(work / "seed_2/rl/rollouts")
+    sampled = [json.loads(line) for line in lzma.open(work / "seed_2/rl/rollout_replies.jsonl.xz", "rt")]
+    assert [(r["rollout_id"], r["response"]) for r in sampled] == [(0, "reply 0"), (2, "reply 2")]
+    assert "tokens" not in sampled[0]
     # the training reward's reader is the evaluation's: the base model, served as the run's reward model
     assert last(rl, "--rm-hf-checkpoint") == str(model) and last(rl, "--rm-gpu-memory-utilization") == "0.05"
     # its replies kept for every process: GRPO's rewards in the run's folder, the evaluations' beside their results
@@ -745,7 +757,8 @@ def test_prepare_keeps_data_made_with_the_same_settings_and_only_when_it_ended(t
 
 def test_the_learning_runs_results_pack_leaves_weights_and_data_out(tmp_path):
     """tools/gpu_learning.sh pack: what a person reads comes back from the GPU machine, the weights (hundreds of
-    MB a save), the regenerable data and the fact-consolidation episodes (the unlicensed data, quoted) do not."""
+    MB a save), the regenerable data, GRPO's saved rollouts and the fact-consolidation episodes (the unlicensed
+    data, quoted) do not."""
     import tarfile
     out = tmp_path / "out"
     wanted = ["learning.log", "mem_agent.log", "mem_agent/eval/ruler_hqa_170/rl_s0.jsonl",
@@ -754,13 +767,15 @@ def test_the_learning_runs_results_pack_leaves_weights_and_data_out(tmp_path):
               "mem_agent/seed_0/rl/tensorboard/events.out.tfevents.1.vm",
               "mem_agent/seed_0/rl/latest_checkpointed_iteration.txt", "mem_update/seed_0.log",
               "mem_update/eval/reader_replies.sqlite",  # the evaluations' reader replies, for a later run
-              "mem_update/eval_fact/rl_s0.json"]  # the fact rows' summaries, not their episodes
+              "mem_update/eval_fact/rl_s0.json",  # the fact rows' summaries, not their episodes
+              "mem_update/seed_0/rl/rollout_replies.jsonl.xz"]  # GRPO's first and last rollouts, readable
     left_out = ["mem_agent/data/train.jsonl", "mem_agent/data/ruler_hqa/eval_170.json",
                 "mem_update/reward_replies.sqlite",  # GRPO's: thousands of training prompts
                 "mem_agent/seed_0/rl/iter_0000016/common.pt", "mem_agent/seed_0/rl/iter_0000016/metadata.json",
                 "mem_agent/seed_0/rl/hf/iter_0000016/config.json",
                 "mem_agent/seed_0/rl/hf/iter_0000016/tokenizer.json",
-                "mem_update/eval_fact/rl_s0.samples.jsonl", "mem_update/eval_fact/rl_s0.samples.failed.jsonl"]
+                "mem_update/eval_fact/rl_s0.samples.jsonl", "mem_update/eval_fact/rl_s0.samples.failed.jsonl",
+                "mem_update/seed_0/rl/rollouts/rollout_0.json"]  # every token list of a rollout
     for name in wanted + left_out:
         (out / name).parent.mkdir(parents=True, exist_ok=True)
         (out / name).write_text("x")

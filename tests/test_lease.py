@@ -1,6 +1,6 @@
 """tools/lease.sh, the background job and polls of a device lease, run here as on the GPU machine: the job outlives
 the call that started it and leaves its exit status; a poll before the end says so and still brings back what a
-person reads, never weights, checkpoints, data or the real fact-consolidation episodes."""
+person reads, never weights, checkpoints, data, saved rollouts or the real fact-consolidation episodes."""
 
 import os
 import subprocess
@@ -24,7 +24,8 @@ def members(out: Path, before: set) -> list[str]:
 def test_a_polled_job_returns_its_logs_and_results_but_no_weights(tmp_path):
     go, run = tmp_path / "go", tmp_path / "run"
     for name in ("results.jsonl", "data/train.jsonl", "iter_0000001/0_0.distcp", "hf/model.safetensors",
-                 "eval_fact/rl_s0.samples.jsonl", "eval_fact/rl_s0.json"):
+                 "eval_fact/rl_s0.samples.jsonl", "eval_fact/rl_s0.json", "seed_0/rl/rollouts/rollout_0.json",
+                 "seed_0/rl/rollout_replies.jsonl.xz"):
         (run / name).parent.mkdir(parents=True, exist_ok=True)
         (run / name).write_text("x")
     (tmp_path / "out").mkdir()
@@ -36,6 +37,8 @@ def test_a_polled_job_returns_its_logs_and_results_but_no_weights(tmp_path):
     names = members(tmp_path / "out", set())
     assert any(n.endswith("run/results.jsonl") for n in names)
     assert not any("/data" in n or "iter_" in n or "safetensors" in n for n in names), names
+    # GRPO's saved rollouts (every token list) stay; their readable first and last come back
+    assert not any("rollouts" in n for n in names) and any(n.endswith("rl/rollout_replies.jsonl.xz") for n in names)
     # the real fact-consolidation set's episodes quote its contexts (licence unknown): only their summary comes back
     assert any(n.endswith("eval_fact/rl_s0.json") for n in names) and not any(".samples" in n for n in names)
 

@@ -12,7 +12,8 @@
 #   bash tools/gpu_learning.sh sweep       # one example's knobs side by side, a variant a GPU (below)
 #   bash tools/gpu_learning.sh data FILE   # before a lease, without a GPU: the sweep's data, FILE.tar.xz (below)
 #   bash tools/gpu_learning.sh pack FILE   # what a person reads, no weights and no generated data: eval JSONL
-#                                          # and summaries, tables, training metrics, logs, and the evaluations'
+#                                          # and summaries, tables, training metrics, logs, GRPO's first and
+#                                          # last rollouts without token lists (not all it saved), the evaluations'
 #                                          # reader replies (a later run reuses them); FILE.tar.gz
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -228,10 +229,11 @@ print(IMAGE_PINS[sys.argv[1]])' "$1"
 # data of unknown licence; their summaries come back)
 pack() {
   local file=${1:?usage: gpu_learning.sh pack FILE}
-  (cd "${OUT_DIR}" && find . \( -path '*/data' -o -name 'iter_*' -o -name 'hf' \) -prune -o \
+  (cd "${OUT_DIR}" && find . \( -path '*/data' -o -name 'iter_*' -o -name 'hf' -o -path '*/rl/rollouts' \) -prune -o \
     -path '*/eval_fact/*.samples*.jsonl' -prune -o \
-    -type f \( -name '*.jsonl' -o -name '*.json' -o -name '*.md' -o -name '*.png' -o -name '*.log' \
-    -o -name 'events.out.tfevents.*' -o -name 'latest_checkpointed_iteration.txt' -o -name 'reader_replies.sqlite' \) \
+    -type f \( -name '*.jsonl' -o -name '*.jsonl.xz' -o -name '*.json' -o -name '*.md' -o -name '*.png' \
+    -o -name '*.log' -o -name 'events.out.tfevents.*' -o -name 'latest_checkpointed_iteration.txt' \
+    -o -name 'reader_replies.sqlite' \) \
     -print0 |
     tar --null -czf - -T -) >"${file}.tar.gz"
   echo "${file}.tar.gz: $(du -h "${file}.tar.gz" | cut -f1)"

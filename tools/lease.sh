@@ -7,8 +7,10 @@
 #                                               # its exit status in LEASE_OUT/NAME.done when it ends
 #   bash tools/lease.sh poll NAME SECONDS [DIR...]  # waits up to SECONDS for the job (return well inside the
 #                                               # call's limit), then packs LEASE_OUT and each DIR, without
-#                                               # weights, checkpoints or data, into $OUT/NAME_<time>_<pid>.tgz (the
-#                                               # call's folder that comes back) and prints the logs' tails;
+#                                               # weights, checkpoints, data or saved rollouts (the
+#                                               # recipe's readable rollout_replies.jsonl.xz comes), into
+#                                               # $OUT/NAME_<time>_<pid>.tgz (the call's folder that comes
+#                                               # back) and prints the logs' tails;
 #                                               # fact-consolidation episodes (eval_fact/*.samples*: each quotes
 #                                               # MemoryAgentBench's context, of unknown licence) stay too
 # Poll back to back with long waits (500 s in a call of 600): every gap between two calls is a chance to lose the
@@ -41,7 +43,8 @@ poll() {
   local pack="${out}/${name}_$(date +%H%M%S)_$$.tgz" dirs=("${LEASE_OUT}" "$@") dir rels=()
   for dir in "${dirs[@]}"; do [ -e "${dir}" ] && rels+=("${dir#/}"); done
   tar -czf "${pack}" -C / --exclude='*/data' --exclude='iter_*' --exclude='hf' --exclude='*.safetensors' \
-    --exclude='*.distcp' --exclude='*.pt' --exclude='*.pid' --exclude='*/eval_fact/*.samples*' "${rels[@]}" \
+    --exclude='*.distcp' --exclude='*.pt' --exclude='*.pid' --exclude='*/eval_fact/*.samples*' \
+    --exclude='*/rl/rollouts' "${rels[@]}" \
     2>/dev/null
   echo "$(date +%T) ${pack}: $(du -h "${pack}" | cut -f1)"
   tail -n 8 "${LEASE_OUT}/${name}.log" 2>/dev/null

@@ -2,7 +2,9 @@
 a rollout into training to debug a reward or a loss without an engine. Floats survive exactly (JSON keeps
 Python's shortest round-trip form); metadata values JSON cannot hold are saved as their ``repr``."""
 
+import glob
 import json
+import re
 from dataclasses import asdict
 from pathlib import Path
 
@@ -23,6 +25,17 @@ def save_rollout(pattern: str, rollout_id: int, groups: list[list[Sample]], metr
     tmp.write_text(json.dumps(data, default=repr))
     tmp.replace(path)  # a reader never sees half a file
     return path
+
+
+def saved_rollout_ids(pattern: str) -> list[int]:
+    """The ids of the rollouts saved under ``pattern`` (as ``--save-debug-rollout-data`` takes it), in order."""
+    marker = "{rollout_id}"
+    if marker not in pattern:
+        pattern = str(Path(pattern) / f"rollout_{marker}.json")
+    head, tail = pattern.split(marker, 1)
+    saved = re.compile(re.escape(head) + r"(\d+)" + re.escape(tail))
+    return sorted(int(m.group(1)) for path in glob.glob(glob.escape(head) + "*" + glob.escape(tail))
+                  if (m := saved.fullmatch(path)))
 
 
 def sample_from_dict(data: dict, where: str) -> Sample:
