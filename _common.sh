@@ -272,9 +272,10 @@ shared_gpu_defaults() {
 # dynamic sampling (only groups whose rewards differ train; K x ROLLOUT_BATCH_SIZE prompts drawn a round). And
 # one to hold the policy nearer its SFT start: RL_KL_COEF, the KL term's weight (unset: the recipe's 0.001). The
 # caller sets TRAIN_DATA. Every rollout is saved (--save-debug-rollout-data WORK/seed_SEED/rl/rollouts: token
-# lists and all, for tools/replay_rollout.py), and when GRPO ends, failed or not, the first and last of them are
-# written again without their token lists to WORK/seed_SEED/rl/rollout_replies.jsonl.xz (tools/rollout_replies.py):
-# what GRPO's sampled episodes did, small enough to bring back from a lease (the evaluations' are greedy).
+# lists and all, for tools/replay_rollout.py; 64 of the 1.5B MemUpdate episodes of 8k tokens are 14 MB), and when
+# GRPO ends, failed or not, the first and last of them are written again without their token lists to
+# WORK/seed_SEED/rl/rollout_replies.jsonl.xz (tools/rollout_replies.py): what GRPO's sampled episodes did, small
+# enough to bring back from a lease (the evaluations' are greedy).
 grpo_from_sft() {
   local script=$1 work=$2 seed=$3 knobs=() status=0
   local rollouts=${2}/seed_${3}/rl/rollouts
