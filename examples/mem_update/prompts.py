@@ -1,5 +1,7 @@
 """MemUpdate's prompts (written for this project)."""
 
+import re
+
 SYSTEM = """You look after a memory store about a conversation between {speakers}. Later, someone will ask a \
 question about the conversation, and it will be answered only from the {top_k} memories that a search for the \
 question returns.
@@ -28,10 +30,16 @@ Question: {question}"""
 ASKS_ABOUT = "The question asks about "
 ANSWERING = "Answering it, "
 INCOMPLETE = "The results do not hold all that it needs, so its facts stay as they are."
+# On fact lists the sweep's rationale (sweep.py, --rationale) is each delete's reason, written before the id it
+# deletes: {"reason": "restated by f240", "memory_id": "f12"}.
+RESTATED_BY = "restated by "
+_REASON_FIRST = re.compile(r'\{\s*"reason"\s*:\s*"' + RESTATED_BY + r'f\d+"')
 
 
 def wrote_rationale(response: str) -> bool:
-    return ANSWERING in response or INCOMPLETE in response
+    """Whether the policy's replies hold the demonstrations' rationale: the dialogue's sentence, or a fact-list
+    delete whose reason, the fact that restates it, comes first."""
+    return ANSWERING in response or INCOMPLETE in response or bool(_REASON_FIRST.search(response))
 
 
 def speakers(memories: list[dict]) -> str:

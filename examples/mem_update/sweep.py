@@ -25,6 +25,7 @@ more conflicts show per search); SmolLM2's template renders the same chats to 8,
 from dataclasses import dataclass
 
 from examples.mem_update.fact_consolidation import FACT_LINE, VERB_PHRASES, restatements
+from examples.mem_update.prompts import RESTATED_BY
 from examples.mem_update.tools import ToolBox, ToolCall
 
 SWEEP_K = 20  # the searches' top_k (the schema's largest)
@@ -47,7 +48,7 @@ def restated(results: list[dict], gone: set[str] = frozenset()) -> list[tuple[st
 def delete_call(older: str, newer: str, rationale: bool = False) -> ToolCall:
     """The sweep's delete of ``older``; with ``rationale`` the fact that restates it comes first, as its reason."""
     if rationale:
-        return ToolCall("delete_memory", {"reason": f"restated by {newer}", "memory_id": older})
+        return ToolCall("delete_memory", {"reason": f"{RESTATED_BY}{newer}", "memory_id": older})
     return ToolCall("delete_memory", {"memory_id": older, "reason": "restated later with another value"})
 
 

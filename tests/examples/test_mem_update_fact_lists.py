@@ -9,6 +9,7 @@ from examples.mem_update.demonstrations import main as demonstrations
 from examples.mem_update.fact_consolidation import FACT_LINE, slot, superseded
 from examples.mem_update.fact_lists import generate_fact_list
 from examples.mem_update.prepare_data import main as prepare
+from examples.mem_update.prompts import wrote_rationale
 from examples.mem_update.store import STORE
 
 
@@ -144,3 +145,6 @@ def test_with_the_rationale_each_delete_names_the_fact_that_restates_it_first(tm
     text = tokenizer.decode(max(sequences, key=lambda s: len(s.tokens)).tokens)
     first = next(c["arguments"] for c in calls(chats["rationale"][0]) if c["name"] == "delete_memory")
     assert text.index(f'"reason": "{first["reason"]}"') < text.index(f'"memory_id": "{first["memory_id"]}"')
+    # the rollout's rationale metric (rollout/rationale, the sweep table's column) counts such a chat, not the plain
+    plain = max(masker_for(tokenizer)(chats["plain"][0], TOOLS).sequences, key=lambda s: len(s.tokens))
+    assert wrote_rationale(text) and not wrote_rationale(tokenizer.decode(plain.tokens))
