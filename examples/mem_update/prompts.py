@@ -33,7 +33,7 @@ INCOMPLETE = "The results do not hold all that it needs, so its facts stay as th
 # On fact lists the sweep's rationale (sweep.py, --rationale) is each delete's reason, written before the id it
 # deletes: {"reason": "restated by f240", "memory_id": "f12"}.
 RESTATED_BY = "restated by "
-_REASON_FIRST = re.compile(r'\{\s*"reason"\s*:\s*"' + RESTATED_BY + r'f\d+"')
+_REASON_FIRST = re.compile(r'\{\s*"reason"\s*:\s*"' + re.escape(RESTATED_BY) + r'f\d+"')
 
 
 def wrote_rationale(response: str) -> bool:

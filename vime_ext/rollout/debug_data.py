@@ -10,11 +10,18 @@ from pathlib import Path
 
 from vime_ext.agent.sample import Sample, Status, Turn
 
+MARKER = "{rollout_id}"
+
+
+def _template(pattern: str) -> str:
+    """``pattern`` with the rollout's id as MARKER: a folder's files are ``rollout_<id>.json``."""
+    return pattern if MARKER in pattern else str(Path(pattern) / f"rollout_{MARKER}.json")
+
 
 def debug_path(pattern: str, rollout_id: int) -> Path:
-    if "{rollout_id}" in pattern:
+    if MARKER in pattern:
         return Path(pattern.format(rollout_id=rollout_id))
-    return Path(pattern) / f"rollout_{rollout_id}.json"
+    return Path(_template(pattern).replace(MARKER, str(rollout_id)))
 
 
 def save_rollout(pattern: str, rollout_id: int, groups: list[list[Sample]], metrics: dict[str, float]) -> Path:
@@ -29,10 +36,7 @@ def save_rollout(pattern: str, rollout_id: int, groups: list[list[Sample]], metr
 
 def saved_rollout_ids(pattern: str) -> list[int]:
     """The ids of the rollouts saved under ``pattern`` (as ``--save-debug-rollout-data`` takes it), in order."""
-    marker = "{rollout_id}"
-    if marker not in pattern:
-        pattern = str(Path(pattern) / f"rollout_{marker}.json")
-    head, tail = pattern.split(marker, 1)
+    head, tail = _template(pattern).split(MARKER, 1)
     saved = re.compile(re.escape(head) + r"(\d+)" + re.escape(tail))
     return sorted(int(m.group(1)) for path in glob.glob(glob.escape(head) + "*" + glob.escape(tail))
                   if (m := saved.fullmatch(path)))
