@@ -10,8 +10,9 @@ rollout 1, at a known point. Since every sample has its own seed, a run that rec
 repeating anything ends with the same weights as the clean run, which the last column checks.
 
 Columns: outcome (survived: exit 0 and every rollout trained; refused: exit 2 and the message; died: the last
-line), rollouts with a training step, samples that trained nothing (dropped with their groups), restarts
-(engine/router/trainer), wall seconds over the clean run's, and whether the final weights equal the clean run's
+line), rollouts with a training step, samples that trained nothing (dropped with their groups), rollouts whose step
+the final weights hold twice (the run's ``train/rollouts_trained_twice``, from the lineage each checkpoint saves),
+restarts (engine/router/trainer), wall seconds over the clean run's, and whether the final weights equal the clean run's
 (to 1e-5, with the largest difference: a Ray trainer rank sums on one thread, the clean run's on two).
 Needs the tests' helpers (a checkout, not an install); ``disk_full`` mounts a tmpfs (root).
 
@@ -89,7 +90,8 @@ FAULTS = [
     Fault("engine_kill_during_push", "engine SIGKILL during the weight push"),
     Fault("router_kill", "router SIGKILL mid-rollout"),
     Fault("trainer_kill_mid_step", "trainer rank SIGKILL mid-step (Ray)", ["--ray"]),
-    Fault("trainer_stop_mid_step", "trainer rank SIGSTOP mid-step: hung (Ray)", ["--ray", "--trainer-hang-timeout", "20"]),
+    Fault("trainer_stop_mid_step", "trainer rank SIGSTOP mid-step: hung (Ray)",
+          ["--ray", "--trainer-hang-timeout", "20"]),
     Fault("save_kill", "run SIGKILL while saving; then --load", resume=True),
     Fault("plugin_raise", "reward raises for one sample (once)"),
     Fault("plugin_hang", "reward hangs for one sample (once)", ["--rollout-sample-timeout", "20"]),
@@ -237,6 +239,8 @@ def summary(fault: Fault, code: int, seconds: float, log: Path, rows: dict[int, 
             # a multi-turn sample trains several sequences (MemAgent: one per chunk and the answer)
             "not_trained": sum(SAMPLES - r.get("train/sequences", 0) / r.get("rollout/sequences_per_sample", 1)
                                for r in rows.values()),
+            # rollouts whose step the final weights hold twice, by the lineage saved with each checkpoint
+            "trained_twice": last.get("train/rollouts_trained_twice"),
             "restarts": "/".join(str(int(last.get(k, 0))) for k in
                                  ("rollout/engine_restarts", "rollout/router_restarts", "train/restarts")),
             "injected": marker.read_text().split(" ", 1)[1] if marker.is_file() else ""}
@@ -268,15 +272,16 @@ def gpu_one(fault: Fault, layout: str, work: Path, out: Path, port: int) -> dict
 
 
 def print_table(results: list[dict], reference: str) -> None:
-    print("\n| fault | outcome | rollouts trained | samples not trained | restarts (engine/router/trainer) | "
-          f"extra wall s | {reference} |\n|---|---|---|---|---|---|---|")
+    print("\n| fault | outcome | rollouts trained | samples not trained | rollouts trained twice | "
+          f"restarts (engine/router/trainer) | extra wall s | {reference} |\n|---|---|---|---|---|---|---|---|")
     for r in results:
         if "seconds" not in r:
-            print(f"| {r['fault']} | {r['outcome']} | | | | | |")
+            print(f"| {r['fault']} | {r['outcome']} | | | | | | |")
             continue
         extra = "" if r["clean_seconds"] is None else f"{r['seconds'] - r['clean_seconds']:+.0f}"  # --no-clean
+        twice = "" if r.get("trained_twice") is None else f"{r['trained_twice']:g}"
         print(f"| {r['fault']} | {r['outcome']} | {r['trained_rollouts']} of {ROLLOUTS} | {r['not_trained']:g} | "
-              f"{r['restarts']} | {extra} | {r.get('weights_note', '')} |")
+              f"{twice} | {r['restarts']} | {extra} | {r.get('weights_note', '')} |")
 
 
 def cpu_suite(args, out: Path) -> None:

@@ -38,3 +38,16 @@ def test_without_a_limit_no_step_is_the_last(flags, monkeypatch):
     monkeypatch.setattr(recovery_module.time, "monotonic", lambda: 1e9)
     recovery = Recovery(parse_train_args(flags), cluster=None, handover=None, started=0.0)
     assert not any(recovery.out_of_time(i) for i in range(3))
+
+
+def test_the_lineage_counts_rollouts_whose_step_the_weights_hold_twice():
+    """What the run logs from the rollouts its weights hold (saved with each checkpoint, restored with it; the
+    resume and restart tests in test_train_loop.py check the whole path): a rollout trained again on weights that
+    already hold its step counts once in ``rollouts_trained_twice``; an older checkpoint's unknown lineage logs
+    nothing rather than a wrong count."""
+    from vime_ext.driver.recovery import lineage_metrics
+
+    assert lineage_metrics([0, 1, 2, 3]) == {"train/rollouts_in_weights": 4.0, "train/rollouts_trained_twice": 0.0}
+    assert lineage_metrics([0, 1, 1, 2]) == {"train/rollouts_in_weights": 3.0, "train/rollouts_trained_twice": 1.0}
+    assert lineage_metrics([]) == {"train/rollouts_in_weights": 0.0, "train/rollouts_trained_twice": 0.0}
+    assert lineage_metrics(None) == {}

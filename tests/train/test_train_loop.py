@@ -187,6 +187,9 @@ def test_resume_reproduces_the_next_step(algorithm, tiny_model, tmp_path):
         assert math.isfinite(expected[key]), key
     assert ("train/logprob_abs_diff_mean" in expected) == (algorithm == "ppo")
     assert resumed["rollout/weight_version"] == 2
+    # The lineage saved with iteration 2 came back with it: the weights hold rollouts 0-2's steps, each once.
+    for run in (expected, resumed):
+        assert (run["train/rollouts_in_weights"], run["train/rollouts_trained_twice"]) == (3, 0)
     # The weights after that step match too: the optimizer state (Adam moments, step count) was restored.
     from vime_ext.convert.hf_checkpoint import HFCheckpointReader
 
@@ -228,6 +231,7 @@ def test_a_dead_or_hung_trainer_rank_is_restarted_from_the_last_checkpoint(tiny_
     assert log.count(f"the trainer ranks restarted from {cut}; going on from rollout 2") == 2
     expected, got = metrics(whole / "tensorboard"), metrics(cut / "tensorboard")
     assert sorted(got) == [0, 1, 2, 3] and got[3]["train/restarts"] == 2
+    assert (got[3]["train/rollouts_in_weights"], got[3]["train/rollouts_trained_twice"]) == (4, 0)
     for step in (2, 3):
         assert got[step]["prompts"] == expected[step]["prompts"]
         for key in ("rollout/reward_mean", "train/loss", "train/grad_norm"):

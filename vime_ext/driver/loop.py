@@ -21,7 +21,7 @@ from vime_ext.arguments import ConfigError, TrainConfig
 from vime_ext.driver.async_rollouts import Generated, RolloutAhead
 from vime_ext.driver.cluster import Cluster, TrainerDied
 from vime_ext.driver.handover import HandOver
-from vime_ext.driver.recovery import Recovery
+from vime_ext.driver.recovery import Recovery, lineage_metrics
 from vime_ext.driver.step import StepTrainer, staleness
 from vime_ext.rollout.debug_data import load_rollout, save_rollout
 from vime_ext.rollout.rollout import RolloutOutput, rollout_metrics
@@ -199,6 +199,8 @@ class Trainer:
             metrics.update(self.train_on(rollout_id, samples, times, memory))
         if self.cluster.has_engines:
             metrics.update({f"rollout/{k}": float(v) for k, v in self.cluster.manager.restart_count().items()})
+        if self.cluster.has_actors:
+            metrics.update(lineage_metrics(self.recovery.trained))
         if self.recovery.restarts:
             metrics["train/restarts"] = float(self.recovery.restarts)
         times["total"] = time.perf_counter() - start
@@ -219,6 +221,8 @@ class Trainer:
         plan = self.steps.plan(samples)
         self.handover.to_trainer(times, memory)
         results = self.steps.train(plan, rollout_id) if plan.totals else None
+        if results is not None and self.recovery.trained is not None:
+            self.recovery.trained.append(rollout_id)  # before the save, which records it
         self.recovery.save_if_due(rollout_id, times)
         self.handover.to_engines(rollout_id + 1, times, memory)
         if results is None:  # every group failed or was dropped (a dead engine, say): no step, the weights stay

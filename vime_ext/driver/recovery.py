@@ -5,6 +5,8 @@
 - ``resume``: ``--load``'s checkpoint, else the starting weights.
 - ``recover``: a trainer rank died; new ranks load the last complete checkpoint and the run goes on from there.
 - ``--exit-duration-in-mins``: the step the run stops after, decided once, so that it is the step it saves.
+- ``trained``: the rollouts whose steps the trainer's weights hold, saved with each checkpoint and restored with
+  it, so that a run can show that after any restart each rollout was trained once (``train/rollouts_trained_twice``).
 
 A dead engine is healed by the hand-over (``handover.py``), a dead rollout's groups in the loop (``loop.py``).
 """
@@ -32,6 +34,9 @@ class Recovery:
         self.positions: dict[int, dict] = {}  # the data position before each rollout drew its prompts
         self.last_rollout: int | None = None  # --exit-duration-in-mins: the step the run stops after
         self.asked: int | None = None  # the last rollout whose time out_of_time has looked at
+        # The rollouts whose optimizer steps the weights hold, in order; None after loading a checkpoint saved
+        # before vime_ext recorded them (unknown).
+        self.trained: list[int] | None = []
 
     def out_of_time(self, rollout_id: int) -> bool:
         """Whether rollout ``rollout_id`` is the last one --exit-duration-in-mins allows. The clock is read at the
@@ -59,7 +64,8 @@ class Recovery:
         if data is None and self.cluster.has_manager:
             with self.handover.lock:
                 data = self.positions.get(rollout_id + 1) or self.cluster.manager.data_state()
-        extra = {"next_rollout": rollout_id + 1, "data": data}
+        trained = None if self.trained is None else list(self.trained)  # a copy: the next step appends
+        extra = {"next_rollout": rollout_id + 1, "data": data, "trained": trained}
         save = self.config.checkpoint.save
         from torch.distributed.checkpoint.api import CheckpointException
 
@@ -100,6 +106,7 @@ class Recovery:
         times, memory = {}, {}
         self.handover.to_trainer(times, memory)
         state = self.cluster.ranks.load(path)[0]
+        self.trained = state.get("trained")
         if self.cluster.has_manager and state["data"] is not None:
             self.cluster.manager.load_data_state(state["data"])
         next_rollout = int(state["next_rollout"])
@@ -125,10 +132,21 @@ class Recovery:
                 return rollout_id
         if self.cluster.has_manager:
             self.cluster.manager.load_data_state(self.initial_data)
+        self.trained = []  # the starting weights
         self.handover.round_trip(self.start_rollout, {}, {})
         print(f"no checkpoint yet: the trainer ranks restarted from their starting weights; going on from rollout "
               f"{self.start_rollout}", flush=True)
         return self.start_rollout
+
+
+def lineage_metrics(trained: list[int] | None) -> dict[str, float]:
+    """How many rollouts the weights hold a step of, and how many of them more than once (0 unless a resume or a
+    restart went on from the wrong rollout); nothing when the lineage is unknown (an older checkpoint)."""
+    if trained is None:
+        return {}
+    distinct = set(trained)
+    return {"train/rollouts_in_weights": float(len(distinct)),
+            "train/rollouts_trained_twice": float(len(trained) - len(distinct))}
 
 
 def _os_cause(err: BaseException) -> str:
