@@ -9,11 +9,12 @@ seed, a save every 2 rollouts. The fault comes from ``tools/fault_plugins.py`` (
 rollout 1, at a known point. Since every sample has its own seed, a run that recovers without losing or
 repeating anything ends with the same weights as the clean run, which the last column checks.
 
-Columns: outcome (survived: exit 0 and every rollout trained; refused: exit 2 and the message; died: the last
-line), rollouts with a training step, samples that trained nothing (dropped with their groups), rollouts whose step
-the final weights hold twice (the run's ``train/rollouts_trained_twice``, from the lineage each checkpoint saves),
-restarts (engine/router/trainer), wall seconds over the clean run's, and whether the final weights equal the clean run's
-(to 1e-5, with the largest difference: a Ray trainer rank sums on one thread, the clean run's on two).
+Columns: outcome (survived: exit 0 and every rollout trained; not injected: the same without its fault, which proves
+nothing; refused: exit 2 and the message; died: the last line), rollouts with a training step, samples that trained
+nothing (dropped with their groups), rollouts whose step the final weights hold twice (the run's
+``train/rollouts_trained_twice``, from the lineage each checkpoint saves), restarts (engine/router/trainer), wall
+seconds over the clean run's, and whether the final weights equal the clean run's (to 1e-5, with the largest
+difference: a Ray trainer rank sums on one thread, the clean run's on two).
 Needs the tests' helpers (a checkout, not an install); ``disk_full`` mounts a tmpfs (root).
 
 ``--gpu WORK``: the faults a GPU machine adds, on 2 GPUs (on one, the colocated rows), each a run of
