@@ -34,7 +34,8 @@ def _record(what: str) -> None:
 def _ours(process: psutil.Process) -> bool:
     """Whether ``process`` belongs to this run: it, or a process it descends from, has the run's VIME_FAULT_DIR.
     The ancestors count because a process that sets its title can blank its own environment as read from /proc
-    (vllm-router's ``vllm::router`` does: a short command line leaves the title no room but the environment's)."""
+    (vllm-router's ``vllm::router`` does: a short command line leaves the title no room but the environment's; so
+    do Ray's ``ray::DashboardAgent`` and ``ray::RuntimeEnvAgent``, which a killed run would otherwise leave)."""
     try:
         return any(p.environ().get("VIME_FAULT_DIR") == os.environ["VIME_FAULT_DIR"]
                    for p in [process, *process.parents()])
