@@ -236,10 +236,9 @@ def summary(fault: Fault, code: int, seconds: float, log: Path, rows: dict[int, 
     trained = [r for r in rows.values() if r.get("train/sequences", 0) > 0]
     said = [line for line in log.read_text(errors="replace").splitlines() if line.startswith("train.py: ")]
     marker = log.parent / "injected"
-    if code == 0 and len(rows) == ROLLOUTS and plugin_fault(fault) and not marker.is_file():
-        outcome = "not injected: the run ended without its fault"
-    elif code == 0 and len(rows) == ROLLOUTS:
-        outcome = "survived"
+    if code == 0 and len(rows) == ROLLOUTS:
+        injected = marker.is_file() or not plugin_fault(fault)
+        outcome = "survived" if injected else "not injected: the run ended without its fault"
     elif said:  # refused at start (exit 2) or stopped with one message (exit 1)
         outcome = f"{'refused' if code == 2 else 'stopped'}: {said[-1].removeprefix('train.py: ')}"
     else:

@@ -221,8 +221,8 @@ class Trainer:
         plan = self.steps.plan(samples)
         self.handover.to_trainer(times, memory)
         results = self.steps.train(plan, rollout_id) if plan.totals else None
-        if results is not None and self.recovery.trained is not None:
-            self.recovery.trained.append(rollout_id)  # before the save, which records it
+        if results is not None:
+            self.recovery.record_step(rollout_id)  # before the save, which records it
         self.recovery.save_if_due(rollout_id, times)
         self.handover.to_engines(rollout_id + 1, times, memory)
         if results is None:  # every group failed or was dropped (a dead engine, say): no step, the weights stay

@@ -38,6 +38,11 @@ class Recovery:
         # before vime_ext recorded them (unknown).
         self.trained: list[int] | None = []
 
+    def record_step(self, rollout_id: int) -> None:
+        """Rollout ``rollout_id``'s optimizer step is now in the weights."""
+        if self.trained is not None:
+            self.trained.append(rollout_id)
+
     def out_of_time(self, rollout_id: int) -> bool:
         """Whether rollout ``rollout_id`` is the last one --exit-duration-in-mins allows. The clock is read at the
         first question about a rollout (the save's, after its training) and later questions get the same answer:
