@@ -1,5 +1,6 @@
 """examples/mem_update/edit_audit.py: which memories a policy edits, read from evaluation episodes. Checked on the
-records' real episodes of the 1.5B policy (the figures docs/mem_update.md quotes) and on malformed input."""
+records' real episodes of the 1.5B policy (the figures records/mem_update_manual_2026-12-04.md and docs/mem_update.md
+quote) and on malformed input."""
 
 import gzip
 import json
