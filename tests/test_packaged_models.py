@@ -185,3 +185,29 @@ def test_the_qwen_tokenizer_keeps_tool_calls_in_a_decoded_reply(tmp_path):
     assert qwen_tokenizer_dir(tmp_path) == folder and (folder / TEXT_TOKENS).is_file()
     assert AutoTokenizer.from_pretrained(folder).encode(reply, add_special_tokens=False) == ids
     assert sorted(p.name for p in tmp_path.iterdir()) == ["qwen-tokenizer"]
+
+
+def test_a_build_parses_its_gguf_once_and_gives_what_transformers_loads(tmp_path, monkeypatch):
+    """hf_dir_from_gguf on SmolLM2's real GGUF: the file's metadata parsed once for the four readers a build opens
+    (gguf_parsed_once; each parse of the 1.5B model's took 7-12 s on the 2-core machine), the weights those of
+    transformers' own load of the GGUF, and the readers unshared again after it."""
+    import gguf
+    import torch
+    from gguf.gguf_reader import GGUFReader
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from vime_ext.models.packaged import hf_dir_from_gguf, smollm2_gguf_path
+
+    parses = []
+    parse = GGUFReader.__init__
+    monkeypatch.setattr(GGUFReader, "__init__", lambda self, *a, **k: parses.append(a[0]) or parse(self, *a, **k))
+    source = smollm2_gguf_path()
+    folder = hf_dir_from_gguf(source, tmp_path / "smol", "float32")
+    assert parses == [str(source)] and gguf.GGUFReader is GGUFReader
+    built = load_file(folder / "model.safetensors")
+    loaded = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
+    assert len(parses) == 3  # outside a build, transformers parses the file for the config and again for the weights
+    expected = loaded.state_dict()
+    assert set(built) <= set(expected) and len(built) > 200
+    assert all(torch.equal(built[name], expected[name]) for name in built)

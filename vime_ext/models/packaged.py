@@ -7,6 +7,7 @@ over 22 packages (``QWEN25_CODER_1_5B``: joined in order, its SHA-256 checked, t
 once and cached.
 """
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -16,7 +17,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 log = logging.getLogger(__name__)
@@ -81,7 +82,7 @@ class GgufTokens:
     def read(cls, gguf: Path) -> "GgufTokens":
         from gguf import GGUFReader
 
-        fields = GGUFReader(str(gguf)).fields  # about 12 s for the 1.5B model: once, at the build
+        fields = GGUFReader(str(gguf)).fields  # 12 s for the 1.5B model: once, at the build (gguf_parsed_once)
         tokens = fields["tokenizer.ggml.tokens"]
 
         def text(i: int) -> str:
@@ -146,23 +147,51 @@ def _write_checked(folder: Path, facts: GgufTokens) -> None:
     (folder / TOKENS_CHECKED).write_text(json.dumps(record, indent=1) + "\n")
 
 
+@contextlib.contextmanager
+def gguf_parsed_once() -> Iterator[None]:
+    """Inside, every ``gguf.GGUFReader`` of one file is the same reader. A reader parses all of the file's metadata
+    when it opens it (Qwen2.5's 151,936 token strings: 12 s on this project's 2-core machine, about twice that on
+    the GPU machines' cores), and a build opens the file four times: the added tokens here, then transformers for
+    the tokenizer, the config and the weights. The 1.5B model's build took 102 s here with four parses, 2 minutes of
+    a GPU lease. transformers imports ``GGUFReader`` from ``gguf`` when it loads a GGUF (5.17 and 5.19), so the
+    readers it opens inside are shared too; a release that imported it earlier would parse again, correctly. The
+    readers map the file read-only, and their arrays are only read."""
+    import gguf as gguf_package
+
+    original = gguf_package.GGUFReader
+    readers: dict[tuple[str, str], object] = {}
+
+    def shared(path, mode: str = "r"):
+        key = (str(Path(path).resolve()), mode)
+        if key not in readers:
+            readers[key] = original(path, mode)
+        return readers[key]
+
+    gguf_package.GGUFReader = shared
+    try:
+        yield
+    finally:
+        gguf_package.GGUFReader = original
+
+
 def hf_dir_from_gguf(gguf: Path, target: Path, dtype: str) -> Path:
     """``target``: the GGUF file's model dequantised to ``dtype`` safetensors, its config, and its tokenizer and
     chat template (both read from the GGUF, the tokenizer checked against its added tokens: match_gguf_tokens);
-    built unless present."""
+    built unless present, the file parsed once (gguf_parsed_once)."""
     if (target / "config.json").is_file() and any(target.glob("model*.safetensors")):
         _tokens_checked(gguf, target)
         return target
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    facts = GgufTokens.read(gguf)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    changes = match_gguf_tokens(tokenizer, facts)
-    if changes:
-        log.info("%s: the tokenizer transformers read was mended to match the GGUF: %s", gguf.name,
-                 ", ".join(changes))
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=getattr(torch, dtype))
+    with gguf_parsed_once():
+        facts = GgufTokens.read(gguf)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        changes = match_gguf_tokens(tokenizer, facts)
+        if changes:
+            log.info("%s: the tokenizer transformers read was mended to match the GGUF: %s", gguf.name,
+                     ", ".join(changes))
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=getattr(torch, dtype))
     # The weights are plain tensors after dequantisation; drop the GGUF marker so they save as safetensors.
     model.hf_quantizer = None
     model.is_quantized = False
