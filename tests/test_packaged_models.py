@@ -189,7 +189,7 @@ def test_the_qwen_tokenizer_keeps_tool_calls_in_a_decoded_reply(tmp_path):
 
 def test_a_build_parses_its_gguf_once_and_gives_what_transformers_loads(tmp_path, monkeypatch):
     """hf_dir_from_gguf on SmolLM2's real GGUF: the file's metadata parsed once for the four readers a build opens
-    (gguf_parsed_once; each parse of the 1.5B model's took 7-12 s on the 2-core machine), the weights those of
+    (gguf_parsed_once; each parse of the 1.5B model's took about 7 s on the 2-core machine), the weights those of
     transformers' own load of the GGUF, and the readers unshared again after it."""
     import gguf
     import torch

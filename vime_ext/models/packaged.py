@@ -82,7 +82,7 @@ class GgufTokens:
     def read(cls, gguf: Path) -> "GgufTokens":
         from gguf import GGUFReader
 
-        fields = GGUFReader(str(gguf)).fields  # 12 s for the 1.5B model: once, at the build (gguf_parsed_once)
+        fields = GGUFReader(str(gguf)).fields  # 7 s for the 1.5B model here: once, at the build (gguf_parsed_once)
         tokens = fields["tokenizer.ggml.tokens"]
 
         def text(i: int) -> str:
@@ -150,10 +150,11 @@ def _write_checked(folder: Path, facts: GgufTokens) -> None:
 @contextlib.contextmanager
 def gguf_parsed_once() -> Iterator[None]:
     """Inside, every ``gguf.GGUFReader`` of one file is the same reader. A reader parses all of the file's metadata
-    when it opens it (Qwen2.5's 151,936 token strings: 12 s on this project's 2-core machine, about twice that on
-    the GPU machines' cores), and a build opens the file four times: the added tokens here, then transformers for
-    the tokenizer, the config and the weights. The 1.5B model's build took 102 s here with four parses, 2 minutes of
-    a GPU lease. transformers imports ``GGUFReader`` from ``gguf`` when it loads a GGUF (5.17 and 5.19), so the
+    when it opens it (Qwen2.5's 151,936 token strings: about 7 s on this project's 2-core machine, longer on the GPU
+    machines' cores), and a build opens the file four times: the added tokens here, then transformers for the
+    tokenizer, the config and the weights. The 1.5B model's build took 63.8 s here with four parses, 42.6 s with
+    one, and about 2 minutes of a GPU lease. transformers imports ``GGUFReader`` from ``gguf`` when it loads a GGUF
+    (5.17 and 5.19), so the
     readers it opens inside are shared too; a release that imported it earlier would parse again, correctly. The
     readers map the file read-only, and their arrays are only read."""
     import gguf as gguf_package
