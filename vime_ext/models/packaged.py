@@ -154,9 +154,8 @@ def gguf_parsed_once() -> Iterator[None]:
     machines' cores), and a build opens the file four times: the added tokens here, then transformers for the
     tokenizer, the config and the weights. The 1.5B model's build took 63.8 s here with four parses, 42.6 s with
     one, and about 2 minutes of a GPU lease. transformers imports ``GGUFReader`` from ``gguf`` when it loads a GGUF
-    (5.17 and 5.19), so the
-    readers it opens inside are shared too; a release that imported it earlier would parse again, correctly. The
-    readers map the file read-only, and their arrays are only read."""
+    (5.17 and 5.19), so the readers it opens inside are shared too; a release that imported it earlier would parse
+    again, correctly. The readers map the file read-only, and their arrays are only read."""
     import gguf as gguf_package
 
     original = gguf_package.GGUFReader
